@@ -1,0 +1,3 @@
+"""gpuwatch: GPU monitoring daemon, Prometheus exporter and training advisor."""
+
+__version__ = "0.1.0"

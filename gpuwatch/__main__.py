@@ -1,0 +1,5 @@
+import sys
+
+from gpuwatch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The rules engine: rule files, the safe evaluator, windowed evaluation, reports."""

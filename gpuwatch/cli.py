@@ -1,0 +1,132 @@
+"""The `gpuwatch` command line: run, record, advise.
+
+Each subcommand's work lives in its own module; this file only parses and dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpuwatch import __version__
+from gpuwatch.errors import UserError
+
+DEFAULT_LISTEN = "127.0.0.1:9442"
+DEFAULT_URL = "http://127.0.0.1:9442"
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
+    if not 0.1 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"must be between 0.1 and 60 seconds, got {value:g}")
+    return value
+
+
+def _add_daemon_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config.file", dest="config_file", metavar="FILE",
+                   help="YAML configuration file (flags given here override it)")
+    p.add_argument("--interval", type=_interval, default=None, metavar="SECONDS",
+                   help="sampling interval, 0.1 to 60 (default 1)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuwatch",
+        description="GPU monitoring daemon, Prometheus exporter and training advisor.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuwatch {__version__}")
+    parser.add_argument("--log.level", dest="log_level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="sample every GPU and the host, serve /metrics (optionally start a job: run -- CMD)",
+        description="Sample every GPU and the host and serve them to Prometheus. "
+        "`gpuwatch run -- python train.py ARGS` also starts the job with the torch hook injected.",
+    )
+    _add_daemon_flags(run)
+    run.add_argument("--web.listen-address", dest="listen_address", default=None, metavar="ADDR",
+                     help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN}; ':9442' for all interfaces)")
+    run.add_argument("--replay", metavar="FILE",
+                     help="serve a gpuwatch-trace/1 recording as if live, looping at its end")
+    run.add_argument("--demo", action="store_true",
+                     help="replay the bundled recording (no GPU needed)")
+    run.add_argument("--record", metavar="FILE", help="also record what is sampled to FILE")
+    status = run.add_mutually_exclusive_group()
+    status.add_argument("--status", dest="status", action="store_true", default=None,
+                        help="show the live status line while a job runs (default: when stderr is a terminal)")
+    status.add_argument("--quiet", dest="status", action="store_false",
+                        help="no status line")
+    run.add_argument("command", nargs=argparse.REMAINDER,
+                     help="-- CMD ARGS: the training job to start with the hook injected")
+
+    rec = sub.add_parser("record", help="record what the daemon samples to a trace file",
+                         description="Sample like `gpuwatch run` and write gpuwatch-trace/1 lines to FILE.")
+    _add_daemon_flags(rec)
+    rec.add_argument("file", metavar="FILE", help="output file ('-' for stdout)")
+    rec.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                     help="stop after this long (default: until interrupted)")
+    rec.add_argument("--scenario", default=None, help="free text stored in the meta line")
+
+    adv = sub.add_parser("advise", help="what to change, with the evidence",
+                         description="Judge a run and say what to change: from the running daemon "
+                         "(--url), a recording (--replay) or a Prometheus server (--prometheus).")
+    src = adv.add_mutually_exclusive_group()
+    src.add_argument("--url", default=None, help=f"a running daemon (default {DEFAULT_URL})")
+    src.add_argument("--replay", metavar="FILE", help="judge a gpuwatch-trace/1 recording")
+    src.add_argument("--demo", action="store_true", help="judge the bundled recording")
+    src.add_argument("--prometheus", metavar="URL", help="fleet-wide, from a Prometheus server")
+    adv.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    adv.add_argument("--rules-dir", action="append", default=[], metavar="DIR",
+                     help="extra directory of rule files (repeatable)")
+    adv.add_argument("--config.file", dest="config_file", metavar="FILE")
+    adv.add_argument("--window", type=float, default=None, metavar="SECONDS",
+                     help="with --prometheus or --url: how far back to judge (default 600)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd is None:
+        parser.print_help(sys.stderr)
+        return 2
+    from gpuwatch import logs
+
+    logs.setup(args.log_level)
+    try:
+        if args.cmd == "run":
+            command = list(args.command)
+            if command and command[0] == "--":
+                command = command[1:]
+            args.command = command
+            if command:
+                from gpuwatch import launcher
+
+                return launcher.main(args)
+            from gpuwatch import daemon
+
+            return daemon.main(args)
+        if args.cmd == "record":
+            from gpuwatch import recorder
+
+            return recorder.main(args)
+        if args.cmd == "advise":
+            from gpuwatch import advise
+
+            return advise.main(args)
+    except KeyboardInterrupt:
+        return 130
+    except UserError as err:
+        print(f"gpuwatch: error: {err}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.cmd}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Immutable sample records: what every source produces and every consumer reads.
+
+Field names are the `gpuwatch-trace/1` field names (docs/trace-format.md), so that a
+sample, a trace line and a rule's signal all speak one vocabulary. A field that could not
+be measured is ``None`` ("not available"), never zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+TRACE_FORMAT = "gpuwatch-trace/1"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process holding memory on one GPU."""
+
+    pid: int
+    mem_used_bytes: int | None = None  # in bytes
+    sm_util: float | None = None  # 0-1, NVML per-process SM utilization, where given
+    name: str | None = None  # from psutil
+    user: str | None = None  # from psutil
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """Static facts about one GPU, probed once at start."""
+
+    gpu: int  # NVML index
+    uuid: str | None = None
+    name: str | None = None
+    driver_version: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    pci_bus_id: str | None = None
+    mem_total_bytes: int | None = None
+    gpm_supported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one GPU. ``lost`` marks a GPU that fell off the bus."""
+
+    t: float  # Unix seconds
+    gpu: int
+    uuid: str | None = None
+    lost: bool = False
+    # cheap fields, every tick
+    util: float | None = None  # 0-1, NVML utilization.gpu
+    mem_util: float | None = None  # 0-1, memory controller busy
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    temp_celsius: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    pstate: int | None = None  # 0 (P0, fastest) .. 15
+    clock_event_reasons: int | None = None  # NVML bitmask
+    # slow fields, on the slow cadence (the newest value is carried into each tick)
+    energy_joules: float | None = None  # counter since driver load
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_replay_total: int | None = None  # counter
+    ecc_corrected_total: int | None = None  # counter, volatile
+    ecc_uncorrected_total: int | None = None  # counter, volatile
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    # GPM (Hopper and newer), 0-1
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    fp16_active: float | None = None
+    fp32_active: float | None = None
+    fp64_active: float | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    # XID errors seen since start, by XID code (counter per code)
+    xid_total: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JobTree:
+    """The process tree of one process using a GPU: the job and its DataLoader workers."""
+
+    pid: int
+    name: str | None = None
+    user: str | None = None
+    cpu_cores: float = 0.0  # CPU cores busy, summed over the tree (1.6 = 160 %)
+    main_cpu_cores: float = 0.0  # the root process alone
+    workers_cpu_cores: float = 0.0  # its descendants
+    processes: int = 1
+    rss_bytes: int = 0  # summed RSS (forked pages count once per process)
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    t: float
+    cpu_util_per_core: tuple[float, ...] = ()  # 0-1 each
+    cpu_util: float | None = None  # 0-1, all cores
+    load1: float | None = None
+    load5: float | None = None
+    load15: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    swap_used_bytes: int | None = None
+    swap_total_bytes: int | None = None
+    # the training job's trees, summed (trace `host` line fields)
+    job_cpu_cores: float | None = None
+    job_processes: int | None = None
+    job_rss_bytes: int | None = None
+    job_main_cpu_cores: float | None = None
+    job_workers_cpu_cores: float | None = None
+    jobs: tuple[JobTree, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One training iteration, as the in-process hook saw it (`step` trace line)."""
+
+    t: float  # end of the iteration
+    step: int
+    step_seconds: float | None = None
+    data_wait_seconds: float | None = None
+    batch_size: int | None = None
+    loss_scale: float | None = None
+    mem_allocated_bytes: int | None = None
+    mem_reserved_bytes: int | None = None
+    max_mem_allocated_bytes: int | None = None
+    loss: float | None = None
+    skipped: bool | None = None
+    pid: int | None = None
+    rank: int | None = None
+    gpu: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSample:
+    """What the hook learned of a job's configuration (`config` trace line)."""
+
+    t: float
+    pid: int | None = None
+    rank: int | None = None
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStats:
+    """Per-job aggregates from the hook, as exported (one per pid)."""
+
+    pid: int
+    rank: int | None = None
+    gpu: int | None = None
+    t: float = 0.0  # last report
+    steps_total: int = 0
+    skipped_steps_total: int = 0
+    step_seconds: float | None = None  # mean over the last report
+    data_wait_ratio: float | None = None  # 0-1, over the last report
+    loss_scale: float | None = None
+    samples_per_second: float | None = None
+    mem_allocated_bytes: int | None = None
+    mem_reserved_bytes: int | None = None
+    max_mem_allocated_bytes: int | None = None
+    alive: bool = True
+    exit_reason: str | None = None  # e.g. "oom", "exited", "vanished"
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The daemon's view of itself, exported as self-health series."""
+
+    ticks_total: int = 0
+    tick_seconds: float | None = None  # duration of the last tick
+    errors_total: Mapping[str, int] = field(default_factory=dict)  # by source
+    last_success_time: float | None = None
+    hook_messages_total: int = 0
+    hook_messages_dropped_total: Mapping[str, int] = field(default_factory=dict)  # by reason
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the daemon knows right now; what /metrics serves."""
+
+    t: float
+    gpus: tuple[GpuSample, ...] = ()
+    infos: tuple[GpuInfo, ...] = ()
+    host: HostSample | None = None
+    jobs: tuple[JobStats, ...] = ()
+    health: Health = field(default_factory=Health)
+    nvml_available: bool = True
+
+
+Sample = GpuSample | HostSample | StepSample | ConfigSample

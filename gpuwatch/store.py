@@ -1,0 +1,148 @@
+"""The store: the latest snapshot and bounded windows of recent history.
+
+Writers (the sampler, the hook receiver, replay) publish; readers (the exporter, the
+advisor, the recorder) read. The latest snapshot is swapped atomically (a reference
+assignment), so a scrape never waits on a tick. History is kept per kind in bounded
+deques: at most ``history_seconds`` of time and ``max_records`` records each.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import replace
+from typing import Callable, Iterable
+
+from gpuwatch.samples import (
+    ConfigSample,
+    GpuSample,
+    HostSample,
+    JobStats,
+    Sample,
+    Snapshot,
+    StepSample,
+)
+
+Listener = Callable[[Sample], None]
+
+
+class Store:
+    def __init__(self, history_seconds: float = 900.0, max_records: int = 20_000) -> None:
+        self.history_seconds = history_seconds
+        self.max_records = max_records
+        self._lock = threading.Lock()
+        self._latest = Snapshot(t=0.0)
+        self._gpu: dict[int, deque[GpuSample]] = {}
+        self._host: deque[HostSample] = deque(maxlen=max_records)
+        self._steps: deque[StepSample] = deque(maxlen=max_records)
+        self._configs: dict[tuple[int | None, int | None], ConfigSample] = {}
+        self._jobs: dict[int, JobStats] = {}
+        self._listeners: list[Listener] = []
+
+    # -- writers -------------------------------------------------------------------
+    def publish(self, snapshot: Snapshot) -> None:
+        """Publish one tick's snapshot; its GPU and host samples join the history."""
+        with self._lock:
+            snapshot = replace(snapshot, jobs=tuple(self._jobs.values()))
+            self._latest = snapshot
+            for g in snapshot.gpus:
+                ring = self._gpu.get(g.gpu)
+                if ring is None:
+                    ring = self._gpu[g.gpu] = deque(maxlen=self.max_records)
+                ring.append(g)
+                self._trim(ring, snapshot.t)
+            if snapshot.host is not None:
+                self._host.append(snapshot.host)
+                self._trim(self._host, snapshot.t)
+            listeners = list(self._listeners)
+        for fn in listeners:
+            for g in snapshot.gpus:
+                fn(g)
+            if snapshot.host is not None:
+                fn(snapshot.host)
+
+    def add_steps(self, steps: Iterable[StepSample]) -> None:
+        steps = list(steps)
+        with self._lock:
+            self._steps.extend(steps)
+            if steps:
+                self._trim(self._steps, steps[-1].t)
+            listeners = list(self._listeners)
+        for fn in listeners:
+            for s in steps:
+                fn(s)
+
+    def set_config(self, config: ConfigSample) -> None:
+        with self._lock:
+            key = (config.pid, config.rank)
+            changed = self._configs.get(key) is None or self._configs[key].values != config.values
+            self._configs[key] = config
+            listeners = list(self._listeners) if changed else []
+        for fn in listeners:
+            fn(config)
+
+    def set_job(self, stats: JobStats) -> None:
+        """Per-job aggregates from the hook; they ride along in the next snapshot."""
+        with self._lock:
+            self._jobs[stats.pid] = stats
+            self._latest = replace(self._latest, jobs=tuple(self._jobs.values()))
+
+    def drop_job(self, pid: int) -> None:
+        with self._lock:
+            self._jobs.pop(pid, None)
+            self._latest = replace(self._latest, jobs=tuple(self._jobs.values()))
+
+    def subscribe(self, fn: Listener) -> None:
+        """Call ``fn`` with every new sample (the recorder); it must not block."""
+        with self._lock:
+            self._listeners.append(fn)
+
+    def unsubscribe(self, fn: Listener) -> None:
+        with self._lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    def clear(self) -> None:
+        """Forget history (replay starting over)."""
+        with self._lock:
+            self._gpu.clear()
+            self._host.clear()
+            self._steps.clear()
+            self._configs.clear()
+            self._jobs.clear()
+
+    # -- readers -------------------------------------------------------------------
+    def latest(self) -> Snapshot:
+        return self._latest
+
+    def gpu_history(self, gpu: int, since: float = 0.0) -> list[GpuSample]:
+        with self._lock:
+            ring = self._gpu.get(gpu)
+            return [s for s in ring if s.t >= since] if ring else []
+
+    def host_history(self, since: float = 0.0) -> list[HostSample]:
+        with self._lock:
+            return [s for s in self._host if s.t >= since]
+
+    def step_history(self, since: float = 0.0) -> list[StepSample]:
+        with self._lock:
+            return [s for s in self._steps if s.t >= since]
+
+    def configs(self) -> list[ConfigSample]:
+        with self._lock:
+            return list(self._configs.values())
+
+    def timeline(self, since: float = 0.0) -> list[Sample]:
+        """All history since ``since`` in time order: the advisor's input."""
+        with self._lock:
+            out: list[Sample] = [s for ring in self._gpu.values() for s in ring if s.t >= since]
+            out.extend(s for s in self._host if s.t >= since)
+            out.extend(s for s in self._steps if s.t >= since)
+            out.extend(self._configs.values())
+        out.sort(key=lambda s: s.t)
+        return out
+
+    def _trim(self, ring: deque, now: float) -> None:
+        horizon = now - self.history_seconds
+        while ring and ring[0].t < horizon:
+            ring.popleft()

@@ -1,0 +1,1 @@
+"""The built-in rule files (*.yaml), installed as package data of gpuwatch.rules."""
