@@ -38,12 +38,16 @@ class Store:
         self._configs: dict[tuple[int | None, int | None], ConfigSample] = {}
         self._jobs: dict[int, JobStats] = {}
         self._listeners: list[Listener] = []
+        self._hook_messages = 0
+        self._hook_dropped: dict[str, int] = {}
 
     # -- writers -------------------------------------------------------------------
     def publish(self, snapshot: Snapshot) -> None:
         """Publish one tick's snapshot; its GPU and host samples join the history."""
         with self._lock:
-            snapshot = replace(snapshot, jobs=tuple(self._jobs.values()))
+            health = replace(snapshot.health, hook_messages_total=self._hook_messages,
+                             hook_messages_dropped_total=dict(self._hook_dropped))
+            snapshot = replace(snapshot, jobs=tuple(self._jobs.values()), health=health)
             self._latest = snapshot
             for g in snapshot.gpus:
                 ring = self._gpu.get(g.gpu)
@@ -91,6 +95,14 @@ class Store:
         with self._lock:
             self._jobs.pop(pid, None)
             self._latest = replace(self._latest, jobs=tuple(self._jobs.values()))
+
+    def count_hook_message(self, dropped_reason: str | None = None) -> None:
+        """Count one datagram from the hook; ``dropped_reason`` when it was rejected."""
+        with self._lock:
+            if dropped_reason is None:
+                self._hook_messages += 1
+            else:
+                self._hook_dropped[dropped_reason] = self._hook_dropped.get(dropped_reason, 0) + 1
 
     def subscribe(self, fn: Listener) -> None:
         """Call ``fn`` with every new sample (the recorder); it must not block."""
