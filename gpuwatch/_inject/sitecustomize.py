@@ -1,0 +1,122 @@
+"""Injected by ``gpuwatch run -- CMD``: attach the torch hook when, and only if, the job
+imports torch.
+
+``gpuwatch run`` puts this directory first on PYTHONPATH, so Python imports this file at
+start-up instead of any other ``sitecustomize``; that one still runs, chained from here.
+Nothing here imports torch: a meta path finder waits for the job's own ``import torch``
+and attaches the hook right after torch has finished importing. Any failure here is
+swallowed: gpuwatch must never stop a job from starting. ``GPUWATCH_DISABLE=1`` turns
+the hook off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _same_dir(entry):
+    try:
+        return os.path.abspath(entry or os.curdir) == _HERE
+    except Exception:
+        return False
+
+
+def _chain():
+    """Run the sitecustomize this file shadows, as site.py would have."""
+    import importlib.machinery
+    import importlib.util
+
+    others = [p for p in sys.path if not _same_dir(p)]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
+    if spec is None or spec.loader is None:
+        return
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as err:  # the message site.py prints for a failing sitecustomize
+        print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
+              f"{type(err).__name__}: {err}", file=sys.stderr)
+
+
+def _import_hook_module():
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("gpuwatch") is None:
+        # the job's Python does not have gpuwatch installed: load the launcher's copy by
+        # location, without putting its site-packages on the job's path
+        package_dir = os.path.dirname(_HERE)
+        spec = importlib.util.spec_from_file_location(
+            "gpuwatch", os.path.join(package_dir, "__init__.py"),
+            submodule_search_locations=[package_dir])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpuwatch"] = module
+        spec.loader.exec_module(module)
+    return importlib.import_module("gpuwatch.hook")
+
+
+class _AttachAfterTorch:
+    """A meta path finder that only watches for ``torch`` and attaches once it is loaded."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch" or path is not None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        run = getattr(loader, "exec_module", None)
+        if run is None:
+            return spec
+        watcher = self
+
+        def exec_module(module):
+            run(module)
+            try:
+                del loader.exec_module
+            except AttributeError:
+                pass
+            try:
+                sys.meta_path.remove(watcher)
+            except ValueError:
+                pass
+            try:
+                _import_hook_module().attach()
+            except Exception:
+                pass
+
+        try:
+            loader.exec_module = exec_module
+        except Exception:
+            pass
+        return spec
+
+
+def _setup():
+    # leave the job's own import path as it would be; children still get PYTHONPATH
+    sys.path[:] = [p for p in sys.path if not _same_dir(p)]
+    _chain()
+    if os.environ.get("GPUWATCH_DISABLE", "") not in ("", "0"):
+        return
+    if "torch" in sys.modules:  # imported by a chained sitecustomize or a .pth file
+        try:
+            _import_hook_module().attach()
+        except Exception:
+            pass
+        return
+    sys.meta_path.insert(0, _AttachAfterTorch())
+
+
+try:
+    _setup()
+except Exception:
+    pass

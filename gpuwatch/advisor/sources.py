@@ -1,0 +1,378 @@
+"""Data sources for the advisor: a recording, a running daemon, a Prometheus server.
+
+Each maps its data onto the trace vocabulary and feeds the same :class:`Engine`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from typing import Any
+
+from gpuwatch.advisor.engine import Engine
+from gpuwatch.advisor.rules import RuleSet
+from gpuwatch.errors import UserError
+
+# a recording longer than this many buckets at 1 s is judged on coarser buckets, so a
+# day of 8 GPUs takes seconds (rules' windows are 15 s and more: 5 s buckets still hold)
+MAX_BUCKETS = 20_000
+_NICE_RES = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0)
+
+
+def resolution_for(span_seconds: float) -> float:
+    want = span_seconds / MAX_BUCKETS
+    for r in _NICE_RES:
+        if r >= want:
+            return r
+    return _NICE_RES[-1]
+
+
+def trace_span(path: str) -> float | None:
+    """Seconds between a plain recording's first and last lines (None when unknown)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) == b"\x1f\x8b":
+                return None  # compressed: no cheap way to the end
+            f.seek(0)
+            first_t = None
+            for _ in range(5):
+                line = f.readline()
+                if not line:
+                    break
+                t = _line_t(line)
+                if t is not None:
+                    first_t = t
+                    break
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            tail = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(tail):
+        t = _line_t(line)
+        if t is not None and first_t is not None:
+            return max(0.0, t - first_t)
+    return None
+
+
+def _line_t(line: bytes) -> float | None:
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return None
+    t = d.get("t") if isinstance(d, dict) else None
+    return float(t) if isinstance(t, (int, float)) else None
+
+
+def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None) -> tuple[Engine, dict]:
+    """Judge a whole recording (streamed, bounded memory); returns the engine and meta."""
+    from gpuwatch import trace
+
+    if res is None:
+        span = trace_span(path)
+        res = resolution_for(span) if span is not None else 1.0
+    meta, samples = trace.iter_trace(path)
+    engine = Engine(ruleset, res=res)
+    engine.frame.set_meta(meta)
+    for gpu, info in trace.meta_infos(meta).items():
+        engine.frame.set_gpu_info(gpu, name=info.name, cc=info.compute_capability)
+    engine.feed_all(samples)
+    engine.finish()
+    return engine, dict(meta)
+
+
+# -- a running daemon ------------------------------------------------------------------------
+def fetch_json(url: str, timeout: float = 10.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - http(s) only
+            return json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as err:
+        body = err.read().decode("utf-8", "replace")[:300]
+        try:
+            body = json.loads(body).get("error", body)
+        except (ValueError, AttributeError):
+            pass
+        raise UserError(f"{url} answered HTTP {err.code}: {body}") from err
+    except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise UserError(f"nothing answers at {url} ({reason}); is the daemon running "
+                        "(gpuwatch run)? Or judge a recording with --replay FILE") from err
+    except ValueError as err:
+        raise UserError(f"{url} did not answer JSON: {err}") from err
+
+
+def _check_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UserError(f"bad URL {url!r}: expected http://HOST:PORT")
+    return url.rstrip("/")
+
+
+def fetch_daemon_report(url: str) -> dict[str, Any]:
+    """The daemon's /api/advice report (the live advisor's, same JSON as --format json)."""
+    report = fetch_json(_check_url(url) + "/api/advice")
+    if not isinstance(report, dict) or not isinstance(report.get("advice"), list):
+        raise UserError(f"{url}/api/advice did not answer an advice report")
+    return report
+
+
+# -- Prometheus --------------------------------------------------------------------------------
+# exported name -> (vocabulary field on a gpu/host line, scale)
+_GPU_SERIES = {
+    "gpuwatch_gpu_utilization_ratio": ("util", 1.0),
+    "gpuwatch_gpu_memory_utilization_ratio": ("mem_util", 1.0),
+    "gpuwatch_gpu_memory_used_bytes": ("mem_used_bytes", 1.0),
+    "gpuwatch_gpu_memory_total_bytes": ("mem_total_bytes", 1.0),
+    "gpuwatch_gpu_power_watts": ("power_watts", 1.0),
+    "gpuwatch_gpu_power_limit_watts": ("power_limit_watts", 1.0),
+    "gpuwatch_gpu_temperature_celsius": ("temp_celsius", 1.0),
+    "gpuwatch_gpu_sm_clock_hertz": ("sm_clock_mhz", 1e-6),
+    "gpuwatch_gpu_memory_clock_hertz": ("mem_clock_mhz", 1e-6),
+    "gpuwatch_gpu_pstate": ("pstate", 1.0),
+    "gpuwatch_gpu_energy_joules_total": ("energy_joules", 1.0),
+    "gpuwatch_gpu_pcie_replays_total": ("pcie_replay_total", 1.0),
+    "gpuwatch_gpu_remapped_rows_pending": ("remapped_rows_pending", 1.0),
+    "gpuwatch_gpu_remapped_rows_failure": ("remapped_rows_failure", 1.0),
+    "gpuwatch_gpu_sm_active_ratio": ("sm_active", 1.0),
+    "gpuwatch_gpu_sm_occupancy_ratio": ("sm_occupancy", 1.0),
+    "gpuwatch_gpu_tensor_active_ratio": ("tensor_active", 1.0),
+    "gpuwatch_gpu_dram_active_ratio": ("dram_active", 1.0),
+    "gpuwatch_gpu_fp16_active_ratio": ("fp16_active", 1.0),
+    "gpuwatch_gpu_fp32_active_ratio": ("fp32_active", 1.0),
+    "gpuwatch_gpu_fp64_active_ratio": ("fp64_active", 1.0),
+}
+_HOST_SERIES = {
+    "gpuwatch_host_cpu_utilization_ratio": "cpu_util",
+    "gpuwatch_host_load1": "load1",
+    "gpuwatch_host_load5": "load5",
+    "gpuwatch_host_memory_used_bytes": "mem_used_bytes",
+    "gpuwatch_host_memory_total_bytes": "mem_total_bytes",
+    "gpuwatch_host_swap_used_bytes": "swap_used_bytes",
+}
+# summed over the job trees of one instance
+_JOB_SERIES = {
+    "gpuwatch_job_cpu_cores": "job_cpu_cores",
+    "gpuwatch_job_main_cpu_cores": "job_main_cpu_cores",
+    "gpuwatch_job_workers_cpu_cores": "job_workers_cpu_cores",
+    "gpuwatch_job_processes": "job_processes",
+    "gpuwatch_job_rss_bytes": "job_rss_bytes",
+}
+_TRAIN_SERIES = {
+    "gpuwatch_train_steps_total": "steps_total",
+    "gpuwatch_train_skipped_steps_total": "skipped_total",
+    "gpuwatch_train_step_seconds": "step_seconds",
+    "gpuwatch_train_data_wait_ratio": "data_wait_ratio",
+    "gpuwatch_train_loss_scale": "loss_scale",
+    "gpuwatch_train_samples_per_second": "samples_per_second",
+    "gpuwatch_train_memory_allocated_bytes": "mem_allocated_bytes",
+    "gpuwatch_train_memory_reserved_bytes": "mem_reserved_bytes",
+    "gpuwatch_train_memory_max_allocated_bytes": "max_mem_allocated_bytes",
+}
+_REASON_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4,
+                "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal_slowdown": 0x20,
+                "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80,
+                "display_clock_setting": 0x100}
+
+
+class _Prom:
+    def __init__(self, url: str, start: float, end: float, step: float) -> None:
+        self.url = _check_url(url)
+        self.start, self.end, self.step = start, end, step
+
+    def query_range(self, query: str) -> list[dict[str, Any]]:
+        params = urllib.parse.urlencode({"query": query, "start": f"{self.start:.3f}",
+                                         "end": f"{self.end:.3f}", "step": f"{self.step:g}"})
+        data = fetch_json(f"{self.url}/api/v1/query_range?{params}", timeout=30.0)
+        if not isinstance(data, dict) or data.get("status") != "success":
+            raise UserError(f"Prometheus at {self.url} refused {query!r}: "
+                            f"{(data or {}).get('error', data)}")
+        return data["data"].get("result", [])
+
+
+def _points(series: dict[str, Any]) -> list[tuple[float, float]]:
+    out = []
+    for t, v in series.get("values", []):
+        try:
+            x = float(v)
+        except ValueError:
+            continue
+        if math.isfinite(x):
+            out.append((float(t), x))
+    return out
+
+
+def judge_prometheus(url: str, ruleset: RuleSet, *, window: float = 600.0,
+                     end: float | None = None, step: float | None = None
+                     ) -> dict[str, tuple[Engine, dict[str, Any]]]:
+    """Query every gpuwatch_* series over ``window`` seconds and judge each instance.
+
+    Returns instance -> (engine, facts). Series are mapped back onto the trace vocabulary:
+    one synthetic gpu/host/step line per instance, GPU and query step.
+    """
+    import time as _time
+
+    end = _time.time() if end is None else end
+    if step is None:
+        step = max(1.0, min(60.0, window / 1000.0))
+    prom = _Prom(url, end - window, end, step)
+    # instance -> t -> {gpu -> line}
+    gpu_lines: dict[str, dict[float, dict[int, dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(dict))
+    host_lines: dict[str, dict[float, dict[str, Any]]] = defaultdict(dict)
+    step_lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    facts: dict[str, dict[str, Any]] = defaultdict(lambda: {"gpus": {}})
+
+    def gline(inst: str, t: float, gpu: int) -> dict[str, Any]:
+        per_t = gpu_lines[inst][t]
+        line = per_t.get(gpu)
+        if line is None:
+            line = per_t[gpu] = {"kind": "gpu", "t": t, "gpu": gpu}
+        return line
+
+    names = "|".join(list(_GPU_SERIES) + list(_HOST_SERIES) + list(_JOB_SERIES))
+    for s in prom.query_range(f'{{__name__=~"{names}"}}'):
+        labels = s.get("metric", {})
+        name = labels.get("__name__", "")
+        inst = labels.get("instance", "")
+        if name in _GPU_SERIES:
+            gpu = _int(labels.get("gpu"))
+            if gpu is None:
+                continue
+            field, scale = _GPU_SERIES[name]
+            for t, v in _points(s):
+                gline(inst, t, gpu)[field] = v * scale
+        elif name in _HOST_SERIES:
+            for t, v in _points(s):
+                host_lines[inst].setdefault(t, {"kind": "host", "t": t})[_HOST_SERIES[name]] = v
+        elif name in _JOB_SERIES:
+            field = _JOB_SERIES[name]
+            for t, v in _points(s):
+                line = host_lines[inst].setdefault(t, {"kind": "host", "t": t})
+                line[field] = line.get(field, 0.0) + v
+    for s in prom.query_range('sum by (instance, gpu, type) (gpuwatch_gpu_ecc_errors_total)'):
+        labels = s.get("metric", {})
+        gpu = _int(labels.get("gpu"))
+        field = {"uncorrected": "ecc_uncorrected_total", "corrected": "ecc_corrected_total"}.get(
+            labels.get("type", ""))
+        if gpu is None or field is None:
+            continue
+        for t, v in _points(s):
+            gline(labels.get("instance", ""), t, gpu)[field] = v
+    for s in prom.query_range("sum by (instance, gpu) (gpuwatch_gpu_xid_errors_total)"):
+        labels = s.get("metric", {})
+        gpu = _int(labels.get("gpu"))
+        if gpu is None:
+            continue
+        for t, v in _points(s):
+            gline(labels.get("instance", ""), t, gpu)["xid_total"] = {0: int(v)}
+    for s in prom.query_range("gpuwatch_gpu_clock_event_reason"):
+        labels = s.get("metric", {})
+        gpu, bit = _int(labels.get("gpu")), _REASON_BITS.get(labels.get("reason", ""))
+        if gpu is None or bit is None:
+            continue
+        for t, v in _points(s):
+            line = gline(labels.get("instance", ""), t, gpu)
+            line["clock_event_reasons"] = line.get("clock_event_reasons", 0) | (bit if v else 0)
+    for s in prom.query_range("gpuwatch_process_gpu_memory_used_bytes"):
+        labels = s.get("metric", {})
+        gpu, pid = _int(labels.get("gpu")), _int(labels.get("pid"))
+        if gpu is None or pid is None:
+            continue
+        for t, v in _points(s):
+            line = gline(labels.get("instance", ""), t, gpu)
+            line.setdefault("processes", []).append({"pid": pid, "mem_used_bytes": v})
+    for s in prom.query_range("count by (instance) (gpuwatch_host_cpu_core_utilization_ratio)"):
+        pts = _points(s)
+        if pts:
+            facts[s["metric"].get("instance", "")]["host_cpus"] = pts[-1][1]
+    for s in prom.query_range("gpuwatch_gpu_info"):
+        labels = s.get("metric", {})
+        gpu = _int(labels.get("gpu"))
+        if gpu is not None:
+            facts[labels.get("instance", "")]["gpus"][gpu] = {
+                "name": labels.get("name"), "compute_capability": labels.get("compute_capability")}
+    _train_lines(prom, step, step_lines)
+    # GPU lines without processes read as "no process holds the GPU", as NVML would say
+    for inst, per_t in gpu_lines.items():
+        for lines in per_t.values():
+            for line in lines.values():
+                line.setdefault("processes", [])
+    out: dict[str, tuple[Engine, dict[str, Any]]] = {}
+    for inst in sorted(set(gpu_lines) | set(host_lines)):
+        engine = Engine(ruleset, res=step)
+        f = facts.get(inst, {"gpus": {}})
+        if f.get("host_cpus"):
+            engine.frame.set_meta({"host_cpus": f["host_cpus"]})
+        for gpu, info in f["gpus"].items():
+            engine.frame.set_gpu_info(gpu, name=info.get("name"), cc=info.get("compute_capability"))
+        merged: list[dict[str, Any]] = []
+        for t, lines in gpu_lines.get(inst, {}).items():
+            merged.extend(lines.values())
+        merged.extend(host_lines.get(inst, {}).values())
+        merged.extend(step_lines.get(inst, []))
+        merged.sort(key=lambda d: d["t"])
+        engine.feed_all(merged)
+        engine.finish()
+        out[inst] = (engine, {"instance": inst, **f})
+    return out
+
+
+def _train_lines(prom: _Prom, step: float, out: dict[str, list[dict[str, Any]]]) -> None:
+    """The hook's per-job gauges and counters as synthetic step lines (one per query step)."""
+    names = "|".join(_TRAIN_SERIES)
+    # (instance, pid, rank, gpu) -> t -> field -> value
+    jobs: dict[tuple[str, str, str, str], dict[float, dict[str, float]]] = defaultdict(
+        lambda: defaultdict(dict))
+    for s in prom.query_range(f'{{__name__=~"{names}"}}'):
+        labels = s.get("metric", {})
+        key = (labels.get("instance", ""), labels.get("pid", ""), labels.get("rank", ""),
+               labels.get("gpu", ""))
+        field = _TRAIN_SERIES.get(labels.get("__name__", ""))
+        if field is None:
+            continue
+        for t, v in _points(s):
+            jobs[key][t][field] = v
+    for (inst, pid, rank, gpu), per_t in jobs.items():
+        prev_steps = prev_skipped = None
+        for t in sorted(per_t):
+            d = per_t[t]
+            steps, skipped = d.get("steps_total"), d.get("skipped_total")
+            count = None
+            if steps is not None and prev_steps is not None:
+                count = steps - prev_steps if steps >= prev_steps else steps
+            skipped_now = None
+            if skipped is not None and prev_skipped is not None:
+                skipped_now = skipped - prev_skipped if skipped >= prev_skipped else skipped
+            prev_steps, prev_skipped = steps, skipped
+            if not count:
+                continue
+            line: dict[str, Any] = {"kind": "step", "t": t, "_count": count,
+                                    "gpu": _int(gpu), "pid": _int(pid), "rank": _int(rank)}
+            ss = d.get("step_seconds")
+            if ss is not None:
+                line["step_seconds"] = ss
+                if d.get("data_wait_ratio") is not None:
+                    line["data_wait_seconds"] = ss * d["data_wait_ratio"]
+                if d.get("samples_per_second"):
+                    line["batch_size"] = round(d["samples_per_second"] * ss)
+            for f in ("loss_scale", "mem_allocated_bytes", "mem_reserved_bytes",
+                      "max_mem_allocated_bytes"):
+                if d.get(f) is not None:
+                    line[f] = d[f]
+            if skipped_now is not None:
+                line["skipped"] = skipped_now > 0
+            out[inst].append(line)
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,310 @@
+"""The daemon: wires the store, a source (the sampler, or a replayed recording), the hook
+receiver, the advisor, the recorder and the HTTP server, and runs until told to stop.
+
+Every part but the store and the source is optional: a teammate's module that is missing,
+or a part that fails to start, is logged and left out, and the rest still serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gpuwatch.config import Config, config_from_args
+from gpuwatch.errors import UserError
+from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.httpserver import HttpServer
+from gpuwatch.samples import Sample
+from gpuwatch.store import Store
+
+log = logging.getLogger(__name__)
+
+SYSTEM_HOOK_DIR = "/run/gpuwatch"  # created by the systemd unit (RuntimeDirectory=gpuwatch)
+HOOK_SOCKET_NAME = "hook.sock"
+
+
+def _optional(module: str, name: str) -> Any | None:
+    """``module.name`` if that module exists, else None: the daemon runs without it.
+
+    Only the module itself being absent is tolerated; an error inside it still raises.
+    """
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is not None and module.startswith(err.name):
+            log.debug("%s is not available: %s", module, err)
+            return None
+        raise
+    return getattr(mod, name, None)
+
+
+def _private_dir(base: str, name: str) -> str | None:
+    """``base/name`` as a directory only we can use, or None when that is not safe."""
+    path = os.path.join(base, name)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError:
+        return None
+    # someone else could have made it first in a shared /tmp
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def default_hook_socket() -> str:
+    """Where the hook socket goes when none is configured.
+
+    The systemd service's runtime directory when we may write there; else a directory of
+    our own under $XDG_RUNTIME_DIR, or under the temp dir.
+    """
+    if os.path.isdir(SYSTEM_HOOK_DIR) and os.access(SYSTEM_HOOK_DIR, os.W_OK | os.X_OK):
+        return os.path.join(SYSTEM_HOOK_DIR, HOOK_SOCKET_NAME)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    directory = None
+    if xdg and os.path.isdir(xdg):
+        directory = _private_dir(xdg, "gpuwatch")
+    if directory is None:
+        directory = _private_dir(tempfile.gettempdir(), f"gpuwatch-{os.getuid()}")
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="gpuwatch-")
+    return os.path.join(directory, HOOK_SOCKET_NAME)
+
+
+class Daemon:
+    """One gpuwatch daemon: ``start()``, then ``serve_forever()`` or ``stop()``.
+
+    ``replay`` serves a recording instead of sampling; then no hook socket is opened and
+    nothing but the HTTP port is bound, so several replays can run side by side.
+    ``url`` is the bound address after ``start()`` (port 0 becomes the real port).
+    """
+
+    def __init__(self, config: Config, *, replay: str | None = None, serve_http: bool = True,
+                 hook_socket: str | None = None,
+                 sampler_kwargs: dict[str, Any] | None = None) -> None:
+        self.config = config
+        self.replay = replay
+        self.serve_http = serve_http
+        self.store = Store(history_seconds=config.history_seconds)
+        self.url: str | None = None
+        self.hook_socket: str | None = None
+        self._wanted_socket = hook_socket or config.hook_socket
+        self._sampler_kwargs = dict(sampler_kwargs or {})
+        self.source: Any = None  # the Sampler or the Replayer
+        self.receiver: Any = None
+        self.advisor: Any = None
+        self.recorder: Any = None
+        self.http: HttpServer | None = None
+        self._started: list[Any] = []
+        self._stop = threading.Event()
+        self._stopped = False
+        self._start_time = 0.0
+        self._last_sample = 0.0
+
+    # -- life cycle ------------------------------------------------------------------
+    def start(self) -> None:
+        self._start_time = time.monotonic()
+        self.store.subscribe(self._saw_sample)
+        collector = GpuwatchCollector(self.store.latest)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        if self.serve_http:
+            self.http = HttpServer(self.config.listen_address, registry=registry,
+                                   snapshot=self.store.latest, health=self.health,
+                                   description=self._description())
+            # bind before starting anything, so a port in use fails fast and alone
+            self.http.bind()
+        try:
+            self._start_source()
+            if self.replay is None:
+                self._start_receiver()
+            self._start_advisor(collector)
+            if self.config.record:
+                self._start_recorder()
+            if self.http is not None:
+                self.http.start()
+                self._started.append(self.http)
+                self.url = self.http.url
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        if self.http is not None and self.http not in self._started:
+            self.http.stop()  # bound but never started
+        # the reverse of start: stop serving first, the source last
+        for part in reversed(self._started):
+            try:
+                part.stop()
+            except Exception:  # keep stopping the rest
+                log.exception("error stopping %s", type(part).__name__)
+        self._started.clear()
+        self.store.unsubscribe(self._saw_sample)
+
+    def serve_forever(self) -> None:
+        """Run until SIGINT or SIGTERM (or ``stop()`` from another thread), then stop."""
+        previous: dict[int, Any] = {}
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            # a second signal during shutdown acts as usual (kills)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._stop.set()
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, on_signal)
+        try:
+            while not self._stop.wait(0.5):
+                pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.stop()
+
+    def health(self) -> tuple[bool, str]:
+        """Healthy while the source keeps publishing (ticks are not stuck)."""
+        now = time.monotonic()
+        limit = max(10 * self.config.interval, 30.0)
+        if self._last_sample == 0.0:
+            if now - self._start_time < limit:
+                return True, "ok: starting, no sample yet"
+            return False, f"unhealthy: no sample in the {now - self._start_time:.0f} s since start"
+        age = now - self._last_sample
+        if age > limit:
+            return False, f"unhealthy: last sample {age:.0f} s ago"
+        return True, f"ok: last sample {age:.1f} s ago"
+
+    def _saw_sample(self, _sample: Sample) -> None:
+        self._last_sample = time.monotonic()
+
+    def _description(self) -> str:
+        if self.replay:
+            return f"Replaying {os.path.basename(self.replay)} as if live."
+        return "Sampling the GPUs and the host."
+
+    # -- the parts ---------------------------------------------------------------------
+    def _start_source(self) -> None:
+        if self.replay is not None:
+            replayer_cls = _optional("gpuwatch.replay", "Replayer")
+            if replayer_cls is None:
+                raise UserError("replay is not available in this build (gpuwatch.replay)")
+            self.source = replayer_cls(self.store, self.replay, loop=True)
+        else:
+            sampler_cls = _optional("gpuwatch.sampler", "Sampler")
+            if sampler_cls is None:
+                raise UserError("the sampler is not available in this build (gpuwatch.sampler)")
+            self.source = sampler_cls(self.store, interval=self.config.interval,
+                                      slow_interval=self.config.slow_interval,
+                                      **self._sampler_kwargs)
+        self.source.start()
+        self._started.append(self.source)
+
+    def _start_receiver(self) -> None:
+        receiver_cls = _optional("gpuwatch.receiver", "HookReceiver")
+        if receiver_cls is None:
+            log.info("the hook receiver is not available; training metrics are off")
+            return
+        path = self._wanted_socket or default_hook_socket()
+        try:
+            receiver = receiver_cls(self.store, path)
+            receiver.start()
+        except (OSError, UserError) as err:
+            if self._wanted_socket:
+                raise UserError(f"cannot open the hook socket {path}: {err}") from err
+            # the shared default is taken (another daemon): use one of our own
+            fallback = os.path.join(os.path.dirname(path), f"hook-{os.getpid()}.sock")
+            log.warning("hook socket %s is in use (%s); using %s", path, err, fallback)
+            receiver = receiver_cls(self.store, fallback)
+            receiver.start()
+        self.receiver = receiver
+        self._started.append(receiver)
+        self.hook_socket = str(getattr(receiver, "socket_path", path))
+
+    def _start_advisor(self, collector: GpuwatchCollector) -> None:
+        advisor_cls = _optional("gpuwatch.advisor", "LiveAdvisor")
+        if advisor_cls is None:
+            advisor_cls = _optional("gpuwatch.advisor.live", "LiveAdvisor")
+        if advisor_cls is None:
+            log.info("the advisor is not available; /api/advice answers 503")
+            return
+        try:
+            advisor = advisor_cls(self.store, self.config)
+            advisor.start()
+        except UserError:
+            raise  # a bad rule file is the user's to fix, not to hide
+        except Exception:  # metrics still serve without advice
+            log.exception("the advisor failed to start; serving without advice")
+            return
+        self.advisor = advisor
+        self._started.append(advisor)
+        collector.add_collector(advisor.collector())
+        if self.http is not None:
+            self.http.advice = advisor.report_json
+
+    def _start_recorder(self) -> None:
+        recorder_cls = _optional("gpuwatch.recorder", "Recorder")
+        if recorder_cls is None:
+            raise UserError("recording is not available in this build (gpuwatch.recorder)")
+        recorder = recorder_cls(self.store, self.config.record, self.trace_meta())
+        recorder.start()
+        self.recorder = recorder
+        self._started.append(recorder)
+
+    def trace_meta(self) -> dict[str, Any]:
+        """The `meta` line for a recording of what this daemon sees."""
+        from gpuwatch.trace import make_meta
+
+        infos = getattr(self.source, "infos", None) or self.store.latest().infos
+        return make_meta(infos=tuple(infos), host_cpus=os.cpu_count(),
+                         sample_hz=1.0 / self.config.interval)
+
+
+@contextlib.contextmanager
+def demo_recording() -> Iterator[str]:
+    """The bundled demo recording as a file path (extracted if the package is zipped)."""
+    with resources.as_file(resources.files("gpuwatch.data") / "demo.jsonl") as path:
+        yield str(path)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`gpuwatch run` without a command: the daemon in the foreground."""
+    config = config_from_args(args)
+    replay = getattr(args, "replay", None)
+    if getattr(args, "demo", False):
+        if replay:
+            raise UserError("--demo and --replay both given: choose one")
+        with demo_recording() as path:
+            return _serve(config, path, "the bundled demo recording")
+    if replay is not None and not os.path.isfile(replay):
+        raise UserError(f"cannot replay {replay}: no such file")
+    return _serve(config, replay, replay)
+
+
+def _serve(config: Config, replay: str | None, what: str | None) -> int:
+    daemon = Daemon(config, replay=replay)
+    daemon.start()
+    doing = f"replaying {what}" if replay else "sampling"
+    hook = f"; hook socket {daemon.hook_socket}" if daemon.hook_socket else ""
+    print(f"gpuwatch: serving {daemon.url}/metrics ({doing}); advice at {daemon.url}/api/advice"
+          f"{hook}", file=sys.stderr, flush=True)
+    daemon.serve_forever()
+    return 0

@@ -1,0 +1,737 @@
+"""The in-process torch hook: measures a training loop from inside and reports to gpuwatch.
+
+``attach()`` (public as ``gpuwatch.torch.attach()``, or injected by ``gpuwatch run --``)
+installs light wrappers around a few torch entry points and reports aggregated numbers
+twice a second over a Unix datagram socket (schema: :mod:`gpuwatch.protocol`):
+
+- an iteration ends at each optimizer step (torch's global optimizer step post hook), or,
+  with an enabled ``GradScaler``, at ``scaler.update()``, so that a step the scaler skipped
+  (``optimizer.step()`` never ran) still counts, marked skipped;
+- time blocked in the DataLoader's ``__next__`` is the iteration's data wait;
+- the loss scale, the skip flags of fused optimizers (decided on the GPU) and the
+  allocator's memory are read by the reporting thread, once per report, with an
+  asynchronous copy and an event (never a device synchronization);
+- configuration facts (DataLoader settings, autocast, TF32, cudnn.benchmark, fused
+  optimizer, gradient checkpointing, the GPU) ride along when they change;
+- an uncaught exception (an out-of-memory error above all) is reported before the
+  process dies, and a last report leaves at exit.
+
+Guarantees: the training loop never blocks on gpuwatch (non-blocking ``sendto``; a missing,
+slow or dead daemon only costs dropped reports, which are counted), no exception of the
+hook's own reaches user code (every hook body is guarded), and results do not change (the
+wrappers call the original with the original arguments and return its result).
+
+This is the only gpuwatch module that imports torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.utils.checkpoint
+import torch.utils.data
+import torch.utils.data.dataloader
+from torch.amp.grad_scaler import GradScaler
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from gpuwatch import protocol
+
+ENV_SOCKET = "GPUWATCH_SOCKET"  # one path, or several separated by os.pathsep
+SYSTEM_SOCKET = "/run/gpuwatch/hook.sock"
+REPORT_INTERVAL = 0.5  # seconds: at most two reports a second
+HEARTBEAT_INTERVAL = 2.0  # a report even without new steps, so silence means trouble
+CONFIG_INTERVAL = 30.0  # the configuration again, for a daemon started after the job
+MAX_PENDING_STEPS = 100_000  # per-step records waiting for the reporter (older ones dropped)
+MAX_HOOK_ERRORS = 100  # after this many internal errors the hook stops measuring
+
+_perf = time.perf_counter
+_hook: _Hook | None = None
+_attach_lock = threading.Lock()
+
+# (what, attribute, original, wrapper) for every patch, so detach() can undo them
+_patches: list[tuple[Any, str, Any, Any]] = []
+
+
+def _socket_paths(explicit: str | None) -> list[str]:
+    text = explicit or os.environ.get(ENV_SOCKET) or SYSTEM_SOCKET
+    return [p for p in text.split(os.pathsep) if p]
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    # the CPU allocator raises a plain RuntimeError
+    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc)
+                                              or "can't allocate memory" in str(exc))
+
+
+class _Flags:
+    """Skip flags of one iteration that are still tensors (a fused optimizer's found_inf)."""
+
+    __slots__ = ("tensors", "submitted")
+
+    def __init__(self, tensors: list[Any]) -> None:
+        self.tensors = tensors
+        self.submitted = False
+
+
+class _Hook:
+    """All state of the hook in one process. Hot-path methods are kept tiny."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+        self._reset()
+
+    def _reset(self) -> None:
+        """Fresh state: at attach, and in a forked child (which is a process of its own)."""
+        self.pid = os.getpid()
+        self.off = False
+        # -- written by the training thread (hot path) --
+        self.n = 0  # iterations finished
+        self.skipped_known = 0  # skips known at step time
+        self.iter_start: float | None = None  # perf_counter at the end of the last iteration
+        self.wait = 0.0  # data wait in the current iteration
+        self.samples: int | None = None  # samples fetched in the current iteration
+        self.loader: tuple[int | None, dict[str, Any]] | None = None  # last loader used
+        self.loader_seen = False
+        self.scaler_mode = False  # an enabled GradScaler clocks iterations (at update())
+        self.in_scaler_step = 0
+        self.opt_stepped = False
+        self.found_inf: list[Any] = []  # fused optimizers: skip flags still on the device
+        self.primary: weakref.ref | None = None  # the optimizer that clocks iterations
+        self.scaler: weakref.ref | None = None
+        self.stream: Any = None  # the training thread's CUDA stream, for ordered reads
+        self.autocast_dtype: str | None = None
+        self.checkpointing = False
+        self.pending: collections.deque = collections.deque(maxlen=MAX_PENDING_STEPS)
+        # -- the reporter's --
+        self.held: list[list[Any]] = []  # steps whose skip flag is still on the device
+        self.inflight: tuple[Any, Any, list[list[Any]], bool] | None = None  # event, buffer
+        self.skipped_resolved = 0
+        self.loss_scale: float | None = None
+        self.seq = 0
+        self.last_send = 0.0
+        self.last_config: dict[str, Any] | None = None
+        self.last_config_time = 0.0
+        self.dropped: dict[str, int] = {}
+        self.errors = 0
+        self.exit_reason: str | None = None
+        self.error: str | None = None
+        self.finished = False
+        self.device: Any = None
+        self.gpu_ids: dict[int, tuple[int | None, str | None]] = {}
+        self.sock: socket.socket | None = None
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.report_lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        # threads and locks do not survive fork; the child starts over as its own job
+        # (a DataLoader worker never finishes an iteration, so it never reports)
+        sock = self.sock
+        self._reset()
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def fault(self) -> None:
+        """An error inside the hook: count it; after too many, stop measuring."""
+        self.errors += 1
+        if self.errors >= MAX_HOOK_ERRORS:
+            self.off = True
+
+    # -- the training thread ---------------------------------------------------------------
+    def end_iteration(self, skipped: Any) -> None:
+        now = _perf()
+        start = self.iter_start
+        self.pending.append([self.n, now, None if start is None else now - start, self.wait,
+                             self.samples, skipped])
+        self.n += 1
+        if skipped is True:
+            self.skipped_known += 1
+        self.iter_start = now
+        self.wait = 0.0
+        self.samples = None
+        self.opt_stepped = False
+        if self.thread is None:
+            self.start_reporting()
+
+    def scaler_update(self, scaler: Any) -> None:
+        ref = self.scaler
+        if ref is None or ref() is not scaler:
+            self.scaler = weakref.ref(scaler)
+        if self.found_inf:
+            skipped, self.found_inf = self.found_inf, []
+        else:
+            skipped = not self.opt_stepped
+        self.end_iteration(skipped)
+
+    # -- reporting ---------------------------------------------------------------------------
+    def start_reporting(self) -> None:
+        self.thread = threading.Thread(target=self._loop, name="gpuwatch-hook", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        stop = self.stop
+        while not stop.wait(REPORT_INTERVAL):
+            try:
+                self.report()
+            except Exception:  # never let the reporter die of a bug: count it
+                self.fault()
+
+    def report(self, final: bool = False) -> None:
+        with self.report_lock:
+            self._report(final)
+
+    def _report(self, final: bool) -> None:
+        pending = self.pending
+        while pending:
+            try:
+                rec = pending.popleft()
+            except IndexError:
+                break
+            if isinstance(rec[5], list):
+                rec[5] = _Flags(rec[5])
+            self.held.append(rec)
+        self._resolve(final)
+        held = self.held
+        ready = 0
+        while ready < len(held) and not isinstance(held[ready][5], _Flags):
+            ready += 1
+        if final:
+            for rec in held[ready:]:
+                rec[5] = None  # the device never answered: unknown, not "not skipped"
+            ready = len(held)
+        steps, self.held = held[:ready], held[ready:]
+        now = time.time()
+        config = self._config()
+        config_due = config != self.last_config or now - self.last_config_time >= CONFIG_INTERVAL
+        if not steps and not final and not config_due and now - self.last_send < HEARTBEAT_INTERVAL:
+            return
+        offset = now - _perf()  # perf_counter → Unix seconds, fresh each report
+        window = {"steps": len(steps), "skipped": 0, "timed": 0, "step_seconds": 0.0,
+                  "data_wait_seconds": 0.0, "samples": 0, "sample_seconds": 0.0}
+        records = []
+        for n, end, dur, wait, batch, skipped in steps:
+            if skipped is True:
+                window["skipped"] += 1
+            if dur is not None:
+                window["timed"] += 1
+                window["step_seconds"] += dur
+                window["data_wait_seconds"] += wait
+                if batch is not None:
+                    window["samples"] += batch
+                    window["sample_seconds"] += dur
+            records.append(protocol.StepRecord(
+                step=n, t=end + offset, step_seconds=dur,
+                data_wait_seconds=wait if (dur is not None or wait) else None,
+                batch_size=batch, skipped=skipped))
+        rank, local_rank, world = self._rank()
+        gpu, uuid = self._gpu()
+        mem = self._memory()
+        header: dict[str, Any] = {
+            "kind": "exit" if final else "report", "pid": self.pid, "seq": self.seq,
+            "t": now, "rank": rank, "local_rank": local_rank, "world_size": world,
+            "gpu": gpu, "uuid": uuid, "steps_total": self.n,
+            "skipped_total": self.skipped_known + self.skipped_resolved,
+            "window": window, "loss_scale": self.loss_scale, **mem,
+            "config": config if config_due else None,
+            "exit_reason": (self.exit_reason or "exited") if final else None,
+            "error": self.error, "sender_dropped": dict(self.dropped),
+            "hook_errors": self.errors,
+        }
+        self._send(protocol.encode(header, records))
+        self.seq += 1
+        self.last_send = now
+        if config_due:
+            self.last_config, self.last_config_time = config, now
+
+    def _send(self, data: bytes) -> None:
+        if self.sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            self.sock = sock
+        for path in self.paths:
+            try:
+                self.sock.sendto(data, path)
+                continue
+            except BlockingIOError:
+                reason = "busy"  # the receiver's queue is full: it is slow
+            except (FileNotFoundError, ConnectionRefusedError):
+                reason = "no_receiver"
+            except PermissionError:
+                reason = "denied"
+            except OSError:
+                reason = "error"
+            self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    # -- reading the device without synchronizing -----------------------------------------
+    def _scale_tensor(self) -> Any:
+        ref = self.scaler
+        scaler = ref() if ref is not None else None
+        if scaler is None:
+            return None
+        get = getattr(scaler, "_get_scale_async", None)
+        return get() if get is not None else None
+
+    def _resolve(self, final: bool) -> None:
+        """Turn skip flags held as device tensors into booleans, and read the loss scale.
+
+        CPU tensors are read at once (no device to wait for). CUDA tensors are copied with
+        one non-blocking copy into pinned memory per report, on the training's stream,
+        and read at a later report once the event says the copy is done."""
+        if self.inflight is not None:
+            event, buf, recs, with_scale = self.inflight
+            done = event.query()
+            if not done and final:
+                deadline = time.monotonic() + 1.0
+                while not done and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    done = event.query()
+            if done:
+                values = buf.tolist()
+                if with_scale:
+                    self.loss_scale = float(values.pop())
+                i = 0
+                for rec in recs:
+                    k = len(rec[5].tensors)
+                    rec[5] = any(v != 0 for v in values[i:i + k])
+                    self.skipped_resolved += rec[5]
+                    i += k
+                self.inflight = None
+        unresolved: list[list[Any]] = []
+        for rec in self.held:
+            flags = rec[5]
+            if not isinstance(flags, _Flags) or flags.submitted:
+                continue
+            if all(t.device.type == "cpu" for t in flags.tensors):
+                rec[5] = any(float(t) != 0 for t in flags.tensors)
+                self.skipped_resolved += rec[5]
+            else:
+                unresolved.append(rec)
+        scale = self._scale_tensor()
+        if scale is not None and scale.device.type == "cpu":
+            self.loss_scale = float(scale)
+            scale = None
+        if self.inflight is not None or (not unresolved and scale is None):
+            return
+        tensors = [t for rec in unresolved for t in rec[5].tensors]
+        device = (tensors[0] if tensors else scale).device
+        if device.type != "cuda" or any(t.device != device for t in tensors):
+            # another accelerator, or flags spread over devices: read directly, once
+            for rec in unresolved:
+                rec[5] = any(float(t) != 0 for t in rec[5].tensors)
+                self.skipped_resolved += rec[5]
+            if scale is not None:
+                self.loss_scale = float(scale)
+            return
+        with_scale = scale is not None and scale.device == device
+        if with_scale:
+            tensors.append(scale.float())
+        stream = self.stream if self.stream is not None and self.stream.device == device \
+            else torch.cuda.current_stream(device)
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            stacked = torch.stack([t.float().reshape(()) for t in tensors])
+            buf = torch.empty(stacked.shape, dtype=torch.float32, pin_memory=True)
+            buf.copy_(stacked, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        for rec in unresolved:
+            rec[5].submitted = True
+        self.inflight = (event, buf, unresolved, with_scale)
+
+    def _memory(self) -> dict[str, int | None]:
+        dev = self._device()
+        if dev is None or dev.type != "cuda" or not torch.cuda.is_initialized():
+            return {}
+        # host-side allocator counters: no device synchronization
+        return {"mem_allocated_bytes": torch.cuda.memory_allocated(dev),
+                "mem_reserved_bytes": torch.cuda.memory_reserved(dev),
+                "max_mem_allocated_bytes": torch.cuda.max_memory_allocated(dev)}
+
+    # -- who we are --------------------------------------------------------------------------
+    def _device(self) -> Any:
+        ref = self.primary
+        opt = ref() if ref is not None else None
+        if opt is not None:
+            try:
+                self.device = opt.param_groups[0]["params"][0].device
+            except (IndexError, KeyError, AttributeError, TypeError):
+                pass
+        return self.device
+
+    def _gpu(self) -> tuple[int | None, str | None]:
+        dev = self._device()
+        if dev is None or dev.type != "cuda":
+            return None, None
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index not in self.gpu_ids:
+            uuid = None
+            try:
+                uuid = str(torch.cuda.get_device_properties(index).uuid)
+                uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+            except Exception:  # an old torch without uuid: the index must do
+                uuid = None
+            # CUDA numbers the visible devices; NVML numbers all of them. The receiver
+            # prefers the UUID; the index is right when the lists are plain numbers.
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            nvml: int | None = index
+            if visible is not None:
+                entries = [e.strip() for e in visible.split(",") if e.strip()]
+                try:
+                    nvml = int(entries[index])
+                except (IndexError, ValueError):
+                    nvml = None
+            self.gpu_ids[index] = (nvml, uuid)
+        return self.gpu_ids[index]
+
+    def _rank(self) -> tuple[int | None, int | None, int | None]:
+        rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+        return rank, _env_int("LOCAL_RANK"), world
+
+    def _config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {}
+        loader = self.loader
+        if loader is not None:
+            cfg.update(loader[1])
+        cfg["autocast"] = self.autocast_dtype is not None
+        cfg["autocast_dtype"] = self.autocast_dtype
+        cfg["tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        cfg["cudnn_tf32"] = bool(torch.backends.cudnn.allow_tf32)
+        cfg["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+        cfg["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+        ref = self.primary
+        opt = ref() if ref is not None else None
+        if opt is not None:
+            defaults = getattr(opt, "defaults", {}) or {}
+            cfg["optimizer"] = type(opt).__name__
+            cfg["fused_optimizer"] = bool(defaults.get("fused"))
+            cfg["foreach_optimizer"] = defaults.get("foreach")
+        cfg["grad_scaler"] = self.scaler is not None
+        cfg["gradient_checkpointing"] = self.checkpointing
+        dev = self._device()
+        cfg["device"] = str(dev) if dev is not None else None
+        cfg["torch_version"] = torch.__version__
+        return cfg
+
+    # -- the end -----------------------------------------------------------------------------
+    def is_training_process(self) -> bool:
+        """A process that trained (or tried to): never a DataLoader worker."""
+        if os.getpid() != self.pid or torch.utils.data.get_worker_info() is not None:
+            return False
+        return self.n > 0 or self.loader_seen or self.exit_reason == "oom"
+
+    def finish(self) -> None:
+        """The last report: at exit, or right after an uncaught exception."""
+        if self.finished:
+            return
+        self.finished = True
+        if not self.is_training_process():
+            return
+        self.stop.set()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+        # the reporter may be stuck (e.g. in a device call): then report without its lock
+        if self.report_lock.acquire(timeout=1.0):
+            try:
+                self._report(final=True)
+            finally:
+                self.report_lock.release()
+        else:
+            self._report(final=True)
+
+
+# -- the wrappers (module level, so detach() can find and restore them) --------------------
+
+def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    h = _hook
+    if h is None or h.off:
+        return
+    try:
+        if h.in_scaler_step:
+            h.opt_stepped = True
+            # a fused optimizer steps even when the scaler found inf/NaN: its kernel
+            # skips the update on the device, by this flag
+            flag = getattr(optimizer, "found_inf", None)
+            if flag is not None:
+                h.found_inf.append(flag)
+                if flag.is_cuda and (h.stream is None or h.n % 256 == 0):
+                    h.stream = torch.cuda.current_stream(flag.device)
+            if h.primary is None:
+                h.primary = weakref.ref(optimizer)
+            return
+        if h.scaler_mode:
+            return  # an extra optimizer stepped outside the scaler: the scaler clocks
+        ref = h.primary
+        if ref is None or ref() is None:
+            h.primary = weakref.ref(optimizer)
+        elif ref() is not optimizer:
+            return  # several optimizers: the first one to step is the iteration clock
+        h.end_iteration(False)
+    except Exception:
+        h.fault()
+
+
+def _wrap_scaler_step(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        h = _hook
+        if h is None or h.off or not self.is_enabled():
+            return orig(self, optimizer, *args, **kwargs)
+        h.scaler_mode = True
+        h.in_scaler_step += 1
+        try:
+            return orig(self, optimizer, *args, **kwargs)
+        finally:
+            h.in_scaler_step -= 1
+            try:
+                if not h.in_scaler_step and type(self).update is not _scaler_update:
+                    # a subclass with its own update() (FSDP's ShardedGradScaler) never
+                    # reaches our wrapper: the iteration ends with the step instead
+                    h.scaler_update(self)
+            except Exception:
+                h.fault()
+    return step
+
+
+def _wrap_scaler_update(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def update(self: Any, new_scale: Any = None) -> Any:
+        result = orig(self, new_scale)
+        h = _hook
+        if h is not None and not h.off and self.is_enabled():
+            try:
+                h.scaler_update(self)
+            except Exception:
+                h.fault()
+        return result
+    return update
+
+
+def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def __next__(self: Any) -> Any:
+        h = _hook
+        if h is None or h.off:
+            return orig(self)
+        t0 = _perf()
+        try:
+            return orig(self)
+        finally:
+            t1 = _perf()
+            try:
+                h.wait += t1 - t0
+                if h.iter_start is None:
+                    h.iter_start = t0
+                info = self.__dict__.get("_gpuwatch")
+                if info is not None:
+                    h.loader = info
+                    if info[0] is not None:
+                        h.samples = (h.samples or 0) + info[0]
+                h.loader_seen = True
+            except Exception:
+                h.fault()
+    return __next__
+
+
+def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, loader, *args, **kwargs)
+        try:
+            batch = loader.batch_size
+            if batch is None:
+                batch = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+            self._gpuwatch = (batch if isinstance(batch, int) else None, {
+                "num_workers": loader.num_workers,
+                "pin_memory": bool(loader.pin_memory),
+                "persistent_workers": bool(loader.persistent_workers),
+                "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
+                "batch_size": batch if isinstance(batch, int) else None,
+            })
+        except Exception:
+            if _hook is not None:
+                _hook.fault()
+    return __init__
+
+
+def _wrap_autocast_enter(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def __enter__(self: Any) -> Any:
+        h = _hook
+        if h is not None and h.autocast_dtype is None:
+            try:
+                if getattr(self, "_enabled", False):
+                    h.autocast_dtype = str(self.fast_dtype).replace("torch.", "")
+            except Exception:
+                h.fault()
+        return orig(self)
+    return __enter__
+
+
+def _wrap_checkpoint(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
+        h = _hook
+        if h is not None:
+            h.checkpointing = True
+        return orig(function, *args, **kwargs)
+    return checkpoint
+
+
+_scaler_update: Any = None
+_optimizer_hook_handle: Any = None
+_prev_excepthook: Any = None
+_prev_threading_excepthook: Any = None
+
+
+def _excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+    try:
+        h = _hook
+        if h is not None:
+            h.exit_reason = "oom" if _is_oom(value) else (
+                "interrupted" if isinstance(value, KeyboardInterrupt) else "exception")
+            h.error = f"{tp.__name__}: {value}"[:protocol.MAX_TEXT]
+            # report now: the rest of shutdown may hang (e.g. a collective that never ends)
+            h.finish()
+    except Exception:
+        pass
+    (_prev_excepthook or sys.__excepthook__)(tp, value, tb)
+
+
+def _threading_excepthook(args: Any) -> None:
+    try:
+        h = _hook
+        if h is not None and _is_oom(args.exc_value):
+            h.exit_reason = "oom"
+            h.error = f"{args.exc_type.__name__}: {args.exc_value}"[:protocol.MAX_TEXT]
+    except Exception:
+        pass
+    (_prev_threading_excepthook or threading.__excepthook__)(args)
+
+
+def _at_exit() -> None:
+    h = _hook
+    if h is not None:
+        try:
+            h.finish()
+        except Exception:
+            pass
+
+
+def _after_fork_in_child() -> None:
+    h = _hook
+    if h is not None:
+        h.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _patch(owner: Any, name: str, wrapper_factory: Callable[[Any], Any]) -> Any:
+    orig = getattr(owner, name)
+    wrapper = wrapper_factory(orig)
+    setattr(owner, name, wrapper)
+    _patches.append((owner, name, orig, wrapper))
+    return wrapper
+
+
+def attach(socket_path: str | None = None) -> bool:
+    """Start measuring this process's training and reporting it to gpuwatch.
+
+    ``socket_path`` (or ``$GPUWATCH_SOCKET``, or the system daemon's
+    ``/run/gpuwatch/hook.sock``) is where reports go; several paths may be joined with
+    ``os.pathsep``. Safe to call more than once, and from a process where no gpuwatch
+    daemon runs (reports are then dropped and counted). Returns True once attached.
+    """
+    global _hook, _scaler_update, _optimizer_hook_handle
+    global _prev_excepthook, _prev_threading_excepthook
+    with _attach_lock:
+        if _hook is not None:
+            return True
+        try:
+            hook = _Hook(_socket_paths(socket_path))
+            _patch(torch.utils.data.dataloader._BaseDataLoaderIter, "__next__", _wrap_next)
+            _patch(torch.utils.data.dataloader._BaseDataLoaderIter, "__init__",
+                   _wrap_iter_init)
+            _patch(GradScaler, "step", _wrap_scaler_step)
+            _scaler_update = _patch(GradScaler, "update", _wrap_scaler_update)
+            _patch(torch.autocast, "__enter__", _wrap_autocast_enter)
+            _patch(torch.utils.checkpoint, "checkpoint", _wrap_checkpoint)
+            _optimizer_hook_handle = register_optimizer_step_post_hook(_on_optimizer_step)
+            _prev_excepthook = sys.excepthook
+            sys.excepthook = _excepthook
+            _prev_threading_excepthook = threading.excepthook
+            threading.excepthook = _threading_excepthook
+            atexit.register(_at_exit)
+        except Exception:
+            _undo_patches()
+            return False
+        _hook = hook
+        return True
+
+
+def _undo_patches() -> None:
+    global _optimizer_hook_handle
+    while _patches:
+        owner, name, orig, wrapper = _patches.pop()
+        if getattr(owner, name, None) is wrapper:
+            setattr(owner, name, orig)
+    if _optimizer_hook_handle is not None:
+        _optimizer_hook_handle.remove()
+        _optimizer_hook_handle = None
+
+
+def detach() -> None:
+    """Stop measuring: undo every wrapper and stop reporting (no exit report is sent)."""
+    global _hook
+    with _attach_lock:
+        h, _hook = _hook, None
+        if h is None:
+            return
+        h.off = True
+        h.stop.set()
+        _undo_patches()
+        if sys.excepthook is _excepthook:
+            sys.excepthook = _prev_excepthook
+        if threading.excepthook is _threading_excepthook:
+            threading.excepthook = _prev_threading_excepthook
+        atexit.unregister(_at_exit)
+        if h.sock is not None:
+            h.sock.close()
+
+
+def is_attached() -> bool:
+    return _hook is not None
+
+
+def stats() -> dict[str, Any]:
+    """This process's own counters, as the hook sees them (for tests and benchmarks)."""
+    h = _hook
+    if h is None:
+        return {}
+    return {"steps_total": h.n, "skipped_total": h.skipped_known + h.skipped_resolved,
+            "reports_sent": h.seq, "sender_dropped": dict(h.dropped), "hook_errors": h.errors}

@@ -1,0 +1,281 @@
+"""The host layer: host CPU, memory, swap and load, and the process trees of GPU jobs (psutil).
+
+It runs every tick beside a training job, so it is built to be cheap:
+
+- Host CPU utilisation comes from deltas of ``psutil.cpu_times(percpu=True)`` between two
+  calls (what ``psutil.cpu_percent(interval=None)`` does), kept per ``HostSampler`` so two
+  samplers in one process do not steal each other's deltas. Nothing ever sleeps.
+- Per-process CPU needs deltas too: ``psutil.Process`` objects are kept between calls,
+  keyed by PID and checked against their creation time (``is_running()``), so a reused PID
+  starts over instead of inheriting a dead process's counters. A process seen for the first
+  time reports 0.0 cores.
+- Descendants are found from ``/proc/PID/task/TID/children`` where the kernel offers it
+  (no scan of the process table); elsewhere one scan per tick builds a parent map that all
+  trees share (``children(recursive=True)`` would scan once per tree).
+
+Grouping GPU processes into jobs: a process using a GPU is the root of a job tree unless
+one of its ancestors also uses a GPU, in which case it is part of that ancestor's tree (a
+training process and a child that touched CUDA are one job, counted once). The launcher of
+``torchrun`` uses no GPU itself, so each rank is a root: one job tree per rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import psutil
+
+from gpuwatch import logs
+from gpuwatch.samples import HostSample, JobTree
+
+log = logging.getLogger(__name__)
+
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, ProcessLookupError,
+         PermissionError, FileNotFoundError)
+
+
+@dataclass
+class _Tracked:
+    """One process followed across ticks (its psutil object keeps the CPU-time deltas)."""
+
+    proc: psutil.Process
+    name: str | None
+    user: str | None
+    seen: int  # the tick it was last used in
+
+
+def _busy_and_total(times: object) -> tuple[float, float]:
+    # Linux counts guest time inside user/nice and iowait outside idle (as psutil and htop).
+    total = sum(times)  # type: ignore[arg-type]
+    total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    idle = getattr(times, "idle", 0.0) + getattr(times, "iowait", 0.0)
+    return total - idle, total
+
+
+class HostSampler:
+    """Samples the host and the process trees of the processes using a GPU."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tick = 0
+        self._procs: dict[int, _Tracked] = {}
+        self._last_cpu = self._read_cpu_times()
+        self._proc_children = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+    # -- public ----------------------------------------------------------------------
+    def sample(self, t: float, gpu_pids: Collection[int]) -> HostSample:
+        """One reading of the host at ``t``; ``gpu_pids`` are the processes NVML saw on a GPU."""
+        with self._lock:
+            self._tick += 1
+            per_core, total = self._cpu()
+            load = self._call("load", psutil.getloadavg)
+            vm = self._call("memory", psutil.virtual_memory)
+            swap = self._call("swap", psutil.swap_memory)
+            jobs = self._jobs(set(gpu_pids)) if gpu_pids else ()
+            self._forget_unseen()
+        sample = HostSample(
+            t=t,
+            cpu_util_per_core=per_core,
+            cpu_util=total,
+            load1=load[0] if load else None,
+            load5=load[1] if load else None,
+            load15=load[2] if load else None,
+            # used = total - available: what the kernel would have to reclaim, which is
+            # what matters for pressure (psutil's `used` leaves out reclaimable caches
+            # differently per kernel)
+            mem_used_bytes=(vm.total - vm.available) if vm else None,
+            mem_total_bytes=vm.total if vm else None,
+            swap_used_bytes=swap.used if swap else None,
+            swap_total_bytes=swap.total if swap else None,
+            jobs=jobs,
+        )
+        if not jobs:
+            return sample
+        return replace(
+            sample,
+            job_cpu_cores=round(sum(j.cpu_cores for j in jobs), 3),
+            job_main_cpu_cores=round(sum(j.main_cpu_cores for j in jobs), 3),
+            job_workers_cpu_cores=round(sum(j.workers_cpu_cores for j in jobs), 3),
+            job_processes=sum(j.processes for j in jobs),
+            job_rss_bytes=sum(j.rss_bytes for j in jobs),
+        )
+
+    def process_identity(self, pid: int) -> tuple[str | None, str | None]:
+        """(name, user) of a process, cached while it stays in view; (None, None) if gone."""
+        with self._lock:
+            tracked = self._track(pid)
+            if tracked is None:
+                return None, None
+            return tracked.name, tracked.user
+
+    # -- host-wide -------------------------------------------------------------------
+    def _read_cpu_times(self) -> list[tuple[float, float]] | None:
+        times = self._call("cpu", psutil.cpu_times, True)
+        return [_busy_and_total(c) for c in times] if times else None
+
+    def _cpu(self) -> tuple[tuple[float, ...], float | None]:
+        now = self._read_cpu_times()
+        last = self._last_cpu
+        if not now or not last or len(now) != len(last):
+            self._last_cpu = now
+            return (), None  # first reading, or a core came or went: no delta yet
+        per_core: list[float] = []
+        busy_sum = total_sum = 0.0
+        for (b1, t1), (b2, t2) in zip(last, now):
+            db, dt = max(b2 - b1, 0.0), t2 - t1
+            if dt <= 0:
+                # called again within one clock tick: nothing measured yet; keep the old
+                # baseline so the next call measures over the whole interval
+                return (), None
+            per_core.append(round(min(db / dt, 1.0), 4))
+            busy_sum += db
+            total_sum += dt
+        self._last_cpu = now
+        return tuple(per_core), round(min(busy_sum / total_sum, 1.0), 4)
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (OSError, RuntimeError, psutil.Error) as err:
+            logs.once(log, f"host-{what}", logging.WARNING,
+                      "cannot read host %s: %s (reported as not measured)", what, err)
+            return None
+
+    # -- processes -------------------------------------------------------------------
+    def _track(self, pid: int) -> _Tracked | None:
+        """The tracked process for ``pid``, new if unseen or if the PID was reused."""
+        tracked = self._procs.get(pid)
+        if tracked is not None and tracked.seen == self._tick:
+            return tracked  # already checked this tick
+        if tracked is not None and not tracked.proc.is_running():
+            tracked = None  # exited, or the PID now belongs to another process
+        if tracked is None:
+            try:
+                proc = psutil.Process(pid)
+                with proc.oneshot():
+                    name = proc.name()
+                    try:
+                        user: str | None = proc.username()
+                    except (psutil.AccessDenied, KeyError):
+                        user = None
+            except _GONE:
+                self._procs.pop(pid, None)
+                return None
+            tracked = _Tracked(proc=proc, name=name, user=user, seen=self._tick)
+            self._procs[pid] = tracked
+        tracked.seen = self._tick
+        return tracked
+
+    def _forget_unseen(self) -> None:
+        # keep only what was looked at this tick (or by process_identity since the last
+        # one): a PID out of view for a whole tick may come back as another process
+        stale = [pid for pid, tr in self._procs.items() if tr.seen < self._tick - 1]
+        for pid in stale:
+            del self._procs[pid]
+
+    def _children_map(self) -> dict[int, list[int]] | None:
+        """Parent → children for the whole table (one scan), where /proc has no children files."""
+        if self._proc_children:
+            return None
+        kids: dict[int, list[int]] = {}
+        for proc in psutil.process_iter(["ppid"]):
+            ppid = proc.info.get("ppid")
+            if ppid is not None:
+                kids.setdefault(ppid, []).append(proc.pid)
+        return kids
+
+    def _direct_children(self, pid: int, kids: dict[int, list[int]] | None) -> Iterable[int]:
+        if kids is not None:
+            return kids.get(pid, ())
+        found: list[int] = []
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return ()
+        for tid in tids:
+            # children forked by any thread are listed under that thread only
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    found.extend(int(x) for x in f.read().split())
+            except OSError:
+                continue
+        return found
+
+    def _descendants(self, pid: int, kids: dict[int, list[int]] | None) -> list[int]:
+        out: list[int] = []
+        seen = {pid}
+        todo = [pid]
+        while todo:
+            for child in self._direct_children(todo.pop(), kids):
+                if child not in seen:
+                    seen.add(child)
+                    out.append(child)
+                    todo.append(child)
+        return out
+
+    def _jobs(self, gpu_pids: set[int]) -> tuple[JobTree, ...]:
+        try:
+            kids = self._children_map()
+        except (OSError, psutil.Error) as err:
+            logs.once(log, "host-ptable", logging.WARNING, "cannot list processes: %s", err)
+            return ()
+        trees = {pid: self._descendants(pid, kids) for pid in gpu_pids}
+        # a GPU process inside another GPU process's tree belongs to that tree
+        nested = {pid for root, members in trees.items() for pid in members if pid in gpu_pids}
+        jobs: list[JobTree] = []
+        for root in sorted(trees.keys() - nested):
+            job = self._job(root, trees[root])
+            if job is not None:
+                jobs.append(job)
+        if not jobs:
+            logs.once(log, "host-nojobs", logging.INFO,
+                      "none of the GPU processes %s is visible here (another PID namespace?)",
+                      sorted(gpu_pids))
+        return tuple(jobs)
+
+    def _job(self, root: int, descendants: list[int]) -> JobTree | None:
+        main = self._usage(root)
+        if main is None:
+            return None  # the root is gone: its tree is no longer a job
+        workers_cpu = 0.0
+        rss = main[1]
+        processes = 1
+        for pid in descendants:
+            usage = self._usage(pid)
+            if usage is None:
+                continue  # a worker that exited mid-read costs only itself
+            workers_cpu += usage[0]
+            rss += usage[1]
+            processes += 1
+        tracked = self._procs[root]
+        return JobTree(
+            pid=root,
+            name=tracked.name,
+            user=tracked.user,
+            cpu_cores=round(main[0] + workers_cpu, 3),
+            main_cpu_cores=round(main[0], 3),
+            workers_cpu_cores=round(workers_cpu, 3),
+            processes=processes,
+            rss_bytes=rss,
+        )
+
+    def _usage(self, pid: int) -> tuple[float, int] | None:
+        """(CPU cores busy since the last tick, RSS bytes) of one process; None if gone."""
+        tracked = self._track(pid)
+        if tracked is None:
+            return None
+        try:
+            with tracked.proc.oneshot():
+                if tracked.proc.status() == psutil.STATUS_ZOMBIE:
+                    return None  # exited, not yet reaped by its parent: no longer a worker
+                cores = tracked.proc.cpu_percent(None) / 100.0
+                rss = tracked.proc.memory_info().rss
+        except _GONE:
+            self._procs.pop(pid, None)
+            return None
+        return max(cores, 0.0), rss

@@ -1,0 +1,561 @@
+"""The NVML layer: the only module that calls NVML.
+
+Every call goes through :meth:`NvmlGpu._call`, which turns the answers a monitor must live
+with into values instead of exceptions:
+
+- ``NotSupported``, ``FunctionNotFound`` (or a function the bindings lack) and
+  ``NoPermission``: the field is "not available" (``None``) and the function is never called
+  again on that GPU, so the first read doubles as the capability probe;
+- ``NotFound``/``NoData``: nothing to report right now (``None``), try again next time;
+- ``GPU_IS_LOST``/``RESET_REQUIRED``, or a GPU whose every call fails for a few reads in a
+  row: the GPU is marked lost (:class:`GpuLost`) and left alone, the others go on;
+- anything else: that one field is ``None`` and the error is counted.
+
+Nothing here starts threads or sleeps: the sampler decides which thread runs which read
+(one worker per GPU, so a hung call stalls only its own GPU). The module is injectable
+(``Nvml(module=stub)``) so tests can stand a stub in for ``pynvml``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gpuwatch import logs
+from gpuwatch.samples import GpuInfo
+
+log = logging.getLogger(__name__)
+
+# pynvml's NVML_ERROR_* values, used when a (stub) module lacks the constant
+_DEFAULT_CODES = {
+    "NOT_SUPPORTED": 3,
+    "NO_PERMISSION": 4,
+    "NOT_FOUND": 6,
+    "TIMEOUT": 10,
+    "FUNCTION_NOT_FOUND": 13,
+    "GPU_IS_LOST": 15,
+    "RESET_REQUIRED": 16,
+    "NO_DATA": 24,
+}
+
+# a GPU whose every call failed (with errors other than "not supported") on this many
+# fast reads in a row is treated as lost: it is not coming back without a reset
+LOST_AFTER_FAILED_READS = 3
+
+# GPM metric id name -> GpuSample field; NVML reports percent
+GPM_METRICS: tuple[tuple[str, str], ...] = (
+    ("NVML_GPM_METRIC_SM_UTIL", "sm_active"),
+    ("NVML_GPM_METRIC_SM_OCCUPANCY", "sm_occupancy"),
+    ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", "tensor_active"),
+    ("NVML_GPM_METRIC_DRAM_BW_UTIL", "dram_active"),
+    ("NVML_GPM_METRIC_FP16_UTIL", "fp16_active"),
+    ("NVML_GPM_METRIC_FP32_UTIL", "fp32_active"),
+    ("NVML_GPM_METRIC_FP64_UTIL", "fp64_active"),
+)
+
+# P-state 32 is NVML_PSTATE_UNKNOWN
+_PSTATE_UNKNOWN = 32
+
+
+class GpuLost(Exception):
+    """The GPU fell off the bus or stopped answering; its reads are over."""
+
+    def __init__(self, gpu: int, reason: str) -> None:
+        self.gpu = gpu
+        self.reason = reason
+        super().__init__(f"GPU {gpu} is lost: {reason}")
+
+
+def load_module() -> Any:
+    """Import ``pynvml`` (nvidia-ml-py); raises ImportError when it is not installed."""
+    import pynvml
+
+    return pynvml
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def _ratio(percent: float | None) -> float | None:
+    """NVML percent -> 0-1; NaN (no data) becomes None."""
+    if percent is None or math.isnan(percent):
+        return None
+    # GPM sometimes overshoots 100 by rounding; a ratio above 1 would mislead every consumer
+    return min(max(percent / 100.0, 0.0), 1.0)
+
+
+def handle_key(handle: Any) -> Any:
+    """A hashable identity for a device handle (ctypes pointers don't compare by address)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
+
+
+class Nvml:
+    """An initialised NVML library and its GPUs.
+
+    ``open()`` never raises for a missing driver: it returns False and ``reason`` says why,
+    so the daemon can carry on with host metrics.
+    """
+
+    def __init__(self, module: Any = None, on_error: Callable[[str], None] | None = None) -> None:
+        self._module = module
+        self.nv: Any = None
+        self.on_error = on_error or (lambda source: None)
+        self.available = False
+        self.reason: str | None = None
+        self.driver_version: str | None = None
+        self.gpus: tuple[NvmlGpu, ...] = ()
+        self._initialised = False
+
+    def code(self, name: str) -> int:
+        return getattr(self.nv, "NVML_ERROR_" + name, _DEFAULT_CODES[name])
+
+    def open(self) -> bool:
+        """nvmlInit and enumerate GPUs (handles only: per-GPU reads belong on GPU threads)."""
+        try:
+            self.nv = self._module if self._module is not None else load_module()
+        except ImportError as err:
+            self.reason = f"the NVML Python bindings (nvidia-ml-py) are not installed: {err}"
+            return False
+        try:
+            self.nv.nvmlInit()
+        except Exception as err:  # noqa: BLE001 - LibraryNotFound, DriverNotLoaded...
+            self.reason = f"NVML could not be initialised: {err or type(err).__name__}"
+            return False
+        self._initialised = True
+        self.available = True
+        try:
+            self.driver_version = _text(self.nv.nvmlSystemGetDriverVersion())
+        except Exception as err:  # noqa: BLE001 - never fatal
+            log.debug("driver version not available: %s", err)
+        try:
+            count = int(self.nv.nvmlDeviceGetCount())
+        except Exception as err:  # noqa: BLE001 - never fatal
+            self.reason = f"NVML could not count GPUs: {err}"
+            self.on_error("nvml")
+            count = 0
+        gpus = []
+        for index in range(count):
+            gpu = NvmlGpu(self, index)
+            try:
+                gpu.handle = self.nv.nvmlDeviceGetHandleByIndex(index)
+            except Exception as err:  # noqa: BLE001 - never fatal
+                # a GPU that can't even give a handle is lost from the start; the rest go on
+                gpu.mark_lost(f"no handle: {err}")
+            gpus.append(gpu)
+        self.gpus = tuple(gpus)
+        return True
+
+    def close(self) -> None:
+        """Free GPM samples and shut NVML down; call only once no thread is inside NVML."""
+        if not self._initialised:
+            return
+        for gpu in self.gpus:
+            gpu.free()
+        try:
+            self.nv.nvmlShutdown()
+        except Exception as err:  # noqa: BLE001 - never fatal
+            log.debug("nvmlShutdown failed: %s", err)
+        self._initialised = False
+        self.available = False
+
+    def missing_function(self, name: str) -> None:
+        logs.once(log, "nvml-missing:" + name, logging.INFO,
+                  "NVML function %s is not in this driver or binding; its field is not available",
+                  name)
+
+
+class NvmlGpu:
+    """One GPU: its static facts and its reads. One thread at a time per read tier."""
+
+    def __init__(self, nvml: Nvml, index: int) -> None:
+        self.nvml = nvml
+        self.nv = nvml.nv
+        self.index = index
+        self.handle: Any = None
+        self.lost = False
+        self.lost_reason: str | None = None
+        self.info = GpuInfo(gpu=index)
+        # keys of calls that answered "not available": never asked again
+        self.unsupported: set[str] = set()
+        self._funcs: dict[str, Any] = {}  # bound once: the tick pays no attribute lookups
+        self._failed_reads = 0
+        # did any call answer / fail during the current read, per thread: the fast and the
+        # slow tier read the same GPU from two threads, and only the fast read judges "lost"
+        self._read = threading.local()
+        self._gpm_ids: list[tuple[int, str]] = []
+        self._gpm_samples: list[Any] = []
+        self._gpm_have_previous = False
+        self._gpm_get: Any = None
+        self._proc_util_seen = 0  # NVML timestamp (us) of the newest per-process sample read
+        self._lost_lock = threading.Lock()
+
+    # -- the one door --------------------------------------------------------------
+    def _call(self, fn: str, *args: Any, key: str | None = None) -> Any:
+        """Call ``nv.fn(*args)``; ``None`` means not available (see the module docstring)."""
+        key = key or fn
+        if key in self.unsupported:
+            return None
+        if self.lost:
+            raise GpuLost(self.index, self.lost_reason or "lost")
+        func = self._funcs.get(fn)
+        if func is None:
+            func = self._funcs[fn] = getattr(self.nv, fn, None)
+        if func is None:
+            self.unsupported.add(key)
+            self.nvml.missing_function(fn if key == fn else f"{fn} ({key})")
+            return None
+        try:
+            value = func(*args)
+        except self.nv.NVMLError as err:
+            return self._nvml_error(err, fn, key)
+        except Exception as err:  # noqa: BLE001 - a binding bug costs this field only
+            self._read.failed = True
+            self.nvml.on_error(f"gpu{self.index}")
+            logs.once(log, f"nvml-exc:{self.index}:{fn}", logging.WARNING,
+                      "GPU %d: %s raised %s: %s", self.index, fn, type(err).__name__, err)
+            return None
+        self._read.ok = True
+        return value
+
+    def _nvml_error(self, err: Any, fn: str, key: str) -> None:
+        code = getattr(err, "value", None)
+        nvml = self.nvml
+        if code in (nvml.code("NOT_SUPPORTED"), nvml.code("FUNCTION_NOT_FOUND"),
+                    nvml.code("NO_PERMISSION")):
+            self.unsupported.add(key)
+            if code == nvml.code("FUNCTION_NOT_FOUND"):
+                nvml.missing_function(fn if key == fn else f"{fn} ({key})")
+            elif code == nvml.code("NO_PERMISSION"):
+                logs.once(log, f"nvml-perm:{self.index}:{key}", logging.INFO,
+                          "GPU %d: no permission for %s; that field is not available",
+                          self.index, fn)
+            else:
+                log.debug("GPU %d: %s not supported", self.index, fn)
+            return
+        if code in (nvml.code("NOT_FOUND"), nvml.code("NO_DATA")):
+            self._read.ok = True  # the GPU answered; it just had nothing to say
+            return
+        if code in (nvml.code("GPU_IS_LOST"), nvml.code("RESET_REQUIRED")):
+            self.mark_lost(f"{fn}: {err}")
+            raise GpuLost(self.index, f"{fn}: {err}") from err
+        self._read.failed = True
+        nvml.on_error(f"gpu{self.index}")
+        logs.once(log, f"nvml-err:{self.index}:{fn}:{code}", logging.WARNING,
+                  "GPU %d: %s failed: %s (counted in gpuwatch_errors_total)", self.index, fn, err)
+        return
+
+    def mark_lost(self, reason: str) -> None:
+        with self._lost_lock:
+            if self.lost:
+                return
+            self.lost = True
+            self.lost_reason = reason
+        self.nvml.on_error(f"gpu{self.index}_lost")
+        log.warning("GPU %d is lost (%s): no more reads from it; the other GPUs carry on",
+                    self.index, reason)
+
+    # -- static facts ----------------------------------------------------------------
+    def probe(self) -> GpuInfo:
+        """Read the static facts and set up GPM; run once, on this GPU's worker thread."""
+        if self.lost:
+            return self.info
+        h = self.handle
+        c = self._call
+        cc = c("nvmlDeviceGetCudaComputeCapability", h)
+        pci = c("nvmlDeviceGetPciInfo", h)
+        mem = self._memory()
+        self._setup_gpm()
+        self.info = GpuInfo(
+            gpu=self.index,
+            uuid=_text(c("nvmlDeviceGetUUID", h)),
+            name=_text(c("nvmlDeviceGetName", h)),
+            driver_version=self.nvml.driver_version,
+            compute_capability=(int(cc[0]), int(cc[1])) if cc is not None else None,
+            pci_bus_id=_text(getattr(pci, "busId", None)) if pci is not None else None,
+            mem_total_bytes=int(mem.total) if mem is not None else None,
+            gpm_supported=bool(self._gpm_ids),
+        )
+        return self.info
+
+    def _setup_gpm(self) -> None:
+        nv = self.nv
+        support = self._call("nvmlGpmQueryDeviceSupport", self.handle)
+        if support is None or not getattr(support, "isSupportedDevice", 0):
+            return
+        ids = [(getattr(nv, name), field) for name, field in GPM_METRICS if hasattr(nv, name)]
+        if not ids:
+            return
+        first = self._call("nvmlGpmSampleAlloc")
+        second = self._call("nvmlGpmSampleAlloc") if first is not None else None
+        if second is None:
+            if first is not None:
+                self._call("nvmlGpmSampleFree", first)
+            return
+        get = nv.c_nvmlGpmMetricsGet_t()
+        get.version = nv.NVML_GPM_METRICS_GET_VERSION
+        get.numMetrics = len(ids)
+        for i, (metric_id, _field) in enumerate(ids):
+            get.metrics[i].metricId = metric_id
+        self._gpm_ids = ids
+        self._gpm_samples = [first, second]
+        self._gpm_get = get
+
+    def free(self) -> None:
+        for sample in self._gpm_samples:
+            try:
+                self.nv.nvmlGpmSampleFree(sample)
+            except Exception as err:  # noqa: BLE001 - never fatal
+                log.debug("nvmlGpmSampleFree failed: %s", err)
+        self._gpm_samples = []
+        self._gpm_ids = []
+
+    # -- cheap fields, every tick ------------------------------------------------------
+    def _memory(self) -> Any:
+        # v2 separates reserved memory from used; older drivers only have v1
+        version = getattr(self.nv, "nvmlMemory_v2", None)
+        if version is not None and "memory_v2" not in self.unsupported:
+            mem = self._call("nvmlDeviceGetMemoryInfo", self.handle, version, key="memory_v2")
+            if mem is not None or "memory_v2" not in self.unsupported:
+                return mem
+        return self._call("nvmlDeviceGetMemoryInfo", self.handle)
+
+    def read_fast(self) -> dict[str, Any]:
+        """The cheap fields and GPM, as GpuSample keyword arguments.
+
+        ``processes`` is a tuple of (pid, mem_used_bytes). Raises GpuLost.
+        """
+        nv, h, c = self.nv, self.handle, self._call
+        self._read.ok = self._read.failed = False
+        out: dict[str, Any] = {}
+        u = c("nvmlDeviceGetUtilizationRates", h)
+        if u is not None:
+            out["util"] = u.gpu / 100.0
+            out["mem_util"] = u.memory / 100.0
+        mem = self._memory()
+        if mem is not None:
+            out["mem_used_bytes"] = int(mem.used)
+            out["mem_total_bytes"] = int(mem.total)
+        power = c("nvmlDeviceGetPowerUsage", h)
+        if power is not None:
+            out["power_watts"] = power / 1000.0
+        limit = c("nvmlDeviceGetEnforcedPowerLimit", h)
+        if limit is not None:
+            out["power_limit_watts"] = limit / 1000.0
+        temp = c("nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU)
+        if temp is not None:
+            out["temp_celsius"] = float(temp)
+        sm = c("nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM, key="clock_sm")
+        if sm is not None:
+            out["sm_clock_mhz"] = float(sm)
+        memclk = c("nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_MEM, key="clock_mem")
+        if memclk is not None:
+            out["mem_clock_mhz"] = float(memclk)
+        pstate = c("nvmlDeviceGetPerformanceState", h)
+        if pstate is not None and 0 <= pstate < _PSTATE_UNKNOWN:
+            out["pstate"] = int(pstate)
+        # "throttle" was renamed "clocks event" in driver 535; the old name is the fallback
+        reasons = c("nvmlDeviceGetCurrentClocksEventReasons", h)
+        if reasons is None and "nvmlDeviceGetCurrentClocksEventReasons" in self.unsupported:
+            reasons = c("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        if reasons is not None:
+            out["clock_event_reasons"] = int(reasons)
+        out["processes"] = self._processes()
+        if self._gpm_ids:
+            out.update(self._gpm())
+        self._check_persistent_failure()
+        return out
+
+    def _running(self, kind: str) -> list[Any]:
+        # the unversioned pynvml name turns FunctionNotFound into a non-NVML exception,
+        # so ask for the versions by name, newest first
+        for suffix in ("_v3", "_v2", ""):
+            fn = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+            if fn in self.unsupported:
+                continue
+            procs = self._call(fn, self.handle)
+            if procs is not None or fn not in self.unsupported:
+                return procs or []
+        return []
+
+    def _processes(self) -> tuple[tuple[int, int | None], ...]:
+        mem: dict[int, int | None] = {}
+        for kind in ("Compute", "Graphics"):
+            for p in self._running(kind):
+                used = getattr(p, "usedGpuMemory", None)
+                # one process with both a compute and a graphics context reports the same
+                # allocation twice; summing would double count it
+                prev = mem.get(p.pid)
+                mem[int(p.pid)] = used if prev is None else max(prev, used or 0)
+        return tuple(mem.items())
+
+    def _gpm(self) -> dict[str, Any]:
+        previous, current = self._gpm_samples
+        if self._call("nvmlGpmSampleGet", self.handle, current) is None:
+            return {}
+        out: dict[str, Any] = {}
+        if self._gpm_have_previous:
+            get = self._gpm_get
+            get.sample1 = previous
+            get.sample2 = current
+            if self._call("nvmlGpmMetricsGet", get) is not None:
+                for i, (_metric_id, field) in enumerate(self._gpm_ids):
+                    m = get.metrics[i]
+                    if m.nvmlReturn == 0:
+                        value = _ratio(m.value)
+                        if value is not None:
+                            out[field] = value
+        # the newer sample becomes the base of the next tick's pair: one sample per tick
+        self._gpm_samples = [current, previous]
+        self._gpm_have_previous = True
+        return out
+
+    def _check_persistent_failure(self) -> None:
+        if self._read.failed and not self._read.ok:
+            self._failed_reads += 1
+            if self._failed_reads >= LOST_AFTER_FAILED_READS:
+                reason = f"every call failed on {self._failed_reads} reads in a row"
+                self.mark_lost(reason)
+                raise GpuLost(self.index, reason)
+        else:
+            self._failed_reads = 0
+
+    # -- slow fields, on the slow cadence -------------------------------------------------
+    def read_slow(self) -> dict[str, Any]:
+        """PCIe throughput, energy, PCIe replays, ECC and row remapping. Raises GpuLost.
+
+        PCIe throughput alone takes ~20 ms a direction (NVML samples over a window), which
+        is why this never runs on the tick's path.
+        """
+        nv, h, c = self.nv, self.handle, self._call
+        out: dict[str, Any] = {}
+        # NVML says KB/s; it means KiB/s (1024), as nvidia-smi's MB/s figures show
+        tx = c("nvmlDeviceGetPcieThroughput", h, nv.NVML_PCIE_UTIL_TX_BYTES, key="pcie_tx")
+        if tx is not None:
+            out["pcie_tx_bytes_per_second"] = float(tx) * 1024.0
+        rx = c("nvmlDeviceGetPcieThroughput", h, nv.NVML_PCIE_UTIL_RX_BYTES, key="pcie_rx")
+        if rx is not None:
+            out["pcie_rx_bytes_per_second"] = float(rx) * 1024.0
+        energy = c("nvmlDeviceGetTotalEnergyConsumption", h)
+        if energy is not None:
+            out["energy_joules"] = energy / 1000.0
+        replay = c("nvmlDeviceGetPcieReplayCounter", h)
+        if replay is not None:
+            out["pcie_replay_total"] = int(replay)
+        corrected = c("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                      nv.NVML_VOLATILE_ECC, key="ecc_corrected")
+        if corrected is not None:
+            out["ecc_corrected_total"] = int(corrected)
+        uncorrected = c("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                        nv.NVML_VOLATILE_ECC, key="ecc_uncorrected")
+        if uncorrected is not None:
+            out["ecc_uncorrected_total"] = int(uncorrected)
+        rows = c("nvmlDeviceGetRemappedRows", h)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            out["remapped_rows_correctable"] = int(corr)
+            out["remapped_rows_uncorrectable"] = int(unc)
+            out["remapped_rows_pending"] = bool(pending)
+            out["remapped_rows_failure"] = bool(failure)
+        return out
+
+    def read_process_utilization(self) -> dict[int, float]:
+        """Per-process SM utilization (0-1), mean over NVML's samples since the last read."""
+        samples = self._call("nvmlDeviceGetProcessUtilization", self.handle,
+                             self._proc_util_seen)
+        if not samples:
+            return {}
+        sums: dict[int, list[float]] = {}
+        for s in samples:
+            self._proc_util_seen = max(self._proc_util_seen, int(s.timeStamp))
+            acc = sums.setdefault(int(s.pid), [0.0, 0.0])
+            acc[0] += s.smUtil
+            acc[1] += 1
+        return {pid: min(total / n / 100.0, 1.0) for pid, (total, n) in sums.items()}
+
+
+class XidWatcher:
+    """Counts XID errors per GPU per XID code from NVML events; runs on a thread of its own.
+
+    Devices that don't support events are skipped quietly.
+    """
+
+    WAIT_MS = 250  # the longest ``stop`` waits for this thread
+
+    def __init__(self, nvml: Nvml) -> None:
+        self.nvml = nvml
+        self._lock = threading.Lock()
+        self._counts: dict[int, dict[int, int]] = {}
+        self._by_handle: dict[Any, int] = {}
+        self.registered: tuple[int, ...] = ()
+
+    def totals(self, gpu: int) -> dict[int, int]:
+        with self._lock:
+            return dict(self._counts.get(gpu, {}))
+
+    def run(self, stop: threading.Event) -> None:
+        nv = self.nvml.nv
+        xid_type = getattr(nv, "nvmlEventTypeXidCriticalError", 0x8)
+        try:
+            event_set = nv.nvmlEventSetCreate()
+        except Exception as err:  # noqa: BLE001 - never fatal
+            log.debug("XID events not available: nvmlEventSetCreate: %s", err)
+            return
+        registered = []
+        for gpu in self.nvml.gpus:
+            if gpu.lost:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(gpu.handle, xid_type, event_set)
+            except Exception as err:  # noqa: BLE001 - never fatal
+                log.debug("GPU %d: no XID events: %s", gpu.index, err)
+                continue
+            self._by_handle[handle_key(gpu.handle)] = gpu.index
+            registered.append(gpu.index)
+        self.registered = tuple(registered)
+        wait = getattr(nv, "nvmlEventSetWait_v2", None) or nv.nvmlEventSetWait
+        timeout_code = self.nvml.code("TIMEOUT")
+        failures = 0
+        try:
+            while registered and not stop.is_set():
+                try:
+                    data = wait(event_set, self.WAIT_MS)
+                except nv.NVMLError as err:
+                    if getattr(err, "value", None) == timeout_code:
+                        failures = 0
+                        continue
+                    failures += 1
+                    self.nvml.on_error("xid")
+                    logs.once(log, "xid-wait", logging.WARNING, "waiting for XID events: %s", err)
+                    if failures >= 10:
+                        log.warning("XID event wait keeps failing; XID errors no longer counted")
+                        return
+                    stop.wait(1.0)  # don't spin on a broken event set
+                    continue
+                failures = 0
+                if not (data.eventType & xid_type):
+                    continue
+                gpu_index = self._by_handle.get(handle_key(data.device))
+                if gpu_index is None:
+                    continue
+                xid = int(data.eventData)
+                with self._lock:
+                    per_gpu = self._counts.setdefault(gpu_index, {})
+                    per_gpu[xid] = per_gpu.get(xid, 0) + 1
+                log.warning("GPU %d: XID %d", gpu_index, xid)
+        finally:
+            try:
+                nv.nvmlEventSetFree(event_set)
+            except Exception as err:  # noqa: BLE001 - never fatal
+                log.debug("nvmlEventSetFree failed: %s", err)

@@ -1,0 +1,339 @@
+"""The torch hook's datagram schema (version 1): what a training process tells the daemon.
+
+Both sides use this module, so it imports nothing beyond the standard library: the hook
+runs inside the user's training process, the receiver inside the daemon (which never
+imports torch).
+
+One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
+
+    {"v": 1, "kind": "report", "pid": 4242, "seq": 7, "t": 1715000000.25,
+     "rank": 0, "local_rank": 0, "world_size": 2, "gpu": 0, "uuid": "GPU-…",
+     "steps_total": 140, "skipped_total": 3,
+     "window": {"steps": 20, "skipped": 1, "timed": 20, "step_seconds": 0.41,
+                "data_wait_seconds": 0.02, "samples": 1280, "sample_seconds": 0.41},
+     "steps": {"step": [120, …], "t": […], "step_seconds": […],
+               "data_wait_seconds": […], "batch_size": […], "skipped": […]},
+     "steps_omitted": 0,
+     "loss_scale": 32768.0, "mem_allocated_bytes": …, "mem_reserved_bytes": …,
+     "max_mem_allocated_bytes": …,
+     "config": {"num_workers": 4, …}, "exit_reason": null, "error": null,
+     "sender_dropped": {"no_receiver": 2}, "hook_errors": 0}
+
+- ``kind`` is ``report`` (periodic, also as a heartbeat with no steps) or ``exit`` (the
+  last one: the process is exiting; ``exit_reason`` says why).
+- ``steps_total`` and ``skipped_total`` are cumulative, so a lost datagram loses detail,
+  never counts. ``window`` sums every step finished since the previous datagram; ``steps``
+  holds per-step detail for the newest of them, as parallel arrays (at most
+  :data:`MAX_STEPS`, fewer when the datagram would not fit) and ``steps_omitted`` counts
+  the older ones that only the window and the counters carry.
+- Readers ignore unknown fields, so fields can be added within version 1; anything else
+  is a new version, which a version-1 receiver drops (and counts) as ``version``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+VERSION = 1
+MAX_DATAGRAM_BYTES = 60_000  # well under the Unix datagram default limit (~208 KB)
+MAX_STEPS = 2_000  # per datagram
+MAX_CONFIG_KEYS = 64
+MAX_TEXT = 500  # characters in any string value (error text, config values)
+KINDS = ("report", "exit")
+STEP_FIELDS = ("step", "t", "step_seconds", "data_wait_seconds", "batch_size", "skipped")
+WINDOW_FIELDS = ("steps", "skipped", "timed", "step_seconds", "data_wait_seconds", "samples",
+                 "sample_seconds")
+
+# reasons a receiver drops a datagram (the label of gpuwatch_hook_messages_dropped_total)
+OVERSIZED = "oversized"
+MALFORMED = "malformed"
+BAD_VERSION = "version"
+
+
+class ProtocolError(ValueError):
+    """A datagram that does not follow the schema; ``reason`` is the drop reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Sums over the steps finished since the previous datagram."""
+
+    steps: int = 0
+    skipped: int = 0
+    timed: int = 0  # steps whose duration is known (all but a process's first)
+    step_seconds: float = 0.0  # summed over the timed steps
+    data_wait_seconds: float = 0.0  # summed over the timed steps
+    samples: int = 0  # summed batch sizes, over timed steps with a known batch size
+    sample_seconds: float = 0.0  # the step time of those same steps
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    step: int
+    t: float  # Unix seconds, end of the iteration
+    step_seconds: float | None = None
+    data_wait_seconds: float | None = None
+    batch_size: int | None = None
+    skipped: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One validated datagram."""
+
+    kind: str
+    pid: int
+    seq: int
+    t: float
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    gpu: int | None = None
+    uuid: str | None = None
+    steps_total: int = 0
+    skipped_total: int = 0
+    window: Window = field(default_factory=Window)
+    steps: tuple[StepRecord, ...] = ()
+    steps_omitted: int = 0
+    loss_scale: float | None = None
+    mem_allocated_bytes: int | None = None
+    mem_reserved_bytes: int | None = None
+    max_mem_allocated_bytes: int | None = None
+    config: Mapping[str, Any] | None = None
+    exit_reason: str | None = None
+    error: str | None = None
+    sender_dropped: Mapping[str, int] = field(default_factory=dict)
+    hook_errors: int = 0
+
+
+# -- encoding (the hook's side) ------------------------------------------------------------
+
+def _finite(x: float | None, digits: int) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return round(x, digits)
+
+
+def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
+    return {
+        "step": [s.step for s in steps],
+        "t": [round(s.t, 4) for s in steps],
+        "step_seconds": [_finite(s.step_seconds, 7) for s in steps],
+        "data_wait_seconds": [_finite(s.data_wait_seconds, 7) for s in steps],
+        "batch_size": [s.batch_size for s in steps],
+        "skipped": [s.skipped for s in steps],
+    }
+
+
+def _dumps(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _clean_config(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if config is None:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in list(config.items())[:MAX_CONFIG_KEYS]:
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None
+        elif isinstance(value, str):
+            value = value[:MAX_TEXT]
+        elif value is not None and not isinstance(value, (bool, int, float)):
+            value = str(value)[:MAX_TEXT]
+        out[str(key)[:64]] = value
+    return out
+
+
+def encode(header: Mapping[str, Any], steps: Sequence[StepRecord] = (),
+           max_bytes: int = MAX_DATAGRAM_BYTES) -> bytes:
+    """One datagram: ``header`` (every field but ``v``, ``steps``, ``steps_omitted``) plus as
+    many of the newest ``steps`` as fit in ``max_bytes``; the older ones are counted in
+    ``steps_omitted`` (the header's ``window`` and counters already cover them)."""
+    msg: dict[str, Any] = {"v": VERSION}
+    for key, value in header.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None  # JSON has no inf/nan; "not measured" is the honest reading
+        msg[key] = value
+    if "error" in msg and isinstance(msg["error"], str):
+        msg["error"] = msg["error"][:MAX_TEXT]
+    if "config" in msg:
+        msg["config"] = _clean_config(msg["config"])
+    keep = list(steps[-MAX_STEPS:])
+    while True:
+        msg["steps"] = _columns(keep)
+        msg["steps_omitted"] = len(steps) - len(keep)
+        data = _dumps(msg)
+        if len(data) <= max_bytes:
+            return data
+        if keep:
+            # shrink in proportion to the overshoot, at least by one step
+            per_step = max(1, (len(data) - 200) // max(1, len(keep)))
+            cut = max(1, (len(data) - max_bytes) // per_step + 1)
+            keep = keep[min(cut, len(keep)):]
+            continue
+        # still too big without steps: only the free-form parts can be at fault
+        if msg.get("config"):
+            msg["config"] = None
+        elif msg.get("error"):
+            msg["error"] = None
+        else:
+            raise ValueError(f"a report without steps is {len(data)} bytes, over {max_bytes}")
+
+
+# -- decoding (the receiver's side) --------------------------------------------------------
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _int(msg: Mapping[str, Any], key: str, *, optional: bool = True, default: int | None = None
+         ) -> int | None:
+    value = msg.get(key)
+    if value is None:
+        if optional:
+            return default
+        raise ProtocolError(MALFORMED, f"{key} is missing")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError(MALFORMED, f"{key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _num(value: Any, key: str, *, positive: bool = False) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ProtocolError(MALFORMED, f"{key} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _text(value: Any, key: str, limit: int = MAX_TEXT) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise ProtocolError(MALFORMED, f"{key} must be a string of at most {limit} characters")
+    return value
+
+
+def _window(value: Any) -> Window:
+    if value is None:
+        return Window()
+    if not isinstance(value, dict):
+        raise ProtocolError(MALFORMED, "window must be an object")
+    ints = {k: _int(value, k, default=0) for k in ("steps", "skipped", "timed", "samples")}
+    floats = {k: _num(value.get(k), f"window.{k}") or 0.0
+              for k in ("step_seconds", "data_wait_seconds", "sample_seconds")}
+    return Window(**ints, **floats)  # type: ignore[arg-type]
+
+
+def _steps(value: Any) -> tuple[StepRecord, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ProtocolError(MALFORMED, "steps must be an object of arrays")
+    cols = {k: value.get(k) for k in STEP_FIELDS}
+    if not isinstance(cols["step"], list) or not isinstance(cols["t"], list):
+        raise ProtocolError(MALFORMED, "steps.step and steps.t must be arrays")
+    n = len(cols["step"])
+    if n > MAX_STEPS:
+        raise ProtocolError(MALFORMED, f"{n} steps in one datagram, over {MAX_STEPS}")
+    for key, col in cols.items():
+        if col is None:
+            cols[key] = [None] * n
+        elif not isinstance(col, list) or len(col) != n:
+            raise ProtocolError(MALFORMED, f"steps.{key} must be an array of {n} items")
+    out = []
+    for i in range(n):
+        step, t = cols["step"][i], cols["t"][i]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ProtocolError(MALFORMED, f"steps.step[{i}] must be a non-negative integer")
+        batch = cols["batch_size"][i]
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
+                                  or batch < 0):
+            raise ProtocolError(MALFORMED, f"steps.batch_size[{i}] must be an integer or null")
+        skipped = cols["skipped"][i]
+        if skipped is not None and not isinstance(skipped, bool):
+            raise ProtocolError(MALFORMED, f"steps.skipped[{i}] must be true, false or null")
+        t_value = _num(t, f"steps.t[{i}]")
+        if t_value is None:
+            raise ProtocolError(MALFORMED, f"steps.t[{i}] is missing")
+        out.append(StepRecord(step=step, t=t_value,
+                              step_seconds=_num(cols["step_seconds"][i], "steps.step_seconds"),
+                              data_wait_seconds=_num(cols["data_wait_seconds"][i],
+                                                     "steps.data_wait_seconds"),
+                              batch_size=batch, skipped=skipped))
+    return tuple(out)
+
+
+def _config(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_CONFIG_KEYS:
+        raise ProtocolError(MALFORMED, f"config must be an object of at most {MAX_CONFIG_KEYS} keys")
+    for key, item in value.items():
+        if len(key) > 64 or (item is not None and not isinstance(item, (bool, int, float, str))):
+            raise ProtocolError(MALFORMED, f"config.{key[:64]} must be a scalar")
+        if isinstance(item, str) and len(item) > MAX_TEXT:
+            raise ProtocolError(MALFORMED, f"config.{key} is too long")
+    return dict(value)
+
+
+def _counts(value: Any, key: str) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 16:
+        raise ProtocolError(MALFORMED, f"{key} must be a small object of counts")
+    return {str(k)[:32]: _int(value, k, default=0) or 0 for k in value}
+
+
+def decode(data: bytes) -> Report:
+    """Validate one datagram; :class:`ProtocolError` (with the drop reason) when it is bad."""
+    if len(data) > MAX_DATAGRAM_BYTES:
+        raise ProtocolError(OVERSIZED, f"{len(data)} bytes, over {MAX_DATAGRAM_BYTES}")
+    try:
+        msg = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError(MALFORMED, f"not JSON: {err}") from err
+    if not isinstance(msg, dict):
+        raise ProtocolError(MALFORMED, "not a JSON object")
+    version = msg.get("v")
+    if version != VERSION:
+        if isinstance(version, int) and not isinstance(version, bool):
+            raise ProtocolError(BAD_VERSION, f"version {version}, this receiver reads {VERSION}")
+        raise ProtocolError(MALFORMED, "no version field")
+    kind = msg.get("kind")
+    if kind not in KINDS:
+        raise ProtocolError(MALFORMED, f"unknown kind {kind!r}")
+    pid = _int(msg, "pid", optional=False)
+    if not pid:
+        raise ProtocolError(MALFORMED, "pid must be positive")
+    t = _num(msg.get("t"), "t")
+    if t is None:
+        raise ProtocolError(MALFORMED, "t is missing")
+    scale = _num(msg.get("loss_scale"), "loss_scale")
+    return Report(
+        kind=kind, pid=pid, seq=_int(msg, "seq", default=0) or 0, t=t,
+        rank=_int(msg, "rank"), local_rank=_int(msg, "local_rank"),
+        world_size=_int(msg, "world_size"), gpu=_int(msg, "gpu"),
+        uuid=_text(msg.get("uuid"), "uuid", 100),
+        steps_total=_int(msg, "steps_total", default=0) or 0,
+        skipped_total=_int(msg, "skipped_total", default=0) or 0,
+        window=_window(msg.get("window")), steps=_steps(msg.get("steps")),
+        steps_omitted=_int(msg, "steps_omitted", default=0) or 0,
+        loss_scale=scale,
+        mem_allocated_bytes=_int(msg, "mem_allocated_bytes"),
+        mem_reserved_bytes=_int(msg, "mem_reserved_bytes"),
+        max_mem_allocated_bytes=_int(msg, "max_mem_allocated_bytes"),
+        config=_config(msg.get("config")),
+        exit_reason=_text(msg.get("exit_reason"), "exit_reason", 32),
+        error=_text(msg.get("error"), "error"),
+        sender_dropped=_counts(msg.get("sender_dropped"), "sender_dropped"),
+        hook_errors=_int(msg, "hook_errors", default=0) or 0,
+    )

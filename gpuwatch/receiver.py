@@ -1,0 +1,308 @@
+"""The daemon's end of the torch hook: a Unix datagram socket, validated reports, job stats.
+
+``HookReceiver(store, socket_path)`` binds the socket (mode 0660, so the members of the
+socket's group, e.g. ``gpuwatch``, may report), receives on a thread of its own, validates
+each datagram with :mod:`gpuwatch.protocol` and turns it into what the store holds:
+``JobStats`` per process (``set_job``), per-step ``StepSample`` (``add_steps``) and
+``ConfigSample`` (``set_config``). A bad datagram costs only itself: it is dropped and
+counted by reason (``count_hook_message(dropped_reason=...)``).
+
+A process that stops reporting and no longer exists is marked ``alive=False,
+exit_reason="vanished"`` (killed by a signal, or by the OOM killer: no exit report came);
+dead jobs are forgotten ``forget_after`` seconds later. This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import psutil
+
+from gpuwatch import protocol
+from gpuwatch.errors import UserError
+from gpuwatch.samples import ConfigSample, JobStats, StepSample
+from gpuwatch.store import Store
+
+log = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o660
+_RECV_BUFFER = 256 * 1024  # bigger than MAX_DATAGRAM_BYTES, so oversize is seen, not cut
+_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+@dataclass
+class _Job:
+    stats: JobStats
+    last_seen: float  # monotonic
+    seq: int = -1
+    dead_since: float | None = None  # monotonic
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # AccessDenied: it exists, it is someone else's
+        return False
+
+
+def _norm_uuid(uuid: str | None) -> str | None:
+    if not uuid:
+        return None
+    u = uuid.lower()
+    return u[4:] if u.startswith("gpu-") else u
+
+
+def _check_stale(path: str) -> None:
+    """Remove a socket file that nobody listens on; refuse anything else at ``path``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise UserError(f"{path} exists and is not a socket; not replacing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        os.unlink(path)  # a socket file left by a receiver that died
+        return
+    except OSError as err:
+        raise UserError(f"cannot check the existing socket {path}: {err.strerror}") from err
+    finally:
+        probe.close()
+    raise UserError(f"another receiver is listening on {path}")
+
+
+class HookReceiver:
+    """Receives the hook's datagrams on ``socket_path`` into ``store``."""
+
+    def __init__(self, store: Store, socket_path: str, *, vanish_after: float = 5.0,
+                 forget_after: float = 600.0) -> None:
+        self.store = store
+        self.socket_path = socket_path
+        self.vanish_after = vanish_after
+        self.forget_after = forget_after
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._jobs: dict[int, _Job] = {}
+        self._passcred = False
+        self._gpu_by_uuid: dict[str, int] = {}
+        self._last_sweep = 0.0
+
+    # -- life cycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        path = self.socket_path
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        _check_stale(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.bind(path)
+            # the umask decides the mode at bind time; this sets ours (no wider than 0660)
+            os.chmod(path, SOCKET_MODE)
+            try:
+                # the kernel then tells us each sender's real pid (in our pid namespace)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                self._passcred = True
+            except (AttributeError, OSError):
+                self._passcred = False
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+            except OSError:
+                pass
+            sock.settimeout(0.5)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-hook-receiver",
+                                        daemon=True)
+        self._thread.start()
+        log.debug("hook receiver listening on %s", path)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            try:
+                os.unlink(self.socket_path)
+            except OSError:
+                pass
+
+    def process_exited(self, pid: int, reason: str) -> None:
+        """Tell the receiver that ``pid`` is gone (the launcher reaped its child).
+
+        Only a job still marked alive changes: the hook's own exit report, when it came,
+        knows better (e.g. ``oom``)."""
+        with self._lock:
+            job = self._jobs.get(pid)
+            if job is None or not job.stats.alive:
+                return
+            job.stats = replace(job.stats, alive=False, exit_reason=reason)
+            job.dead_since = time.monotonic()
+            stats = job.stats
+        self.store.set_job(stats)
+
+    def jobs(self) -> list[JobStats]:
+        with self._lock:
+            return [j.stats for j in self._jobs.values()]
+
+    # -- the loop ------------------------------------------------------------------------
+    def _run(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        space = socket.CMSG_SPACE(_CREDS.size) if self._passcred else 0
+        while not self._stop.is_set():
+            try:
+                data, anc, flags, _ = sock.recvmsg(_RECV_BUFFER, space)
+            except socket.timeout:
+                data = None
+            except OSError as err:
+                if self._stop.is_set():
+                    return
+                log.warning("hook socket receive failed: %s", err)
+                time.sleep(0.1)
+                data = None
+            if data is not None:
+                self._handle(data, anc, flags)
+            now = time.monotonic()
+            if now - self._last_sweep >= 0.5:
+                self._last_sweep = now
+                self._sweep(now)
+
+    def _handle(self, data: bytes, anc: list, flags: int) -> None:
+        if flags & getattr(socket, "MSG_TRUNC", 0) or len(data) > protocol.MAX_DATAGRAM_BYTES:
+            self.store.count_hook_message(dropped_reason=protocol.OVERSIZED)
+            return
+        try:
+            report = protocol.decode(data)
+        except protocol.ProtocolError as err:
+            log.debug("dropped a hook datagram: %s", err)
+            self.store.count_hook_message(dropped_reason=err.reason)
+            return
+        pid = report.pid
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == getattr(socket, "SCM_CREDENTIALS", -1) \
+                    and len(payload) >= _CREDS.size:
+                # trust the kernel over the message: right across pid namespaces, unforgeable
+                pid = _CREDS.unpack(payload[:_CREDS.size])[0] or pid
+        self.store.count_hook_message()
+        try:
+            self._apply(pid, report)
+        except Exception:  # a bug here must not stop the receiver
+            log.exception("could not apply a hook report from pid %d", pid)
+
+    def _gpu_index(self, report: protocol.Report) -> int | None:
+        uuid = _norm_uuid(report.uuid)
+        if uuid is not None:
+            if uuid not in self._gpu_by_uuid:
+                for info in self.store.latest().infos:
+                    if info.uuid:
+                        self._gpu_by_uuid[_norm_uuid(info.uuid) or ""] = info.gpu
+            if uuid in self._gpu_by_uuid:
+                return self._gpu_by_uuid[uuid]
+        return report.gpu
+
+    def _apply(self, pid: int, r: protocol.Report) -> None:
+        gpu = self._gpu_index(r)
+        now = time.monotonic()
+        with self._lock:
+            job = self._jobs.get(pid)
+            prev = job.stats if job is not None else None
+            if prev is not None and (r.seq <= job.seq and r.seq != 0):  # type: ignore[union-attr]
+                return  # a duplicate or an old datagram overtaken by a newer one
+            if prev is not None and r.seq == 0 and job.seq > 0:  # type: ignore[union-attr]
+                prev = None  # the pid was reused by a new process
+            w = r.window
+            step_seconds = w.step_seconds / w.timed if w.timed else None
+            wait_ratio = min(1.0, w.data_wait_seconds / w.step_seconds) \
+                if w.step_seconds > 0 else None
+            sps = w.samples / w.sample_seconds if w.sample_seconds > 0 else None
+            keep = prev if prev is not None and w.steps == 0 else None  # a heartbeat
+            final = r.kind == "exit"
+            stats = JobStats(
+                pid=pid, rank=r.rank, gpu=gpu, t=r.t,
+                steps_total=r.steps_total, skipped_steps_total=r.skipped_total,
+                step_seconds=step_seconds if keep is None else keep.step_seconds,
+                data_wait_ratio=wait_ratio if keep is None else keep.data_wait_ratio,
+                loss_scale=r.loss_scale if r.loss_scale is not None
+                else (prev.loss_scale if prev is not None else None),
+                samples_per_second=sps if keep is None else keep.samples_per_second,
+                mem_allocated_bytes=r.mem_allocated_bytes,
+                mem_reserved_bytes=r.mem_reserved_bytes,
+                max_mem_allocated_bytes=r.max_mem_allocated_bytes,
+                alive=not final,
+                exit_reason=(r.exit_reason or "exited") if final else None,
+            )
+            if job is None or prev is None:
+                job = self._jobs[pid] = _Job(stats=stats, last_seen=now)
+            job.stats, job.last_seen, job.seq = stats, now, r.seq
+            job.dead_since = now if final else None
+        steps = [StepSample(t=s.t, step=s.step, step_seconds=s.step_seconds,
+                            data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
+                            skipped=s.skipped, pid=pid, rank=r.rank, gpu=gpu)
+                 for s in r.steps]
+        if steps:
+            # the scale and the allocator are read once per report: they belong to its end
+            steps[-1] = replace(steps[-1], loss_scale=r.loss_scale,
+                                mem_allocated_bytes=r.mem_allocated_bytes,
+                                mem_reserved_bytes=r.mem_reserved_bytes,
+                                max_mem_allocated_bytes=r.max_mem_allocated_bytes)
+            self.store.add_steps(steps)
+        if r.config is not None:
+            self.store.set_config(ConfigSample(t=r.t, pid=pid, rank=r.rank, values=r.config))
+        self.store.set_job(stats)
+
+    def _sweep(self, now: float) -> None:
+        """Mark silent jobs whose process is gone; forget long-dead ones."""
+        vanished: list[JobStats] = []
+        forget: list[int] = []
+        with self._lock:
+            for pid, job in list(self._jobs.items()):
+                if job.stats.alive:
+                    if now - job.last_seen >= self.vanish_after and _pid_gone(pid):
+                        job.stats = replace(job.stats, alive=False, exit_reason="vanished")
+                        job.dead_since = now
+                        vanished.append(job.stats)
+                elif job.dead_since is not None and now - job.dead_since >= self.forget_after:
+                    forget.append(pid)
+                    del self._jobs[pid]
+        for stats in vanished:
+            log.info("training process %d (rank %s) vanished without an exit report",
+                     stats.pid, stats.rank)
+            self.store.set_job(stats)
+        for pid in forget:
+            self.store.drop_job(pid)
+
+
+def probe(path: str) -> bool:
+    """True when a receiver listens on ``path`` and we may send to it."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError as err:
+        if err.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EACCES, errno.EPERM,
+                             errno.ENOTDIR, errno.ENOTSOCK):
+            log.debug("probing %s: %s", path, err)
+        return False
+    finally:
+        s.close()

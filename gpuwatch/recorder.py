@@ -1,0 +1,174 @@
+"""Recording: every sample the store sees, written as a ``gpuwatch-trace/1`` file.
+
+``Recorder`` subscribes to a Store and writes on a thread of its own, so a slow disk never
+stalls a tick (the store's listeners must not block). Samples from different sources reach
+the store slightly out of time order (a step datagram from the hook can land after the tick
+that followed its end), while a trace must be in time order; so lines wait in a small
+reorder buffer, ``reorder_seconds`` of recorded time, and leave it sorted. A sample later
+than that is still written, with its ``t`` raised to the last written one (counted in
+``late_samples``), rather than lost. ``stop()`` writes out everything held.
+
+``gpuwatch record FILE`` (``main``) samples like ``gpuwatch run`` (the daemon without its
+HTTP server, with the hook receiver so training steps are recorded too) and writes until
+SIGINT/SIGTERM or ``--duration``, leaving a complete file. On a host without a GPU it
+records host lines only, and the meta line has no ``gpu_name``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from gpuwatch.errors import UserError
+from gpuwatch.samples import TRACE_FORMAT, Sample
+from gpuwatch.store import Store
+from gpuwatch.trace import TraceWriter, make_meta
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class Recorder:
+    """Writes every sample published into ``store`` to ``path`` ('-' for stdout)."""
+
+    def __init__(self, store: Store, path: str, meta: Mapping[str, Any], *,
+                 reorder_seconds: float = 2.0) -> None:
+        self.store = store
+        self.path = path
+        # whatever the caller built, the first line is a valid meta line of our format
+        self.meta: dict[str, Any] = {"kind": "meta", "format": TRACE_FORMAT}
+        self.meta.update((k, v) for k, v in meta.items()
+                         if k not in ("kind", "format") and v is not None)
+        self.reorder_seconds = reorder_seconds
+        self.samples_written = 0
+        self.late_samples = 0
+        self.failed: str | None = None  # why recording stopped early (a write error)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._writer: TraceWriter | None = None
+        self._thread: threading.Thread | None = None
+        self._heap: list[tuple[float, int, Sample]] = []
+        self._seq = itertools.count()
+        self._newest = float("-inf")
+        self._last_written = float("-inf")
+
+    def start(self) -> None:
+        """Open the file (a UserError if it can't be) and start recording."""
+        if self._thread is not None:
+            return
+        self._writer = TraceWriter(self.path, self.meta)
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
+        self._thread.start()
+        self.store.subscribe(self._queue.put)
+
+    def stop(self) -> None:
+        """Write out everything received so far and close the file."""
+        if self._thread is None:
+            return
+        self.store.unsubscribe(self._queue.put)
+        self._queue.put(_STOP)
+        self._thread.join()
+        self._thread = None
+
+    # -- the writer thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        assert self._writer is not None
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    self._release(float("inf"))
+                    break
+                self._hold(item)
+                self._release(self._newest - self.reorder_seconds)
+        except OSError as err:
+            self.failed = f"cannot write {self.path}: {err.strerror or err}"
+            log.error("recording stopped: %s", self.failed)
+            self.store.unsubscribe(self._queue.put)
+        finally:
+            try:
+                self._writer.close()
+            except OSError as err:
+                log.error("closing %s failed: %s", self.path, err)
+
+    def _hold(self, sample: Sample) -> None:
+        heapq.heappush(self._heap, (sample.t, next(self._seq), sample))
+        self._newest = max(self._newest, sample.t)
+
+    def _release(self, until: float) -> None:
+        assert self._writer is not None
+        while self._heap and self._heap[0][0] <= until:
+            t, _seq, sample = heapq.heappop(self._heap)
+            if t < self._last_written:
+                self.late_samples += 1
+                if self.late_samples == 1:
+                    log.warning("a %s sample arrived %.1f s late for the trace's time order; "
+                                "written with its time raised (more are counted, not logged)",
+                                type(sample).__name__, self._last_written - t)
+                sample = replace(sample, t=self._last_written)
+            self._writer.write(sample)
+            self._last_written = sample.t
+            self.samples_written += 1
+
+
+def main(args: argparse.Namespace) -> int:
+    """``gpuwatch record FILE``: sample like the daemon, serve nothing, write a trace."""
+    from gpuwatch.config import config_from_args
+    from gpuwatch.daemon import Daemon
+
+    duration = getattr(args, "duration", None)
+    if duration is not None and not duration > 0:
+        raise UserError(f"--duration must be above 0 seconds, got {duration:g}")
+    config = config_from_args(args)
+    # the recording is ours to write (with the scenario in its meta), not the daemon's
+    config = replace(config, record=None)
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("received %s, finishing the recording", signal.Signals(signum).name)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # a second signal acts as usual
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    daemon = Daemon(config, serve_http=False)
+    recorder: Recorder | None = None
+    try:
+        daemon.start()
+        infos = getattr(daemon.source, "infos", None) or ()
+        meta = make_meta(infos=infos, host_cpus=os.cpu_count(),
+                         sample_hz=1.0 / config.interval, scenario=args.scenario)
+        recorder = Recorder(daemon.store, args.file, meta)
+        recorder.start()
+        if args.file != "-":
+            log.info("recording to %s every %g s%s", args.file, config.interval,
+                     f" for {duration:g} s" if duration else " until interrupted")
+        deadline = None if duration is None else time.monotonic() + duration
+        # short waits: the signal handler runs between them on the main thread
+        while not stop.is_set():
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                break
+            stop.wait(left)
+    finally:
+        daemon.stop()  # no more samples after this...
+        if recorder is not None:
+            recorder.stop()  # ...so this writes out the last of them
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if recorder is not None and recorder.failed:
+        raise UserError(recorder.failed)
+    return 0

@@ -1,0 +1,139 @@
+"""A tiny but real training loop for the hook's tests: a DataLoader with workers, an
+optimizer, optionally a GradScaler (with forced skips), autocast, checkpointing, gloo DDP.
+
+It measures itself like the shared workload does (one JSON line per iteration to --out,
+with the trace's step field names) so tests can compare what gpuwatch received with the
+ground truth. --crash makes it fail in the ways a job fails. Nothing here knows gpuwatch
+unless --attach is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=30)
+p.add_argument("--batch", type=int, default=8)
+p.add_argument("--workers", type=int, default=2)
+p.add_argument("--cpu-ms", type=float, default=0.0, help="busy CPU time per sample")
+p.add_argument("--step-ms", type=float, default=0.0, help="sleep per iteration (the 'GPU')")
+p.add_argument("--scaler", choices=["none", "plain", "fused"], default="none")
+p.add_argument("--inf-every", type=int, default=0, help="make every Nth loss inf (skips)")
+p.add_argument("--autocast", choices=["none", "bf16"], default="none")
+p.add_argument("--checkpoint", action="store_true", help="use torch.utils.checkpoint")
+p.add_argument("--dist", action="store_true", help="gloo DDP from torchrun's environment")
+p.add_argument("--crash", choices=["none", "exception", "exit3", "sigkill", "sigterm", "oom"],
+               default="none")
+p.add_argument("--crash-at", type=int, default=5)
+p.add_argument("--print-every", type=int, default=0, help="print a line every N steps")
+p.add_argument("--attach", action="store_true", help="call gpuwatch.torch.attach()")
+p.add_argument("--out", default=None, help="ground truth: one JSON line per iteration")
+p.add_argument("--result", default=None, help="the final parameters, to compare runs")
+a = p.parse_args()
+
+if a.attach:
+    import gpuwatch.torch
+
+    gpuwatch.torch.attach()
+
+torch.manual_seed(0)
+rank = 0
+if a.dist:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+
+class Synthetic(Dataset):
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, i: int):
+        if a.cpu_ms > 0:
+            end = time.perf_counter() + a.cpu_ms / 1000.0
+            while time.perf_counter() < end:
+                pass
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(16, generator=g)
+        return x, x.sum(dim=0, keepdim=True)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
+        self.b = nn.Linear(32, 1)
+
+    def forward(self, x):
+        h = torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=False) \
+            if a.checkpoint else self.a(x)
+        return self.b(h)
+
+
+model = Net()
+if a.dist:
+    model = nn.parallel.DistributedDataParallel(model)
+if a.scaler == "fused":
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+else:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cpu", enabled=a.scaler != "none")
+loader = DataLoader(Synthetic(), batch_size=a.batch, num_workers=a.workers,
+                    persistent_workers=a.workers > 0, shuffle=False)
+out = open(a.out, "w") if a.out else None
+it = iter(loader)
+for step in range(a.steps):
+    if step == a.crash_at and a.crash != "none":
+        if out:
+            out.flush()
+        if a.crash == "exception":
+            raise ValueError("the test job failed on purpose")
+        if a.crash == "exit3":
+            sys.exit(3)
+        if a.crash == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if a.crash == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+        if a.crash == "oom":
+            torch.empty(2**62, dtype=torch.uint8)  # a real allocator failure
+    t0 = time.perf_counter()
+    x, y = next(it)
+    t1 = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+        loss = nn.functional.mse_loss(model(x).float(), y)
+    if a.inf_every and step % a.inf_every == a.inf_every - 1:
+        loss = loss * float("inf")
+    opt.zero_grad(set_to_none=True)
+    scale_before = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    skipped = scaler.is_enabled() and scaler.get_scale() < scale_before
+    if a.step_ms:
+        time.sleep(a.step_ms / 1000.0)
+    t2 = time.perf_counter()
+    if out:
+        out.write(json.dumps({"t": time.time(), "kind": "step", "step": step, "rank": rank,
+                              "step_seconds": t2 - t0, "data_wait_seconds": t1 - t0,
+                              "batch_size": a.batch, "skipped": bool(skipped),
+                              "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})
+                  + "\n")
+    if a.print_every and step % a.print_every == 0:
+        print(f"train step {step} loss {loss.item():.4f} done", flush=True)
+if out:
+    out.close()
+if a.result:
+    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, a.result)
+if a.dist:
+    dist.destroy_process_group()
+print(f"trained {a.steps} steps", file=sys.stderr)

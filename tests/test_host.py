@@ -1,0 +1,187 @@
+"""The host layer against real processes: a busy "training job" with busy "DataLoader workers"."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psutil
+import pytest
+from conftest import wait_for
+
+from gpuwatch.host import HostSampler
+from gpuwatch.samples import HostSample
+
+# a worker spins until its parent is gone, so nothing outlives the test even on a crash
+WORKER = "import os\nppid = os.getppid()\nwhile os.getppid() == ppid:\n    pass\n"
+# the job starts N workers, says their pids, then spins itself (it holds no GPU: the test
+# hands its pid to the sampler as if NVML had seen it on one)
+JOB = (
+    "import subprocess, sys\n"
+    "kids = [subprocess.Popen([sys.executable, '-c', sys.argv[2]]) for _ in range(int(sys.argv[1]))]\n"
+    "print(' '.join(str(k.pid) for k in kids), flush=True)\n"
+    "while True:\n"
+    "    pass\n"
+)
+
+
+@dataclass
+class Job:
+    proc: subprocess.Popen
+    workers: list[int]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@pytest.fixture
+def start_job() -> Iterator[Callable[[int], Job]]:
+    jobs: list[Job] = []
+
+    def start(workers: int = 2) -> Job:
+        proc = subprocess.Popen([sys.executable, "-c", JOB, str(workers), WORKER],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        job = Job(proc, pids)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        try:
+            os.killpg(job.proc.pid, signal.SIGKILL)  # the job's own session: it and its workers
+        except ProcessLookupError:
+            pass
+        job.proc.wait()
+
+
+def sample_until(host: HostSampler, pids: list[int], ok: Callable[[HostSample], bool],
+                 what: str) -> HostSample:
+    """Sample every 0.2 s until ``ok`` holds (CPU deltas need time between two readings)."""
+    found: list[HostSample] = []
+
+    def check() -> bool:
+        time.sleep(0.1)
+        s = host.sample(time.time(), pids)
+        found.append(s)
+        return ok(s)
+
+    wait_for(check, what, timeout=30)
+    return found[-1]
+
+
+def test_host_wide_fields() -> None:
+    host = HostSampler()
+    first = host.sample(time.time(), [])
+    time.sleep(0.2)
+    s = host.sample(time.time(), [])
+    assert len(s.cpu_util_per_core) == psutil.cpu_count()
+    assert all(0.0 <= c <= 1.0 for c in s.cpu_util_per_core)
+    assert s.cpu_util is not None and 0.0 <= s.cpu_util <= 1.0
+    assert s.load1 is not None and s.load5 is not None and s.load15 is not None
+    assert s.mem_total_bytes == psutil.virtual_memory().total
+    assert s.mem_used_bytes is not None and 0 < s.mem_used_bytes <= s.mem_total_bytes
+    assert s.swap_total_bytes is not None and s.swap_used_bytes is not None
+    # no GPU process: the job fields are not measured, not zero
+    for s_ in (first, s):
+        assert s_.jobs == ()
+        assert s_.job_cpu_cores is None and s_.job_processes is None and s_.job_rss_bytes is None
+
+
+def test_job_tree_counts_workers_and_their_cpu(start_job: Callable[[int], Job]) -> None:
+    job = start_job(2)
+    host = HostSampler()
+    first = host.sample(time.time(), [job.pid])
+    # first sight: the tree is known, but a CPU rate needs two readings
+    assert first.job_processes == 3
+    assert first.job_cpu_cores == 0.0
+    s = sample_until(host, [job.pid],
+                     lambda s: bool(s.job_workers_cpu_cores and s.job_main_cpu_cores),
+                     "the workers and the main process to show CPU use")
+    (tree,) = s.jobs
+    assert tree.pid == job.pid
+    assert tree.processes == 3
+    assert tree.name == psutil.Process(job.pid).name()
+    assert tree.user == getpass.getuser()
+    assert tree.workers_cpu_cores > 0 and tree.main_cpu_cores > 0
+    assert tree.cpu_cores == pytest.approx(tree.main_cpu_cores + tree.workers_cpu_cores, abs=0.01)
+    # three spinning processes on this host can't use more cores than it has
+    assert tree.cpu_cores <= psutil.cpu_count() + 0.2
+    assert tree.rss_bytes >= sum(psutil.Process(p).memory_info().rss
+                                 for p in (job.pid, *job.workers)) * 0.5
+    assert (s.job_cpu_cores, s.job_processes, s.job_rss_bytes) == (
+        tree.cpu_cores, tree.processes, tree.rss_bytes)
+    assert s.job_main_cpu_cores == tree.main_cpu_cores
+    assert s.job_workers_cpu_cores == tree.workers_cpu_cores
+
+
+def test_gpu_process_inside_another_gpu_process_tree_is_one_job(
+        start_job: Callable[[int], Job]) -> None:
+    job = start_job(2)
+    host = HostSampler()
+    # both the job and one of its workers hold GPU memory: still one job, counted once
+    s = host.sample(time.time(), [job.workers[0], job.pid])
+    assert [t.pid for t in s.jobs] == [job.pid]
+    assert s.job_processes == 3
+
+
+def test_independent_gpu_processes_are_separate_jobs(start_job: Callable[[int], Job]) -> None:
+    a, b = start_job(1), start_job(2)
+    host = HostSampler()
+    s = host.sample(time.time(), [a.pid, b.pid])
+    assert {t.pid: t.processes for t in s.jobs} == {a.pid: 2, b.pid: 3}
+    assert s.job_processes == 5
+
+
+def test_vanishing_processes_cost_only_themselves(start_job: Callable[[int], Job]) -> None:
+    job = start_job(2)
+    host = HostSampler()
+    assert host.sample(time.time(), [job.pid]).job_processes == 3
+    os.kill(job.workers[0], signal.SIGKILL)
+    # the worker is gone (or a zombie until its parent reaps it: either way not counted
+    # as a busy process for long); the sampler keeps going and the job keeps its tree
+    s = sample_until(host, [job.pid], lambda s: s.job_processes == 2,
+                     "the killed worker to leave the tree")
+    assert [t.pid for t in s.jobs] == [job.pid]
+
+    # a GPU pid that no longer exists anywhere: no job, no error
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    s = host.sample(time.time(), [gone.pid, job.pid])
+    assert [t.pid for t in s.jobs] == [job.pid]
+    s = host.sample(time.time(), [gone.pid])
+    assert s.jobs == () and s.job_cpu_cores is None
+
+    # the whole job dies between two ticks
+    os.killpg(job.pid, signal.SIGKILL)
+    job.proc.wait()
+    s = host.sample(time.time(), [job.pid])
+    assert s.jobs == () and s.job_processes is None
+    assert s.mem_total_bytes is not None  # the host part is unharmed
+
+
+def test_process_identity() -> None:
+    host = HostSampler()
+    me = psutil.Process()
+    assert host.process_identity(os.getpid()) == (me.name(), getpass.getuser())
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert host.process_identity(gone.pid) == (None, None)
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
+                    reason="this kernel has no /proc/PID/task/TID/children")
+def test_children_files_and_process_table_scan_agree(start_job: Callable[[int], Job]) -> None:
+    job = start_job(3)
+    fast, scan = HostSampler(), HostSampler()
+    scan._proc_children = False  # force the fallback every other kernel uses
+    assert fast.sample(time.time(), [job.pid]).job_processes == 4
+    assert scan.sample(time.time(), [job.pid]).job_processes == 4

@@ -1,0 +1,142 @@
+"""`gpuwatch record` as a real process, and the Recorder on a real Store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from conftest import NVML_GPUS, RECORDINGS, REPO, daemon_env, run_gpuwatch, wait_for
+
+from gpuwatch.recorder import Recorder
+from gpuwatch.replay import Replayer
+from gpuwatch.samples import GpuSample, HostSample, Snapshot, StepSample
+from gpuwatch.store import Store
+from gpuwatch.trace import read_trace
+
+
+def check_host_trace(path: Path, min_host_lines: int) -> list:
+    text = path.read_text()
+    assert text.endswith("\n"), "the last line is incomplete"
+    trace = read_trace(str(path))
+    assert trace.warnings == []
+    hosts = [s for s in trace.samples if isinstance(s, HostSample)]
+    assert len(hosts) >= min_host_lines
+    assert all(s.mem_total_bytes and s.load1 is not None for s in hosts)
+    assert all(b.t >= a.t for a, b in pairwise(trace.samples))
+    gpus = [s for s in trace.samples if isinstance(s, GpuSample)]
+    if NVML_GPUS:
+        assert gpus and "gpu_name" in trace.meta
+    else:
+        # no GPU here: host lines only, and a meta line that claims no GPU
+        assert gpus == [] and "gpu_name" not in trace.meta
+    return trace.samples
+
+
+def test_record_for_a_duration(tmp_path: Path) -> None:
+    out = tmp_path / "run.jsonl"
+    result = run_gpuwatch(["record", str(out), "--interval", "0.1", "--duration", "2",
+                           "--scenario", "a test"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    samples = check_host_trace(out, min_host_lines=10)
+    meta = read_trace(str(out)).meta
+    assert (meta["scenario"], meta["host_cpus"], meta["sample_hz"]) == ("a test", os.cpu_count(), 10)
+    # consecutive ticks are one interval apart
+    ticks = [s.t for s in samples if isinstance(s, HostSample)]
+    gaps = sorted(b - a for a, b in pairwise(ticks))
+    assert gaps[len(gaps) // 2] == pytest.approx(0.1, abs=0.03)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_record_stops_cleanly_on_a_signal(sig: int, tmp_path: Path) -> None:
+    out = tmp_path / "run.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwatch", "record", str(out),
+                             "--interval", "0.1"], cwd=REPO, env=daemon_env(tmp_path),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 5,
+                 "the first lines of the recording", timeout=60, proc=proc)
+        before = len(out.read_text().splitlines())
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    samples = check_host_trace(out, min_host_lines=4)
+    # what was held back for time ordering was written out at the end, not lost
+    assert len(samples) + 1 > before
+
+
+def test_record_to_stdout(tmp_path: Path) -> None:
+    result = run_gpuwatch(["record", "-", "--interval", "0.1", "--duration", "1"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines[0]["kind"] == "meta" and lines[0]["format"] == "gpuwatch-trace/1"
+    assert sum(d["kind"] == "host" for d in lines) >= 3
+
+
+def test_record_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    result = run_gpuwatch(["record", str(tmp_path / "no" / "such" / "dir.jsonl"),
+                           "--duration", "1"], tmp_path)
+    assert result.returncode == 2
+    assert "cannot write trace" in result.stderr and "No such file or directory" in result.stderr
+    result = run_gpuwatch(["record", str(tmp_path / "x.jsonl"), "--duration", "0"], tmp_path)
+    assert result.returncode == 2
+    assert "--duration must be above 0" in result.stderr
+
+
+def test_recorder_puts_late_samples_in_time_order(tmp_path: Path) -> None:
+    store = Store()
+    out = tmp_path / "order.jsonl"
+    recorder = Recorder(store, str(out), {"host_cpus": 2, "sample_hz": 10},
+                        reorder_seconds=0.5)
+    recorder.start()
+    for k in range(10):
+        t = 100.0 + 0.1 * k
+        store.publish(Snapshot(t=t, host=HostSample(t=t, load1=float(k))))
+        if k == 5:
+            # a step that ended before this tick, delivered after it (the hook's datagram)
+            store.add_steps([StepSample(t=100.42, step=1)])
+    store.add_steps([StepSample(t=100.05, step=2)])  # far too late to be put in its place
+    recorder.stop()
+    trace = read_trace(str(out))
+    assert trace.meta["format"] == "gpuwatch-trace/1" and trace.meta["kind"] == "meta"
+    got = [(type(s).__name__, round(s.t, 2), getattr(s, "step", None)) for s in trace.samples]
+    ticks = [("HostSample", round(100.0 + 0.1 * k, 2), None) for k in range(10)]
+    # the late step is kept, at the time of the line written before it; the other one
+    # sits between the ticks at 100.4 and 100.5, where it belongs
+    assert got == [*ticks[:5], ("StepSample", 100.4, 2), ("StepSample", 100.42, 1), *ticks[5:]]
+    assert recorder.late_samples == 1
+    assert recorder.samples_written == 12
+
+
+def test_recording_a_replay_gives_back_the_recording(tmp_path: Path) -> None:
+    source = next(p for p in RECORDINGS if p.name == "near_oom.jsonl")
+    original = read_trace(str(source))
+    store = Store(history_seconds=3600)
+    replayer = Replayer(store, str(source), loop=False, speed=40)
+    out = tmp_path / "again.jsonl.gz"
+    recorder = Recorder(store, str(out), original.meta)
+    recorder.start()
+    replayer.start()
+    assert replayer.wait(60)
+    replayer.stop()
+    recorder.stop()
+    again = read_trace(str(out))
+    assert again.meta["scenario"] == "near_oom"
+
+    def values(samples: list, cls: type, field: str) -> list:
+        return [getattr(s, field) for s in samples if isinstance(s, cls)]
+
+    for cls, field in ((GpuSample, "mem_used_bytes"), (GpuSample, "util"),
+                       (HostSample, "job_cpu_cores"), (StepSample, "step_seconds"),
+                       (StepSample, "step")):
+        assert values(again.samples, cls, field) == values(original.samples, cls, field)

@@ -1,0 +1,188 @@
+"""Replaying recordings into a real Store, faster than real time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from conftest import RECORDINGS, REPO, wait_for
+
+from gpuwatch.errors import FileFormatError, UserError
+from gpuwatch.replay import Replayer
+from gpuwatch.samples import ConfigSample, GpuInfo, GpuSample, HostSample, StepSample
+from gpuwatch.store import Store
+from gpuwatch.trace import TraceWriter, make_meta
+
+SPEED = 40.0  # a 37 s recording plays in about a second
+
+
+def recording(name: str) -> str:
+    return str(next(p for p in RECORDINGS if p.name == name))
+
+
+def raw_lines(path: str) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()[1:]]
+
+
+def play_once(path: str, speed: float = SPEED) -> tuple[Store, Replayer]:
+    store = Store(history_seconds=3600)
+    replayer = Replayer(store, path, loop=False, speed=speed)
+    replayer.start()
+    assert replayer.wait(timeout=60), "the replay never reached its end"
+    replayer.stop()
+    return store, replayer
+
+
+@pytest.mark.parametrize("path", [str(p) for p in RECORDINGS], ids=lambda p: Path(p).name)
+def test_every_recording_replays_whole(path: str) -> None:
+    raw = raw_lines(path)
+    started = time.time()
+    store, replayer = play_once(path)
+    gpu_lines = [d for d in raw if d["kind"] == "gpu"]
+    step_lines = [d for d in raw if d["kind"] == "step"]
+    history = store.gpu_history(0)
+    # every tick became one snapshot, with the recorded values, at shifted times
+    assert len(history) == len(gpu_lines) == replayer.ticks_total
+    assert [g.util for g in history] == [d["util"] for d in gpu_lines]
+    assert [g.sm_active for g in history] == [d.get("sm_active") for d in gpu_lines]
+    assert len(store.host_history()) == sum(d["kind"] == "host" for d in raw)
+    assert started <= history[0].t < history[-1].t
+    span = raw[-1]["t"] - raw[0]["t"]
+    assert history[-1].t - history[0].t == pytest.approx(
+        (gpu_lines[-1]["t"] - gpu_lines[0]["t"]) / SPEED, abs=0.01)
+    assert history[-1].t <= started + span / SPEED + 5  # stamped now-ish, not in the recording's past
+    snap = store.latest()
+    (info,) = snap.infos
+    assert (info.name, info.compute_capability, info.driver_version) == (
+        "NVIDIA H200", (9, 0), "580.159.04")
+    assert info.mem_total_bytes == gpu_lines[0]["mem_total_bytes"] and info.gpm_supported
+    assert snap.health.ticks_total == len(gpu_lines)
+    steps = store.step_history()
+    assert len(steps) == len(step_lines)
+    if step_lines:
+        (job,) = snap.jobs
+        assert job.steps_total == len(step_lines)
+        assert job.skipped_steps_total == 0
+        assert job.gpu == 0
+        # the one process on the GPU in the recording is the job (its steps carry no pid)
+        assert job.pid == gpu_lines[-1]["processes"][0]["pid"]
+        assert job.mem_allocated_bytes == step_lines[-1]["mem_allocated_bytes"]
+        assert job.loss_scale is None
+        assert not job.alive  # the recording ended, and its job with it
+    else:
+        assert snap.jobs == ()
+
+
+def test_tuned_recording_looks_busy_and_healthy() -> None:
+    store, _ = play_once(recording("tuned.jsonl"))
+    history = store.gpu_history(0)
+    assert max(g.util for g in history) >= 0.99
+    assert max(g.sm_active for g in history) == pytest.approx(0.9, abs=0.07)
+    (job,) = store.latest().jobs
+    assert job.data_wait_ratio is not None and job.data_wait_ratio < 0.05
+    assert job.step_seconds == pytest.approx(0.039, rel=0.2)
+    assert job.samples_per_second == pytest.approx(64 / job.step_seconds, rel=0.05)
+
+
+def test_input_bound_recording_waits_for_data() -> None:
+    store, _ = play_once(recording("input_bound.jsonl"))
+    (job,) = store.latest().jobs
+    assert job.data_wait_ratio is not None and job.data_wait_ratio > 0.7
+    assert max(g.util for g in store.gpu_history(0)) < 0.6
+
+
+def test_loop_keeps_time_and_counters_rising() -> None:
+    path = recording("fp32.jsonl")
+    n_steps = sum(d["kind"] == "step" for d in raw_lines(path))
+    store = Store(history_seconds=3600)
+    replayer = Replayer(store, path, loop=True, speed=80)
+    replayer.start()
+    try:
+        wait_for(lambda: replayer.passes >= 2, "two passes over the recording", timeout=60)
+    finally:
+        replayer.stop()
+    ts = [g.t for g in store.gpu_history(0)]
+    assert len(ts) > 2 * sum(d["kind"] == "gpu" for d in raw_lines(path)) - 1
+    assert all(b > a for a, b in pairwise(ts)), "time went backwards at a restart"
+    steps = [s.step for s in store.step_history()]
+    assert steps[: n_steps * 2] == list(range(n_steps * 2))  # numbering continues
+    (job,) = store.latest().jobs
+    assert job.steps_total >= 2 * n_steps
+    assert job.alive
+
+
+def write_trace(path: Path, samples: list, **meta_kw: object) -> str:
+    infos = meta_kw.pop("infos", [])
+    meta = make_meta(infos=infos, host_cpus=4, sample_hz=10, **meta_kw)  # type: ignore[arg-type]
+    with TraceWriter(str(path), meta) as w:
+        for s in samples:
+            w.write(s)
+    return str(path)
+
+
+def test_lines_of_one_tick_make_one_snapshot(tmp_path: Path) -> None:
+    infos = [GpuInfo(gpu=0, uuid="GPU-a", name="A"), GpuInfo(gpu=1, uuid="GPU-b", name="B")]
+    samples = []
+    for k in range(5):
+        t = 100.0 + k * 0.1
+        # a writer whose lines of one tick differ by a few ms (less than half a period)
+        samples += [GpuSample(t=t, gpu=0, util=0.1 * k, mem_total_bytes=80),
+                    GpuSample(t=t + 0.004, gpu=1, util=0.2, mem_total_bytes=40),
+                    HostSample(t=t + 0.008, load1=float(k))]
+    samples.append(ConfigSample(t=100.45, pid=42, rank=0, values={"num_workers": 0}))
+    samples.append(StepSample(t=100.46, step=7, step_seconds=0.2, data_wait_seconds=0.1,
+                              batch_size=8, pid=42, rank=0, gpu=1, skipped=True,
+                              loss_scale=1024.0))
+    path = write_trace(tmp_path / "two.jsonl", samples, infos=infos)
+    store, replayer = play_once(path, speed=10)
+    assert replayer.ticks_total == 5
+    assert [(g.gpu, g.util) for g in store.latest().gpus] == [(0, 0.4), (1, 0.2)]
+    assert store.latest().host is not None and store.latest().host.load1 == 4.0
+    assert [(i.gpu, i.uuid, i.name, i.mem_total_bytes) for i in replayer.infos] == [
+        (0, "GPU-a", "A", 80), (1, "GPU-b", "B", 40)]
+    (config,) = store.configs()
+    assert (config.pid, config.rank, config.values) == (42, 0, {"num_workers": 0})
+    (job,) = store.latest().jobs
+    assert (job.pid, job.rank, job.gpu, job.steps_total, job.skipped_steps_total) == (
+        42, 0, 1, 1, 1)
+    assert job.data_wait_ratio == pytest.approx(0.5)
+    assert job.samples_per_second == pytest.approx(40.0)
+    assert job.loss_scale == 1024.0
+
+
+def test_bad_recording_fails_at_construction(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    text = Path(RECORDINGS[0]).read_text()
+    bad.write_text(text.replace('"load1":', '"load1":"x","old_load1":', 1))
+    with pytest.raises(FileFormatError, match=r"bad.jsonl:3: field 'load1' must be a number"):
+        Replayer(Store(), str(bad))
+    with pytest.raises(UserError, match="speed"):
+        Replayer(Store(), str(RECORDINGS[0]), speed=0)
+
+
+def test_replay_needs_no_nvml_and_no_socket() -> None:
+    # in a fresh interpreter: replaying never loads NVML and never creates a socket
+    code = (
+        "import socket, sys\n"
+        "class NoSocket(socket.socket):\n"
+        "    def __init__(self, *a, **k):\n"
+        "        raise AssertionError('replay opened a socket')\n"
+        "socket.socket = NoSocket\n"
+        "from gpuwatch.store import Store\n"
+        "from gpuwatch.replay import Replayer\n"
+        "store = Store()\n"
+        f"r = Replayer(store, {recording('idle.jsonl')!r}, loop=False, speed=100)\n"
+        "r.start(); assert r.wait(60); r.stop()\n"
+        "assert store.latest().gpus, 'nothing was replayed'\n"
+        "assert 'pynvml' not in sys.modules, 'replay loaded NVML'\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -1,0 +1,408 @@
+"""The real Sampler over a stubbed NVML module, read back from the real Store."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+import psutil
+import pynvml
+import pytest
+
+from gpuwatch.sampler import Sampler
+from gpuwatch.samples import HostSample, Snapshot
+from gpuwatch.store import Store
+from tests.nvml_stub import NvmlStub, StubGpu
+
+GiB = 2**30
+
+
+class FakeHost:
+    """Stands in for gpuwatch.host.HostSampler; remembers the pids it was given."""
+
+    def __init__(self, on_sample: Callable[[], None] | None = None) -> None:
+        self.pids: list[set[int]] = []
+        self.on_sample = on_sample
+
+    def sample(self, t: float, gpu_pids: Collection[int]) -> HostSample:
+        self.pids.append(set(gpu_pids))
+        if self.on_sample is not None:
+            self.on_sample()
+        return HostSample(t=t, load1=0.5)
+
+
+class SimClock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def wait_for(predicate: Callable[[], Any], what: str, bound: float = 10.0) -> Any:
+    """Poll until ``predicate`` is truthy; the bound only keeps a broken build from hanging."""
+    give_up = time.monotonic() + bound
+    while time.monotonic() < give_up:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+@pytest.fixture
+def make_sampler():
+    made: list[tuple[Sampler, NvmlStub | None]] = []
+
+    def make(stub: NvmlStub | None, **kw: Any) -> tuple[Sampler, Store]:
+        store = Store()
+        kw.setdefault("host", FakeHost())
+        sampler = Sampler(store, nvml_module=stub, **kw)
+        made.append((sampler, stub))
+        return sampler, store
+
+    yield make
+    for sampler, stub in made:
+        if stub is not None:
+            for gpu in stub.gpus:
+                gpu.release()
+        sampler.stop()
+
+
+def test_healthy_gpu_every_field_published(make_sampler) -> None:
+    me = os.getpid()
+    stub = NvmlStub([StubGpu(0, processes=[(me, 3 * GiB)])])
+    sampler, store = make_sampler(stub)
+
+    info = sampler.infos[0]
+    assert sampler.nvml_available
+    assert info.name == "NVIDIA H100 80GB HBM3"
+    assert info.uuid == stub.gpus[0].uuid
+    assert info.compute_capability == (9, 0)
+    assert info.pci_bus_id == "00000000:01:00.0"  # bytes from NVML decoded
+    assert info.driver_version == "580.159.04"
+    assert info.mem_total_bytes == 80 * GiB
+    assert info.gpm_supported
+
+    first = sampler.tick()
+    assert store.latest() is not None and store.latest().t == first.t
+    g = store.latest().gpus[0]
+    assert (g.util, g.mem_util) == (0.75, 0.30)
+    assert g.mem_used_bytes == 20 * GiB  # v2: reserved memory is not "used"
+    assert g.mem_total_bytes == 80 * GiB
+    assert (g.power_watts, g.power_limit_watts) == (312.5, 700.0)
+    assert g.temp_celsius == 61.0
+    assert (g.sm_clock_mhz, g.mem_clock_mhz) == (1980.0, 2619.0)
+    assert g.pstate == 0
+    assert g.clock_event_reasons == 0x4
+    assert g.uuid == info.uuid and not g.lost
+    assert [(p.pid, p.mem_used_bytes) for p in g.processes] == [(me, 3 * GiB)]
+    # one GPM sample exists after the first tick: no pair, so no GPM values yet
+    assert g.sm_active is None
+
+    second = sampler.tick()
+    g = store.latest().gpus[0]
+    assert g.sm_active == pytest.approx(0.89)
+    assert g.sm_occupancy == pytest.approx(0.415)
+    assert g.tensor_active == pytest.approx(0.37)
+    assert g.fp32_active == pytest.approx(0.12)
+    assert g.fp16_active == 0.0
+    assert g.dram_active is None  # NaN from NVML
+    assert g.fp64_active == 1.0  # 100.4 % clamps to a ratio of 1
+    assert [s.t for s in store.gpu_history(0)] == [first.t, second.t]
+    health = store.latest().health
+    assert health.ticks_total == 2
+    assert health.errors_total == {}
+    assert health.last_success_time == second.t
+    assert health.tick_seconds is not None and health.tick_seconds > 0
+    assert store.latest().host is not None and store.latest().host.load1 == 0.5
+
+
+def test_not_supported_power_and_gpm_cost_only_those_fields(make_sampler) -> None:
+    stub = NvmlStub([StubGpu(0), StubGpu(1, gpm=False, not_supported={
+        "nvmlDeviceGetPowerUsage", "nvmlGpmQueryDeviceSupport"})])
+    sampler, store = make_sampler(stub)
+    for _ in range(4):
+        sampler.tick()
+    g0, g1 = store.latest().gpus
+    assert g0.power_watts == 312.5 and g0.sm_active is not None
+    assert g1.power_watts is None
+    assert g1.sm_active is None and g1.tensor_active is None
+    assert not sampler.infos[1].gpm_supported
+    assert g1.util == 0.75 and g1.power_limit_watts == 700.0 and g1.temp_celsius == 61.0
+    # not supported is learnt on the first ask and never asked again
+    assert stub.count("nvmlDeviceGetPowerUsage", 1) == 1
+    assert stub.count("nvmlDeviceGetPowerUsage", 0) == 4
+    assert stub.count("nvmlGpmSampleGet", 1) == 0
+    assert store.latest().health.errors_total == {}
+
+
+def test_lost_gpu_is_marked_and_left_alone_while_others_go_on(make_sampler) -> None:
+    stub = NvmlStub([StubGpu(0), StubGpu(1, lost_after=2)])
+    sampler, store = make_sampler(stub)
+    for _ in range(2):
+        snap = sampler.tick()
+        assert not snap.gpus[1].lost
+    snap = sampler.tick()
+    g0, g1 = snap.gpus
+    assert g1.lost and g1.uuid == stub.gpus[1].uuid
+    assert g1.util is None and g1.power_watts is None
+    assert g0.util == 0.75 and not g0.lost
+    assert snap.health.errors_total.get("gpu1_lost") == 1
+
+    calls_to_gpu1 = sum(n for (fn, i), n in stub.calls.items() if i == 1)
+    for _ in range(3):
+        snap = sampler.tick()
+    assert snap.gpus[1].lost and snap.gpus[0].util == 0.75
+    assert sum(n for (fn, i), n in stub.calls.items() if i == 1) == calls_to_gpu1
+    assert snap.health.errors_total.get("gpu1_lost") == 1
+    assert store.gpu_history(1)[-1].lost
+
+
+def test_gpu_failing_every_call_becomes_lost_one_failing_field_does_not(make_sampler) -> None:
+    stub = NvmlStub([StubGpu(0, failing={"nvmlDeviceGetTemperature"}), StubGpu(1)])
+    sampler, _store = make_sampler(stub)
+    sampler.tick()
+    stub.gpus[1].failing = {"*"}
+    for _ in range(5):
+        snap = sampler.tick()
+    g0, g1 = snap.gpus
+    assert g0.temp_celsius is None and g0.util == 0.75 and not g0.lost
+    assert snap.health.errors_total["gpu0"] == 6  # one per tick, the field only
+    assert g1.lost
+    assert snap.health.errors_total["gpu1_lost"] == 1
+    assert snap.health.errors_total["gpu1"] > 0
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+                                  pynvml.NVML_ERROR_LIBRARY_NOT_FOUND])
+def test_no_driver_host_metrics_go_on_and_it_is_said_once(make_sampler, caplog, code) -> None:
+    caplog.set_level(logging.WARNING, logger="gpuwatch.sampler")
+    stub = NvmlStub([StubGpu(0)], init_error=code)
+    sampler, store = make_sampler(stub)
+    assert not sampler.nvml_available
+    assert sampler.infos == ()
+    for _ in range(3):
+        snap = sampler.tick()
+    assert not snap.nvml_available and snap.gpus == ()
+    assert snap.host is not None
+    assert store.latest().health.ticks_total == 3
+    said = [r for r in caplog.records if "no NVIDIA GPU/driver found" in r.getMessage()]
+    assert len(said) == 1
+    assert str(pynvml.NVMLError(code)) in said[0].getMessage()
+    sampler.stop()
+    assert stub.shutdowns == 0  # nvmlShutdown only after a successful nvmlInit
+
+
+def test_hung_call_stalls_only_its_gpu_and_the_tick_publishes(make_sampler) -> None:
+    stub = NvmlStub([StubGpu(0), StubGpu(1)])
+    sampler, store = make_sampler(stub, interval=0.5)
+    sampler.tick()
+    stub.gpus[1].hang("nvmlDeviceGetTemperature")
+
+    snap = sampler.tick()
+    assert stub.gpus[1].blocked.is_set()  # the tick came back while the call is still stuck
+    assert store.latest() is not None and store.latest().t == snap.t
+    g0, g1 = snap.gpus
+    assert g0.util == 0.75 and g0.temp_celsius == 61.0
+    assert g1.util is None and g1.temp_celsius is None and not g1.lost
+    assert snap.health.errors_total["gpu1_stalled"] == 1
+
+    asked = stub.count("nvmlDeviceGetUtilizationRates", 1)
+    snap = sampler.tick()
+    assert stub.gpus[1].blocked.is_set()
+    assert stub.count("nvmlDeviceGetUtilizationRates", 1) == asked  # no more work while stuck
+    assert snap.gpus[0].util == 0.75 and snap.gpus[1].util is None
+    assert snap.health.errors_total["gpu1_stalled"] == 2
+    assert "gpu0_stalled" not in snap.health.errors_total
+
+    stub.gpus[1].release()
+    wait_for(lambda: sampler.tick().gpus[1].util == 0.75, "GPU 1 answers again")
+
+
+def test_ticks_keep_to_the_grid_and_skip_slots_after_an_overrun(make_sampler) -> None:
+    clock = SimClock(1000.0)
+    costs = [0.01, 0.01, 0.25, 0.01, 0.01, 0.01]  # the third tick overruns by 2.5 slots
+    starts: list[float] = []
+
+    def tick_cost() -> None:
+        starts.append(clock.now)
+        clock.now += costs[len(starts) - 1]
+
+    def sim_wait(delay: float) -> bool:
+        assert delay > 0
+        clock.now += delay
+        return len(starts) >= len(costs)  # True ends the loop, as stop() would
+
+    sampler, store = make_sampler(NvmlStub([StubGpu(0)]), interval=0.1, clock=clock,
+                                  host=FakeHost(on_sample=tick_cost))
+    sampler._wait = sim_wait
+    sampler.start()
+    wait_for(lambda: store.latest().health.ticks_total == len(costs), "six ticks")
+    offsets = [round(t - 1000.0, 6) for t in starts]
+    # slots 3 and 4 fall inside the overrun: skipped, not bunched up afterwards
+    assert offsets == pytest.approx([0.0, 0.1, 0.2, 0.5, 0.6, 0.7])
+    assert sampler.skipped_slots == 2
+
+
+def test_xid_events_are_counted_per_gpu_and_code(make_sampler) -> None:
+    stub = NvmlStub([StubGpu(0), StubGpu(1, events=False)])
+    sampler, _store = make_sampler(stub)
+    wait_for(lambda: stub.event_sets and 0 in stub.event_sets[0].registered,
+             "GPU 0 registered for XID events")
+    assert stub.inject_xid(0, 79) and stub.inject_xid(0, 79) and stub.inject_xid(0, 48)
+    assert not stub.inject_xid(1, 79)  # no event support: skipped
+    snap = wait_for(lambda: (s := sampler.tick()).gpus[0].xid_total == {79: 2, 48: 1} and s,
+                    "XIDs counted")
+    assert snap.gpus[1].xid_total == {}
+    assert snap.health.errors_total == {}  # a GPU without events is no error
+    sampler.stop()
+    assert stub.event_sets[0].freed
+
+
+def test_slow_fields_arrive_on_their_cadence_off_the_tick(make_sampler) -> None:
+    clock = SimClock()
+    me = os.getpid()
+    stub = NvmlStub([StubGpu(0, processes=[(me, GiB)], process_util=[(me, 40), (me, 60)])])
+    sampler, _store = make_sampler(stub, slow_interval=10.0, clock=clock)
+
+    snap = wait_for(lambda: (s := sampler.tick()).gpus[0].energy_joules is not None and s,
+                    "first slow read")
+    g = snap.gpus[0]
+    assert g.energy_joules == pytest.approx(2281.545)
+    assert g.pcie_tx_bytes_per_second == 1550 * 1024
+    assert g.pcie_rx_bytes_per_second == 2048 * 1024
+    assert g.pcie_replay_total == 1
+    assert (g.ecc_corrected_total, g.ecc_uncorrected_total) == (3, 0)
+    assert g.remapped_rows_correctable == 0 and g.remapped_rows_pending is False
+    assert g.processes[0].sm_util == pytest.approx(0.5)  # mean of NVML's samples
+    assert stub.count("nvmlDeviceGetTotalEnergyConsumption", 0) == 1
+
+    stub.gpus[0].energy_mj = 3_000_000
+    clock.now += 5.0  # half a slow interval: carried, not re-read
+    snap = sampler.tick()
+    assert snap.gpus[0].energy_joules == pytest.approx(2281.545)
+    assert stub.count("nvmlDeviceGetTotalEnergyConsumption", 0) == 1
+
+    clock.now += 5.0
+    wait_for(lambda: sampler.tick().gpus[0].energy_joules == pytest.approx(3000.0),
+             "second slow read")
+    assert stub.count("nvmlDeviceGetTotalEnergyConsumption", 0) == 2
+
+    # a slow call that hangs (PCIe throughput takes 20 ms on a good day) never holds a tick
+    stub.gpus[0].hang("nvmlDeviceGetPcieThroughput")
+    clock.now += 10.0
+    sampler.tick()
+    wait_for(stub.gpus[0].blocked.is_set, "slow read stuck")
+    stub.gpus[0].util = (12, 3)
+    clock.now += 10.0
+    snap = sampler.tick()
+    assert stub.gpus[0].blocked.is_set()
+    assert snap.gpus[0].util == 0.12  # fresh fast fields
+    assert snap.gpus[0].energy_joules == pytest.approx(3000.0)  # newest slow values carried
+    assert snap.health.errors_total["gpu0_slow_stalled"] == 1
+    assert "gpu0_stalled" not in snap.health.errors_total
+
+
+def _vanished_pid() -> int:
+    pid = max(psutil.pids()) + 7919
+    while psutil.pid_exists(pid):
+        pid += 1
+    return pid
+
+
+def test_processes_get_name_and_user_and_a_vanished_pid_costs_only_itself(make_sampler) -> None:
+    me = psutil.Process()
+    gone = _vanished_pid()
+    stub = NvmlStub([StubGpu(0, processes=[(me.pid, 2 * GiB), (gone, GiB)],
+                             graphics_processes=[(me.pid, 2 * GiB)])])
+    host = FakeHost()
+    sampler, _store = make_sampler(stub, host=host)
+    for _ in range(2):
+        snap = sampler.tick()
+    procs = {p.pid: p for p in snap.gpus[0].processes}
+    assert set(procs) == {me.pid, gone}
+    assert procs[me.pid].mem_used_bytes == 2 * GiB  # compute + graphics context: counted once
+    assert procs[me.pid].name == me.name()
+    assert procs[me.pid].user == me.username()
+    assert procs[gone].mem_used_bytes == GiB
+    assert procs[gone].name is None and procs[gone].user is None
+    assert host.pids[-1] == {me.pid, gone}
+    assert snap.health.errors_total == {}
+
+
+def test_versioned_fallbacks_and_a_missing_function_is_logged_once(make_sampler, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwatch.nvml")
+    stub = NvmlStub([StubGpu(0), StubGpu(1)],
+                    missing=("nvmlDeviceGetCurrentClocksEventReasons",
+                             "nvmlDeviceGetMemoryInfo_v2"))
+    sampler, _store = make_sampler(stub)
+    for _ in range(3):
+        snap = sampler.tick()
+    for g in snap.gpus:
+        assert g.clock_event_reasons == 0x4  # from the older "throttle reasons" name
+        assert g.mem_used_bytes == 20 * GiB + 512 * 2**20  # v1: reserved counts as used
+    said = [r for r in caplog.records
+            if "nvmlDeviceGetCurrentClocksEventReasons" in r.getMessage()]
+    assert len(said) == 1
+    assert stub.count("nvmlDeviceGetCurrentClocksEventReasons", 0) == 1
+    assert snap.health.errors_total == {}
+
+
+def test_a_failing_host_source_costs_only_the_host(make_sampler) -> None:
+    class BrokenHost:
+        def sample(self, t: float, gpu_pids: Collection[int]) -> HostSample:
+            raise RuntimeError("psutil exploded")
+
+    sampler, store = make_sampler(NvmlStub([StubGpu(0)]), host=BrokenHost())
+    snap = sampler.tick()
+    assert snap.host is None and snap.gpus[0].util == 0.75
+    assert store.latest().health.errors_total == {"host": 1}
+    assert store.latest().health.last_success_time is None
+
+
+def test_default_host_layer_is_used_when_none_given() -> None:
+    sampler = Sampler(Store(), nvml_module=NvmlStub(init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    try:
+        snap = sampler.tick()
+        assert snap.host is not None and snap.host.mem_total_bytes
+    finally:
+        sampler.stop()
+
+
+def test_start_ticks_in_background_and_stop_ends_every_thread(make_sampler) -> None:
+    stub = NvmlStub([StubGpu(0), StubGpu(1)])
+    sampler, store = make_sampler(stub, interval=0.1)
+    sampler.start()
+    wait_for(lambda: store.latest().health.ticks_total >= 3, "three ticks")
+    sampler.stop()
+    ours = [t for t in threading.enumerate() if t.name.startswith(("gpuwatch-gpu",
+                                                                     "gpuwatch-xid",
+                                                                     "gpuwatch-sampler"))]
+    assert ours == []
+    assert stub.shutdowns == 1
+    ticks = store.latest().health.ticks_total
+    time.sleep(0.3)
+    assert store.latest().health.ticks_total == ticks
+
+
+@pytest.mark.parametrize("interval", [0.05, 61.0])
+def test_interval_out_of_range_is_refused(interval: float) -> None:
+    with pytest.raises(ValueError, match="interval"):
+        Sampler(Store(), interval=interval, nvml_module=NvmlStub(), host=FakeHost())
+
+
+def test_snapshot_is_what_the_store_serves(make_sampler) -> None:
+    sampler, store = make_sampler(NvmlStub([StubGpu(0)]))
+    seen: list[Any] = []
+    store.subscribe(seen.append)
+    snap = sampler.tick()
+    assert isinstance(snap, Snapshot)
+    assert store.latest().gpus == snap.gpus and store.latest().infos == sampler.infos
+    assert [type(s).__name__ for s in seen] == ["GpuSample", "HostSample"]
