@@ -117,7 +117,6 @@ class Daemon:
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> None:
         self._start_time = time.monotonic()
-        self.store.subscribe(self._saw_sample)
         collector = GpuwatchCollector(self.store.latest)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
@@ -127,6 +126,7 @@ class Daemon:
                                    description=self._description())
             # bind before starting anything, so a port in use fails fast and alone
             self.http.bind()
+        self.store.subscribe(self._saw_sample)
         try:
             self._start_source()
             if self.replay is None:

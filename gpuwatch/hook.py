@@ -24,6 +24,10 @@ wrappers call the original with the original arguments and return its result).
 This is the only gpuwatch module that imports torch.
 """
 
+# The hook runs inside the user's training process: every hook body catches everything
+# (and counts it) so that no error of gpuwatch's reaches user code.
+# ruff: noqa: BLE001, S110
+
 from __future__ import annotations
 
 import atexit
@@ -35,7 +39,8 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.utils.checkpoint
@@ -85,7 +90,7 @@ def _is_oom(exc: BaseException) -> bool:
 class _Flags:
     """Skip flags of one iteration that are still tensors (a fused optimizer's found_inf)."""
 
-    __slots__ = ("tensors", "submitted")
+    __slots__ = ("submitted", "tensors")
 
     def __init__(self, tensors: list[Any]) -> None:
         self.tensors = tensors
@@ -193,14 +198,18 @@ class _Hook:
     def _loop(self) -> None:
         stop = self.stop
         while not stop.wait(REPORT_INTERVAL):
-            try:
-                self.report()
-            except Exception:  # never let the reporter die of a bug: count it
-                self.fault()
+            self.report()
 
     def report(self, final: bool = False) -> None:
+        """Send what is new (the reporting thread calls this; so does the exit)."""
         with self.report_lock:
+            self._guarded_report(final)
+
+    def _guarded_report(self, final: bool) -> None:
+        try:
             self._report(final)
+        except Exception:  # never let a bug of ours kill the reporter or the exit: count it
+            self.fault()
 
     def _report(self, final: bool) -> None:
         pending = self.pending
@@ -457,11 +466,11 @@ class _Hook:
         # the reporter may be stuck (e.g. in a device call): then report without its lock
         if self.report_lock.acquire(timeout=1.0):
             try:
-                self._report(final=True)
+                self._guarded_report(final=True)
             finally:
                 self.report_lock.release()
         else:
-            self._report(final=True)
+            self._guarded_report(final=True)
 
 
 # -- the wrappers (module level, so detach() can find and restore them) --------------------

@@ -85,9 +85,9 @@ class HostSampler:
             load1=load[0] if load else None,
             load5=load[1] if load else None,
             load15=load[2] if load else None,
-            # used = total - available: what the kernel would have to reclaim, which is
-            # what matters for pressure (psutil's `used` leaves out reclaimable caches
-            # differently per kernel)
+            # used = total - available: memory that can't be had back without swapping,
+            # which is what pressure means (psutil's own `used` counts caches differently
+            # from one kernel version to the next)
             mem_used_bytes=(vm.total - vm.available) if vm else None,
             mem_total_bytes=vm.total if vm else None,
             swap_used_bytes=swap.used if swap else None,

@@ -136,6 +136,8 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = f"gpuwatch/{__version__}"
     protocol_version = "HTTP/1.1"
+    # an idle keep-alive connection gives its thread back after this long
+    timeout = 120
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]

@@ -345,7 +345,10 @@ class NvmlGpu:
             out["mem_util"] = u.memory / 100.0
         mem = self._memory()
         if mem is not None:
-            out["mem_used_bytes"] = int(mem.used)
+            # "used" is what a job can no longer allocate: v2's used excludes the driver's
+            # reserved memory, v1's includes it, so report total - free on both (the
+            # recordings and older tools read it that way)
+            out["mem_used_bytes"] = int(mem.total) - int(mem.free)
             out["mem_total_bytes"] = int(mem.total)
         power = c("nvmlDeviceGetPowerUsage", h)
         if power is not None:

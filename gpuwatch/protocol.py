@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 60_000  # well under the Unix datagram default limit (~208 KB)

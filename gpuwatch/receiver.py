@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import socket
 import stat
 import struct
@@ -59,7 +60,7 @@ def _norm_uuid(uuid: str | None) -> str | None:
     if not uuid:
         return None
     u = uuid.lower()
-    return u[4:] if u.startswith("gpu-") else u
+    return u.removeprefix("gpu-")
 
 
 def _check_stale(path: str) -> None:
@@ -96,6 +97,7 @@ class HookReceiver:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._recv_lock = threading.Lock()
         self._jobs: dict[int, _Job] = {}
         self._passcred = False
         self._gpu_by_uuid: dict[str, int] = {}
@@ -124,7 +126,6 @@ class HookReceiver:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
             except OSError:
                 pass
-            sock.settimeout(0.5)
         except BaseException:
             sock.close()
             raise
@@ -165,28 +166,58 @@ class HookReceiver:
         with self._lock:
             return [j.stats for j in self._jobs.values()]
 
+    def flush(self) -> int:
+        """Handle every datagram already queued on the socket now; how many there were.
+
+        The launcher calls this once its job has exited, so that the job's last reports
+        are in the store before the summary and before a recording is closed."""
+        n = self._drain() if self._sock is not None else 0
+        self._sweep(time.monotonic())
+        return n
+
+    def reap(self) -> None:
+        """Mark every job whose process is gone as vanished now, without waiting for
+        ``vanish_after`` (the launcher knows its job has ended)."""
+        self._sweep(time.monotonic(), vanish_after=0.0)
+
     # -- the loop ------------------------------------------------------------------------
     def _run(self) -> None:
         sock = self._sock
         assert sock is not None
-        space = socket.CMSG_SPACE(_CREDS.size) if self._passcred else 0
         while not self._stop.is_set():
             try:
-                data, anc, flags, _ = sock.recvmsg(_RECV_BUFFER, space)
-            except socket.timeout:
-                data = None
-            except OSError as err:
+                readable, _, _ = select.select([sock], [], [], 0.5)
+            except (OSError, ValueError):
                 if self._stop.is_set():
                     return
-                log.warning("hook socket receive failed: %s", err)
                 time.sleep(0.1)
-                data = None
-            if data is not None:
-                self._handle(data, anc, flags)
+                continue
+            if readable:
+                self._drain()
             now = time.monotonic()
             if now - self._last_sweep >= 0.5:
                 self._last_sweep = now
                 self._sweep(now)
+
+    def _drain(self, limit: int = 1000) -> int:
+        sock = self._sock
+        if sock is None:
+            return 0
+        space = socket.CMSG_SPACE(_CREDS.size) if self._passcred else 0
+        n = 0
+        with self._recv_lock:
+            while n < limit:
+                try:
+                    data, anc, flags, _ = sock.recvmsg(_RECV_BUFFER, space, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as err:
+                    if not self._stop.is_set():
+                        log.warning("hook socket receive failed: %s", err)
+                    break
+                n += 1
+                self._handle(data, anc, flags)
+        return n
 
     def _handle(self, data: bytes, anc: list, flags: int) -> None:
         if flags & getattr(socket, "MSG_TRUNC", 0) or len(data) > protocol.MAX_DATAGRAM_BYTES:
@@ -271,14 +302,15 @@ class HookReceiver:
             self.store.set_config(ConfigSample(t=r.t, pid=pid, rank=r.rank, values=r.config))
         self.store.set_job(stats)
 
-    def _sweep(self, now: float) -> None:
+    def _sweep(self, now: float, vanish_after: float | None = None) -> None:
         """Mark silent jobs whose process is gone; forget long-dead ones."""
+        silent = self.vanish_after if vanish_after is None else vanish_after
         vanished: list[JobStats] = []
         forget: list[int] = []
         with self._lock:
             for pid, job in list(self._jobs.items()):
                 if job.stats.alive:
-                    if now - job.last_seen >= self.vanish_after and _pid_gone(pid):
+                    if now - job.last_seen >= silent and _pid_gone(pid):
                         job.stats = replace(job.stats, alive=False, exit_reason="vanished")
                         job.dead_since = now
                         vanished.append(job.stats)

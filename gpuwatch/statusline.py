@@ -18,6 +18,7 @@ log), each update is a plain line of its own.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -28,6 +29,8 @@ from typing import Any, TextIO
 import psutil
 
 from gpuwatch.samples import JobStats, Snapshot
+
+log = logging.getLogger(__name__)
 
 GiB = 1024**3
 
@@ -203,7 +206,7 @@ class StatusLine:
         if self.advice is not None:
             try:
                 advice = _advice_text(self.advice())
-            except Exception:  # the status line goes on without advice
+            except Exception:  # noqa: BLE001 - the status line goes on without advice
                 advice = None
         cores = self.cpu.cores() if self.cpu is not None else None
         return format_status(self.snapshot(), self.jobs(), cores, advice)
@@ -226,7 +229,7 @@ class StatusLine:
             try:
                 self.draw()
             except Exception:  # a status line must never take the job down
-                continue
+                log.debug("status line failed", exc_info=True)
 
     # -- the terminal ------------------------------------------------------------------------
     def _write(self, text: str) -> None:

@@ -467,3 +467,14 @@ def test_run_record_writes_a_trace_while_serving(gpuwatch_daemon, tmp_path):
     assert hosts and all(h["mem_total_bytes"] > 0 for h in hosts)
     times = [line["t"] for line in lines[1:]]
     assert times == sorted(times)
+
+
+@needs_replay
+def test_replay_of_a_broken_recording_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind":"meta","format":"gpuwatch-trace/1"}\n'
+                   '{"t":1,"kind":"gpu","gpu":0,"util":7}\n')
+    result = run_gpuwatch(["run", "--replay", str(bad), "--web.listen-address", "127.0.0.1:0"],
+                          tmp_path)
+    assert result.returncode == 2
+    assert f"{bad}:2:" in result.stderr and "util" in result.stderr

@@ -94,7 +94,8 @@ def test_healthy_gpu_every_field_published(make_sampler) -> None:
     assert store.latest() is not None and store.latest().t == first.t
     g = store.latest().gpus[0]
     assert (g.util, g.mem_util) == (0.75, 0.30)
-    assert g.mem_used_bytes == 20 * GiB  # v2: reserved memory is not "used"
+    # what can no longer be allocated: v2's used plus the driver's reserved memory
+    assert g.mem_used_bytes == 20 * GiB + stub.gpus[0].mem_reserved
     assert g.mem_total_bytes == 80 * GiB
     assert (g.power_watts, g.power_limit_watts) == (312.5, 700.0)
     assert g.temp_celsius == 61.0

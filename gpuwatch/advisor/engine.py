@@ -42,7 +42,7 @@ class _Ctx:
         self.res = frame.res
         self.cache: dict[tuple[str, str, float], Any] = {}
         self.locals: dict[str, Any] = {}
-        self.stale = max(1, int(math.ceil(STALE_SECONDS / frame.res)))
+        self.stale = max(1, math.ceil(STALE_SECONDS / frame.res))
 
     def window(self, fn: str, name: str, seconds: float) -> Any:
         key = (fn, name, seconds)
@@ -65,7 +65,7 @@ class _Ctx:
         ring = table.rings.get(name)
         if ring is None:
             return None
-        n = max(1, int(round(seconds / self.res)))
+        n = max(1, round(seconds / self.res))
         # a window reaching back before the GPU was first seen is incomplete: say nothing
         # rather than judge a few seconds as if they were the whole window
         if self.end - self.subj.first < n and fn not in _PARTIAL_OK:
@@ -317,7 +317,7 @@ class Engine:
 def _round(v: float) -> float:
     if v == 0 or not math.isfinite(v):
         return float(v)
-    digits = 4 - int(math.floor(math.log10(abs(v))))
+    digits = 4 - math.floor(math.log10(abs(v)))
     return float(round(v, max(0, digits)))
 
 

@@ -21,12 +21,19 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 __all__ = [
-    "ExprError", "Node", "parse", "compile_expr", "WINDOW_FUNCTIONS", "SCALAR_FUNCTIONS",
-    "parse_duration", "Context",
+    "SCALAR_FUNCTIONS",
+    "WINDOW_FUNCTIONS",
+    "Context",
+    "ExprError",
+    "Node",
+    "compile_expr",
+    "parse",
+    "parse_duration",
 ]
 
 
@@ -79,9 +86,7 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)\s*$")
 
 def parse_duration(value: Any) -> float:
     """``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"`` or a number of seconds → seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration like 30s or 5m, got {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         if value < 0 or math.isnan(value) or math.isinf(value):
             raise ValueError(f"a duration must be a finite number >= 0, got {value!r}")
         return float(value)
@@ -124,11 +129,11 @@ def _tokenize(text: str) -> list[_Tok]:
     toks: list[_Tok] = []
     pos = 0
     while pos < len(text):
+        if text.startswith("**", pos):
+            raise ExprError("'**' is not supported: write x * x", pos)
         m = _TOKEN_RE.match(text, pos)
         if m is None:
             ch = text[pos]
-            if text.startswith("**", pos):
-                raise ExprError("'**' is not supported: write x * x", pos)
             if text.startswith("!", pos):
                 raise ExprError("'!' is not an operator: write 'not'", pos)
             if ch in "&|":
@@ -492,7 +497,7 @@ def _compare(op: str, left: Compiled, right: Compiled) -> Compiled:
 def _pow2floor(x: float) -> float | None:
     if x < 1:
         return None
-    return float(2 ** int(math.floor(math.log2(x))))
+    return float(2 ** math.floor(math.log2(x)))
 
 
 def _call(name: str, fs: list[Compiled]) -> Compiled:

@@ -13,9 +13,10 @@ import importlib.resources
 import math
 import os
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import yaml
 
@@ -103,7 +104,7 @@ def format_value(v: Any, spec: str = "") -> str:
         return human_bytes(v)
     if spec == "int" or (spec.endswith("d") and spec):
         try:
-            return format(int(round(v)), "d" if spec == "int" else spec)
+            return format(round(v), "d" if spec == "int" else spec)
         except (ValueError, OverflowError):
             return str(v)
     if not spec:
@@ -125,7 +126,7 @@ def human_bytes(v: float) -> str:
 
 def parse_template(text: str) -> Template:
     if not isinstance(text, str):
-        raise ValueError(f"expected text, got {type(text).__name__}")
+        raise TypeError(f"expected text, got {type(text).__name__}")
     parts: list[tuple[str, str | None, str]] = []
     lit: list[str] = []
     pos = 0
@@ -203,9 +204,7 @@ class Rule:
             return True
         if self.arch_min is not None and cc < self.arch_min - 1e-9:
             return False
-        if self.arch_max is not None and cc > self.arch_max + 1e-9:
-            return False
-        return True
+        return not (self.arch_max is not None and cc > self.arch_max + 1e-09)
 
 
 @dataclass
@@ -246,8 +245,17 @@ def _value_line(node: yaml.Node) -> int:
     return line
 
 
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map",
+                                                   "seq", "timestamp")}
+
+
 def _construct(loader: yaml.SafeLoader, node: yaml.Node,
                problems: list[tuple[int | None, str]]) -> Any:
+    if node.tag not in _PLAIN_TAGS:
+        # data only: a tag asking for an object is refused, never constructed
+        problems.append((node.start_mark.line + 1, f"YAML tag {node.tag!r} is not allowed "
+                         "in a rule file"))
+        return None
     if isinstance(node, yaml.MappingNode):
         d = _Map()
         d.line = node.start_mark.line + 1
@@ -327,7 +335,7 @@ class _FileChecker:
     def template(self, text: Any, line: int, where: str, names: set[str]) -> Template | None:
         try:
             tpl = parse_template(text)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:
             self.bad(line, f"{where}: {err}")
             return None
         unknown = sorted(tpl.names() - names - _TEMPLATE_BUILTINS)
@@ -654,13 +662,13 @@ def load_rules(dirs: Sequence[str] = (), *, builtin: bool = True,
     first_seen: dict[str, tuple[str, int]] = {}
     declared: set[str] = set()  # ids of rules with problems too: no second complaint
     for path, text in sources:
-        rules, problems, id_lines = parse_rule_file(path, text)
+        _, problems, id_lines = parse_rule_file(path, text)
         declared |= _declared_ids(text)
         for rule, line in id_lines:
             if rule.id in first_seen:
                 fpath, fline = first_seen[rule.id]
-                problems.append((line, f"duplicate rule id {rule.id!r} (first in "
-                                 f"{fpath}:{fline})"))
+                problems.append((line, (f"duplicate rule id {rule.id!r} (first in "
+                                 f"{fpath}:{fline})")))
                 continue
             first_seen[rule.id] = (path, line)
             all_rules.append(rule)
@@ -673,8 +681,8 @@ def load_rules(dirs: Sequence[str] = (), *, builtin: bool = True,
                 near = difflib.get_close_matches(sid, sorted(known), n=1)
                 hint = f" (did you mean {near[0]}?)" if near else ""
                 failures.setdefault(rule.file, []).append(
-                    (rule.line, f"rule {rule.id!r}: suppressed_by names unknown rule {sid!r}"
-                     f"{hint}"))
+                    (rule.line, (f"rule {rule.id!r}: suppressed_by names unknown rule {sid!r}"
+                     f"{hint}")))
     ordered, cycle = _order(all_rules)
     if cycle:
         failures.setdefault(cycle[0].file, []).append(

@@ -16,8 +16,9 @@ however long the recording.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 # NVML clock event reason bits (nvmlClocksEventReason* in nvml.h)
 _SW_POWER_CAP = 0x4
@@ -79,50 +80,50 @@ def _defs() -> dict[str, SignalDef]:
         ("gpu_process_mem_bytes", "gpu", "bytes", "mean",
          "memory the GPU's processes hold, summed", True),
         ("xid_errors_total", "gpu", "count", "counter", "XID errors seen, all codes", True),
-        ("clock_power_capped", "gpu", "0/1", "mean", "clocks held down by the power cap "
-         "(mean over a window: fraction of time)", True),
-        ("clock_thermal", "gpu", "0/1", "mean", "clocks held down for temperature "
-         "(sw or hw thermal slowdown)", True),
-        ("clock_hw_slowdown", "gpu", "0/1", "mean", "hardware slowdown or power brake "
-         "(power supply, cooling)", True),
+        ("clock_power_capped", "gpu", "0/1", "mean", ("clocks held down by the power cap "
+         "(mean over a window: fraction of time)"), True),
+        ("clock_thermal", "gpu", "0/1", "mean", ("clocks held down for temperature "
+         "(sw or hw thermal slowdown)"), True),
+        ("clock_hw_slowdown", "gpu", "0/1", "mean", ("hardware slowdown or power brake "
+         "(power supply, cooling)"), True),
         ("gpu_lost", "gpu", "0/1", "last", "the GPU fell off the bus", True),
         # host
         ("cpu_util", "host", "ratio", "mean", "host CPU busy, all cores", False),
         ("load1", "host", "tasks", "mean", "1-minute load average", False),
         ("load5", "host", "tasks", "mean", "5-minute load average", False),
-        ("host_mem_used_bytes", "host", "bytes", "mean", "host memory used (trace: host "
-         "line mem_used_bytes)", False),
+        ("host_mem_used_bytes", "host", "bytes", "mean", ("host memory used (trace: host "
+         "line mem_used_bytes)"), False),
         ("host_mem_total_bytes", "host", "bytes", "last", "host memory size", False),
         ("swap_used_bytes", "host", "bytes", "mean", "swap used", False),
-        ("job_cpu_cores", "host", "cores", "mean", "CPU cores busy in the job's process "
-         "trees (1.6 = 160 %)", False),
+        ("job_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the job's process "
+         "trees (1.6 = 160 %)"), False),
         ("job_processes", "host", "count", "mean", "processes in the job's trees", False),
         ("job_rss_bytes", "host", "bytes", "mean", "summed RSS of the job's trees", False),
-        ("job_main_cpu_cores", "host", "cores", "mean", "CPU cores busy in the job's main "
-         "process(es) alone (optional field)", False),
-        ("job_workers_cpu_cores", "host", "cores", "mean", "CPU cores busy in the main "
-         "processes' children (optional field)", False),
+        ("job_main_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the job's main "
+         "process(es) alone (optional field)"), False),
+        ("job_workers_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the main "
+         "processes' children (optional field)"), False),
         # derived, host
         ("cpu_free_cores", "host", "cores", "mean", "host_cpus x (1 - cpu_util)", True),
         ("load_per_cpu", "host", "ratio", "mean", "load1 / host_cpus", True),
         ("host_mem_used_ratio", "host", "ratio", "mean", "host memory used / total", True),
-        ("job_main_processes", "host", "count", "mean", "processes using a GPU (the job "
-         "roots: one per rank)", True),
-        ("job_workers", "host", "count", "mean", "job processes that are not GPU users: "
-         "DataLoader workers (job_processes - job_main_processes)", True),
-        ("main_cpu_cores", "host", "cores", "mean", "job_main_cpu_cores per main process; "
-         "without the split, min(job_cpu_cores, mains) / mains", True),
-        ("workers_cpu_cores", "host", "cores", "mean", "job_workers_cpu_cores; without the "
-         "split, job_cpu_cores minus the mains' estimate", True),
-        ("main_busy_ratio", "host", "ratio", "mean", "how busy each main process is "
-         "(1 = one core pegged)", True),
-        ("workers_busy_ratio", "host", "ratio", "mean", "how busy each worker is on average "
-         "(1 = every worker pegs a core)", True),
+        ("job_main_processes", "host", "count", "mean", ("processes using a GPU (the job "
+         "roots: one per rank)"), True),
+        ("job_workers", "host", "count", "mean", ("job processes that are not GPU users: "
+         "DataLoader workers (job_processes - job_main_processes)"), True),
+        ("main_cpu_cores", "host", "cores", "mean", ("job_main_cpu_cores per main process; "
+         "without the split, min(job_cpu_cores, mains) / mains"), True),
+        ("workers_cpu_cores", "host", "cores", "mean", ("job_workers_cpu_cores; without the "
+         "split, job_cpu_cores minus the mains' estimate"), True),
+        ("main_busy_ratio", "host", "ratio", "mean", ("how busy each main process is "
+         "(1 = one core pegged)"), True),
+        ("workers_busy_ratio", "host", "ratio", "mean", ("how busy each worker is on average "
+         "(1 = every worker pegs a core)"), True),
         # hook: step lines (per job, mapped to its GPU)
-        ("step_seconds", "job", "seconds", "mean", "wall time of one iteration (mean: per "
-         "step)", False),
-        ("data_wait_seconds", "job", "seconds", "mean", "time blocked in the DataLoader per "
-         "step", False),
+        ("step_seconds", "job", "seconds", "mean", ("wall time of one iteration (mean: per "
+         "step)"), False),
+        ("data_wait_seconds", "job", "seconds", "mean", ("time blocked in the DataLoader per "
+         "step"), False),
         ("batch_size", "job", "samples", "last", "samples per step (step or config line)", False),
         ("loss_scale", "job", "scale", "last", "GradScaler scale (fp16 only)", False),
         ("loss", "job", "loss", "mean", "training loss", False),
@@ -130,14 +131,14 @@ def _defs() -> dict[str, SignalDef]:
         ("mem_reserved_bytes", "job", "bytes", "last", "torch caching allocator reserved", False),
         ("max_mem_allocated_bytes", "job", "bytes", "last", "torch peak allocated", False),
         # derived, hook
-        ("data_wait_ratio", "job", "ratio", "mean", "share of step time blocked on data "
-         "(window mean: total wait / total step time)", True),
+        ("data_wait_ratio", "job", "ratio", "mean", ("share of step time blocked on data "
+         "(window mean: total wait / total step time)"), True),
         ("step_rate", "job", "steps/s", "mean", "steps per second", True),
         ("samples_per_second", "job", "samples/s", "mean", "step_rate x batch_size", True),
-        ("skipped_ratio", "job", "ratio", "mean", "share of steps GradScaler skipped (or the "
-         "loss scale fell)", True),
-        ("act_mem_per_sample_bytes", "job", "bytes", "last", "activation memory per sample: "
-         "(max_mem_allocated - allocated at step end) / batch_size", True),
+        ("skipped_ratio", "job", "ratio", "mean", ("share of steps GradScaler skipped (or the "
+         "loss scale fell)"), True),
+        ("act_mem_per_sample_bytes", "job", "bytes", "last", ("activation memory per sample: "
+         "(max_mem_allocated - allocated at step end) / batch_size"), True),
         ("mem_reserved_ratio", "job", "ratio", "mean", "mem_reserved_bytes / mem_total_bytes",
          True),
         # hook: config facts (current value; windows don't apply)
@@ -145,8 +146,8 @@ def _defs() -> dict[str, SignalDef]:
         ("pin_memory", "config", "bool", "last", "DataLoader pin_memory", False),
         ("persistent_workers", "config", "bool", "last", "DataLoader persistent_workers", False),
         ("prefetch_factor", "config", "batches", "last", "DataLoader prefetch_factor", False),
-        ("autocast_dtype", "config", "text", "last", "autocast dtype ('bfloat16', 'float16'; "
-         "null when off)", False),
+        ("autocast_dtype", "config", "text", "last", ("autocast dtype ('bfloat16', 'float16'; "
+         "null when off)"), False),
         ("tf32", "config", "bool", "last", "TF32 matmuls allowed", False),
         ("cudnn_benchmark", "config", "bool", "last", "torch.backends.cudnn.benchmark", False),
         ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),
@@ -156,12 +157,12 @@ def _defs() -> dict[str, SignalDef]:
         ("world_size", "config", "count", "last", "distributed world size", False),
         ("autocast", "config", "bool", "last", "autocast to a 16-bit type is on", True),
         # facts
-        ("compute_capability", "fact", "major.minor", "last", "the GPU's compute capability "
-         "as a number (8.6, 9.0)", False),
+        ("compute_capability", "fact", "major.minor", "last", ("the GPU's compute capability "
+         "as a number (8.6, 9.0)"), False),
         ("host_cpus", "fact", "cores", "last", "logical CPUs on the host", False),
         ("gpu_count", "fact", "count", "last", "GPUs seen on the host", False),
-        ("gpm", "fact", "0/1", "last", "whether GPM fields (sm_active, tensor_active...) are "
-         "measured on this GPU", False),
+        ("gpm", "fact", "0/1", "last", ("whether GPM fields (sm_active, tensor_active...) are "
+         "measured on this GPU"), False),
         ("hook", "fact", "0/1", "last", "whether the torch hook reports steps for this GPU's job",
          False),
     ]
@@ -196,7 +197,7 @@ def _get(obj: Any) -> Callable[[str], Any]:
 class Ring:
     """Bucket values of one signal, with prefix sums for O(1) weighted window means."""
 
-    __slots__ = ("base", "vals", "psum", "pw")
+    __slots__ = ("base", "psum", "pw", "vals")
 
     def __init__(self, base: int) -> None:
         self.base = base  # absolute bucket index of vals[0]
@@ -255,7 +256,7 @@ def _percentile(vals: list[float], q: float) -> float:
     if len(vals) == 1:
         return vals[0]
     pos = q * (len(vals) - 1)
-    lo = int(math.floor(pos))
+    lo = math.floor(pos)
     hi = min(lo + 1, len(vals) - 1)
     return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
 
@@ -308,7 +309,7 @@ def window_stat(ring: Ring, fn: str, end: int, n: int, res: float) -> float | No
 class _Acc:
     """The samples of one open bucket for one table: sums, counts and last values."""
 
-    __slots__ = ("s", "n", "last")
+    __slots__ = ("last", "n", "s")
 
     def __init__(self) -> None:
         self.s: dict[str, float] = {}
@@ -389,7 +390,7 @@ class Frame:
     def __init__(self, res: float, needed: Iterable[str], keep_seconds: float,
                  on_bucket: Callable[[int], None] | None = None) -> None:
         self.res = float(res)
-        self.keep = max(4, int(math.ceil(keep_seconds / self.res)) + 2)
+        self.keep = max(4, math.ceil(keep_seconds / self.res) + 2)
         self.needed = set(needed) | _dependencies(set(needed))
         self.on_bucket = on_bucket
         self.idx: int | None = None  # the open bucket
@@ -482,9 +483,9 @@ class Frame:
             v = get(f)
             if v is not None:
                 acc.add(f, float(v))
-        if self._gpm_needed and "gpm" not in subj.facts:
-            if any(get(f) is not None for f in _GPM_FIELDS):
-                subj.facts["gpm"] = 1.0
+        if self._gpm_needed and "gpm" not in subj.facts \
+                and any(get(f) is not None for f in _GPM_FIELDS):
+            subj.facts["gpm"] = 1.0
         reasons = get("clock_event_reasons")
         if reasons is not None:
             r = int(reasons)
@@ -525,9 +526,8 @@ class Frame:
         self._advance(get("t"))
         acc = self.host_acc
         per_core = get("cpu_util_per_core")
-        if per_core:
-            if "host_cpus" not in self.facts:
-                self.facts["host_cpus"] = float(len(per_core))
+        if per_core and "host_cpus" not in self.facts:
+            self.facts["host_cpus"] = float(len(per_core))
         cpu = get("cpu_util")
         if cpu is None and per_core:
             cpu = sum(per_core) / len(per_core)
@@ -628,7 +628,6 @@ class Frame:
 
     # -- closing a bucket ----------------------------------------------------------------
     def _close(self, idx: int) -> None:
-        res = self.res
         need = self.needed
         host = self.host_tables
         a = self.host_acc
@@ -837,7 +836,7 @@ def cc_text(cc: float | None) -> str | None:
     if cc is None:
         return None
     major = int(cc + 1e-9)
-    minor = int(round((cc - major) * 10))
+    minor = round((cc - major) * 10)
     return f"{major}.{minor}"
 
 
@@ -849,5 +848,15 @@ def arch_supports(cc: float | None) -> dict[str, bool | None]:
             "fp8": cc >= 8.9}
 
 
-__all__ = ["VOCABULARY", "SignalDef", "Frame", "Subject", "Ring", "window_stat", "cc_number",
-           "cc_text", "arch_supports", "CONFIG_KEYS"]
+__all__ = [
+    "CONFIG_KEYS",
+    "VOCABULARY",
+    "Frame",
+    "Ring",
+    "SignalDef",
+    "Subject",
+    "arch_supports",
+    "cc_number",
+    "cc_text",
+    "window_stat",
+]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -91,7 +90,7 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None) -> tup
 # -- a running daemon ------------------------------------------------------------------------
 def fetch_json(url: str, timeout: float = 10.0) -> Any:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - http(s) only
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return json.loads(resp.read().decode("utf-8"))
     except urllib.error.HTTPError as err:
         body = err.read().decode("utf-8", "replace")[:300]
@@ -100,7 +99,7 @@ def fetch_json(url: str, timeout: float = 10.0) -> Any:
         except (ValueError, AttributeError):
             pass
         raise UserError(f"{url} answered HTTP {err.code}: {body}") from err
-    except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as err:
+    except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise UserError(f"nothing answers at {url} ({reason}); is the daemon running "
                         "(gpuwatch run)? Or judge a recording with --replay FILE") from err

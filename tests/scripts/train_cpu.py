@@ -17,7 +17,7 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
+from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 p = argparse.ArgumentParser()
@@ -38,6 +38,8 @@ p.add_argument("--print-every", type=int, default=0, help="print a line every N 
 p.add_argument("--attach", action="store_true", help="call gpuwatch.torch.attach()")
 p.add_argument("--out", default=None, help="ground truth: one JSON line per iteration")
 p.add_argument("--result", default=None, help="the final parameters, to compare runs")
+p.add_argument("--count-sigint", default=None,
+               help="count SIGINTs into this file; the first one ends training cleanly")
 a = p.parse_args()
 
 if a.attach:
@@ -90,9 +92,22 @@ else:
 scaler = torch.amp.GradScaler("cpu", enabled=a.scaler != "none")
 loader = DataLoader(Synthetic(), batch_size=a.batch, num_workers=a.workers,
                     persistent_workers=a.workers > 0, shuffle=False)
-out = open(a.out, "w") if a.out else None
+stop_requested = []
+if a.count_sigint:
+    def on_sigint(_signum: int, _frame: object) -> None:
+        stop_requested.append(1)
+        with open(a.count_sigint, "w") as f:
+            f.write(str(len(stop_requested)))
+
+    signal.signal(signal.SIGINT, on_sigint)
+if a.out and a.dist:
+    a.out = f"{a.out}.{rank}"
+out = open(a.out, "w") if a.out else None  # noqa: SIM115 - closed at the end or by a crash
 it = iter(loader)
 for step in range(a.steps):
+    if stop_requested:
+        time.sleep(1.0)  # long enough for a duplicate SIGINT to land, if one were sent
+        break
     if step == a.crash_at and a.crash != "none":
         if out:
             out.flush()
@@ -123,7 +138,7 @@ for step in range(a.steps):
         time.sleep(a.step_ms / 1000.0)
     t2 = time.perf_counter()
     if out:
-        out.write(json.dumps({"t": time.time(), "kind": "step", "step": step, "rank": rank,
+        out.write(json.dumps({"t": time.time(), "kind": "step", "step": step, "rank": rank, "pid": os.getpid(),
                               "step_seconds": t2 - t0, "data_wait_seconds": t1 - t0,
                               "batch_size": a.batch, "skipped": bool(skipped),
                               "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})
@@ -136,4 +151,8 @@ if a.result:
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, a.result)
 if a.dist:
     dist.destroy_process_group()
-print(f"trained {a.steps} steps", file=sys.stderr)
+if "gpuwatch.hook" in sys.modules:  # attached, explicitly or by `gpuwatch run`
+    from gpuwatch import hook
+
+    print("gpuwatch-hook-stats " + json.dumps(hook.stats()), file=sys.stderr)
+print(f"trained {step + 1} steps", file=sys.stderr)

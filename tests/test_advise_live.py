@@ -1,0 +1,163 @@
+"""The advisor in the daemon: LiveAdvisor over a Store, its Prometheus series, its log
+lines and /api/advice; and `gpuwatch advise --url` against a real daemon."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuwatch.advisor import LiveAdvisor
+from gpuwatch.samples import GpuSample, HostSample, Snapshot, StepSample
+from gpuwatch.store import Store
+from gpuwatch.trace import meta_infos, read_trace
+from test_advise_support import DATA, ROOT, run_cli
+
+
+def play(store: Store, advisor: LiveAdvisor, name: str, every: int = 10) -> None:
+    """Publish a recording into the store tick by tick, evaluating as the daemon would."""
+    trace = read_trace(str(DATA / f"{name}.jsonl"))
+    infos = tuple(meta_infos(trace.meta).values())
+    gpus: dict[int, GpuSample] = {}
+    ticks = 0
+    for s in trace.samples:
+        if isinstance(s, StepSample):
+            store.add_steps([s])
+        elif isinstance(s, GpuSample):
+            gpus[s.gpu] = s
+        elif isinstance(s, HostSample):
+            store.publish(Snapshot(t=s.t, gpus=tuple(gpus.values()), infos=infos, host=s))
+            ticks += 1
+            if ticks % every == 0:
+                advisor.evaluate()
+    advisor.evaluate()
+
+
+def registry_for(advisor: LiveAdvisor) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(advisor.collector())
+    return reg
+
+
+def test_live_advice_is_exported_and_served(caplog):
+    store = Store()
+    advisor = LiveAdvisor(store, None)
+    with caplog.at_level(logging.INFO, logger="gpuwatch.advisor.live"):
+        play(store, advisor, "input_bound")
+    reg = registry_for(advisor)
+    labels = {"rule": "add-dataloader-workers", "gpu": "0", "severity": "warning"}
+    assert reg.get_sample_value("gpuwatch_advice_active", labels) == 1.0
+    start = reg.get_sample_value("gpuwatch_advice_start_timestamp_seconds", labels)
+    assert start is not None and start > 1.7e9
+    report = advisor.report_json()
+    assert [a["id"] for a in report["advice"]] == ["add-dataloader-workers"]
+    assert report["source"]["kind"] == "live"
+    started = [r for r in caplog.records if "advice started" in r.getMessage()]
+    assert len(started) == 1 and "add-dataloader-workers" in started[0].getMessage()
+
+
+def test_live_report_has_the_cli_json_shape():
+    store = Store()
+    advisor = LiveAdvisor(store, None)
+    play(store, advisor, "fp32")
+    live = advisor.report_json()
+    proc = run_cli("advise", "--replay", str(DATA / "fp32.jsonl"), "--format", "json")
+    offline = json.loads(proc.stdout)
+    assert set(live) == set(offline)
+    assert set(live["advice"][0]) == set(offline["advice"][0])
+    assert live["advice"][0]["id"] == offline["advice"][0]["id"] == "enable-mixed-precision"
+    assert live["gpus"] == offline["gpus"]
+
+
+def test_live_advice_ends_after_the_job_and_logs_once(caplog):
+    store = Store()
+    advisor = LiveAdvisor(store, None)
+    with caplog.at_level(logging.INFO, logger="gpuwatch.advisor.live"):
+        play(store, advisor, "small_batch")
+        # the job is gone: the GPU idles for a minute (longer than the rule's keep)
+        last = store.latest()
+        for i in range(1, 61):
+            t = last.t + i
+            g = GpuSample(t=t, gpu=0, util=0.0, mem_used_bytes=600_000_000,
+                          mem_total_bytes=150_754_820_096)
+            store.publish(Snapshot(t=t, gpus=(g,), infos=last.infos,
+                                   host=HostSample(t=t, cpu_util_per_core=(0.0,) * 16)))
+            if i % 5 == 0:
+                advisor.evaluate()
+    assert advisor.report_json()["advice"] == []
+    assert registry_for(advisor).get_sample_value(
+        "gpuwatch_advice_active", {"rule": "raise-batch-size", "gpu": "0",
+                                   "severity": "warning"}) is None
+    msgs = [r.getMessage() for r in caplog.records]
+    assert sum("advice started: raise-batch-size" in m for m in msgs) == 1
+    assert sum("advice ended: raise-batch-size" in m for m in msgs) == 1
+
+
+def test_evaluating_often_or_rarely_gives_the_same_advice():
+    verdicts = []
+    for every in (1, 7, 50):
+        store = Store()
+        advisor = LiveAdvisor(store, None)
+        play(store, advisor, "near_oom", every=every)
+        verdicts.append([a["id"] for a in advisor.report_json()["advice"]])
+    assert verdicts == [["enable-gradient-checkpointing"]] * 3
+
+
+def test_a_user_rule_directory_from_the_config(tmp_path):
+    (tmp_path / "r.yaml").write_text(
+        "rules:\n  - id: busy\n    title: busy\n    severity: info\n"
+        "    when: mean(util, 5s) > 0.9\n    message: busy\n    action: none\n")
+
+    class Config:
+        rules_dirs = (str(tmp_path),)
+    store = Store()
+    advisor = LiveAdvisor(store, Config())
+    play(store, advisor, "tuned")
+    assert "busy" in [a["id"] for a in advisor.report_json()["advice"]]
+
+
+def test_advise_url_reads_a_running_daemon():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "gpuwatch", "run", "--replay", str(DATA / "tuned.jsonl"),
+         "--web.listen-address", "127.0.0.1:0", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        line = daemon.stdout.readline()
+        assert "serving" in line, daemon.stderr.read()
+        url = line.split()[2].rsplit("/metrics", 1)[0]
+        proc = run_cli("advise", "--url", url, "--format", "json")
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["format"] == "gpuwatch-advice/1" and report["source"]["kind"] == "live"
+        text = run_cli("advise", "--url", url)
+        assert text.returncode == 0 and "live daemon" in text.stdout
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=10)
+
+
+def test_advise_url_with_nothing_listening_is_a_clear_error():
+    proc = run_cli("advise", "--url", "http://127.0.0.1:9")
+    assert proc.returncode == 2
+    assert "nothing answers at http://127.0.0.1:9" in proc.stderr
+
+
+@pytest.mark.parametrize("url", ["ftp://x", "localhost:9442"])
+def test_advise_url_must_be_http(url):
+    proc = run_cli("advise", "--url", url)
+    assert proc.returncode == 2 and "bad URL" in proc.stderr
+
+
+def test_stop_ends_the_thread():
+    advisor = LiveAdvisor(Store(), None, interval=0.1)
+    advisor.start()
+    time.sleep(0.3)
+    advisor.stop()
+    assert advisor._thread is None

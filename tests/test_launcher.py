@@ -1,0 +1,234 @@
+"""``gpuwatch run -- CMD``: exit codes, signals passed on, the status line, a port in use.
+
+All through the real command line in a subprocess; the terminal tests use a real pseudo
+terminal (``pty``), as a user's shell would give the command.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.receiver import HookReceiver
+from gpuwatch.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = str(REPO / "tests" / "scripts" / "train_cpu.py")
+RUN = [sys.executable, "-m", "gpuwatch", "run"]
+
+
+def wait_for(cond: Callable[[], object], what: str, deadline: float = 60.0) -> object:
+    """Poll until ``cond()`` is truthy (a readiness wait, not a timing assertion)."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def system() -> Iterator[tuple[Store, HookReceiver, dict[str, str]]]:
+    """A receiver playing the host's gpuwatch service, so a test sees the job's reports."""
+    d = Path(f"/tmp/gwl-{os.getpid()}-{time.monotonic_ns()}")
+    d.mkdir()
+    store = Store()
+    rec = HookReceiver(store, str(d / "hook.sock"))
+    rec.start()
+    yield store, rec, clean_env(GPUWATCH_SYSTEM_SOCKET=rec.socket_path)
+    rec.stop()
+    d.rmdir()
+
+
+def run_quiet(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*RUN, "--quiet", "--", *command], env=clean_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("script", "code"), [
+    ("exit 0", 0), ("exit 3", 3), ("kill -KILL $$", 128 + 9), ("kill -TERM $$", 128 + 15),
+])
+def test_exit_code_is_the_jobs(script: str, code: int) -> None:
+    assert run_quiet("sh", "-c", script).returncode == code
+
+
+def test_missing_command_exits_127() -> None:
+    run = run_quiet("no-such-command-gpuwatch-test")
+    assert run.returncode == 127
+    assert "command not found: no-such-command-gpuwatch-test" in run.stderr
+
+
+def _start_training(env: dict[str, str], *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([*RUN, "--quiet", "--", sys.executable, TRAIN, "--steps", "100000",
+                             "--workers", "1", "--step-ms", "20", *extra],
+                            env=env, cwd=REPO, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize(("sig", "code", "reason"), [
+    (signal.SIGTERM, 128 + 15, "vanished"),
+    (signal.SIGINT, 128 + 2, "interrupted"),
+])
+def test_signals_to_the_launcher_reach_the_job(system, sig: int, code: int, reason: str) -> None:
+    store, rec, env = system
+    launcher = _start_training(env)
+    try:
+        wait_for(lambda: store.latest().jobs, "the job's first report")
+        launcher.send_signal(sig)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert launcher.returncode == code, err
+    rec.flush()
+    rec.reap()
+    [job] = store.latest().jobs
+    assert not job.alive and job.exit_reason == reason
+
+
+def test_a_signal_is_passed_on_exactly_once(system, tmp_path: Path) -> None:
+    store, _, env = system
+    count = tmp_path / "sigints"
+    launcher = _start_training(env, "--count-sigint", str(count))
+    wait_for(lambda: store.latest().jobs, "the job's first report")
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, err  # the job handled it and finished cleanly
+    assert count.read_text() == "1"
+
+
+class Terminal:
+    """A command on a pseudo terminal of 24 rows and 160 columns, as its controlling tty."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the pty is its controlling terminal
+            os.chdir(REPO)
+            os.execvpe(argv[0], argv, env)
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))
+        self.output = b""
+
+    def read_until(self, cond: Callable[[bytes], bool], deadline: float = 60.0) -> None:
+        end = time.monotonic() + deadline
+        while not cond(self.output) and time.monotonic() < end:
+            if not self._read(0.1):
+                break
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if ready:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError as err:  # EIO: every process holding the pty has exited
+                if err.errno == errno.EIO:
+                    return False
+                raise
+            if not data:
+                return False
+            self.output += data
+        return True
+
+    def finish(self) -> int:
+        while self._read(0.5):
+            pass
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.fd)
+        return os.waitstatus_to_exitcode(status)
+
+
+def test_status_line_on_a_terminal_keeps_the_jobs_output_whole() -> None:
+    env = clean_env(GPUWATCH_STATUS_INTERVAL="0.2", TERM="xterm")
+    term = Terminal([*RUN, "--web.listen-address", "127.0.0.1:0", "--", sys.executable, TRAIN,
+                     "--steps", "150", "--workers", "1", "--step-ms", "15", "--scaler", "plain",
+                     "--inf-every", "10", "--print-every", "5"], env)
+    code = term.finish()
+    out = term.output.decode(errors="replace")
+    assert code == 0, out
+    # on by default on a terminal: drawn on the bottom row, outside the scroll region
+    assert "\x1b[1;23r" in out
+    bottom = re.findall(r"\x1b7\x1b\[24;1H\x1b\[7m(.*?)\x1b\[0m\x1b\[K\x1b8", out)
+    print(f"{len(bottom)} status redraws; the last: {bottom[-1] if bottom else None}")
+    live = [b for b in bottom if "steps" in b and "step " in b]
+    assert live, bottom
+    assert all(b.startswith("gpuwatch | CPU ") for b in bottom)
+    assert any("samples/s" in b and "data wait" in b and "skipped" in b for b in live)
+    # every line the job printed arrived whole: nothing of ours inside any of them
+    printed = re.findall(r"train step (\d+) loss \d+\.\d+ done\r\n", out)
+    assert [int(n) for n in printed] == list(range(0, 150, 5))
+    # at the end the scroll region is reset and the summary follows
+    assert "\x1b[r" in out
+    assert re.search(r"gpuwatch: job exited with code 0; 150 steps \(15 skipped\)", out)
+
+
+def test_ctrl_c_on_a_terminal_reaches_the_job_once(tmp_path: Path) -> None:
+    count = tmp_path / "sigints"
+    env = clean_env(TERM="xterm")
+    term = Terminal([*RUN, "--quiet", "--web.listen-address", "127.0.0.1:0", "--",
+                     sys.executable, TRAIN, "--steps", "100000", "--workers", "1",
+                     "--step-ms", "20", "--print-every", "5", "--count-sigint", str(count)], env)
+    term.read_until(lambda out: b"train step 5 " in out)
+    os.write(term.fd, b"\x03")  # the terminal sends SIGINT to job and launcher alike
+    assert term.finish() == 0, term.output.decode(errors="replace")
+    assert count.read_text() == "1"  # not twice: the launcher knew the terminal sent it
+
+
+def test_status_lines_into_a_pipe() -> None:
+    run = subprocess.run([*RUN, "--web.listen-address", "127.0.0.1:0", "--status", "--",
+                          sys.executable, TRAIN, "--steps", "100", "--workers", "1",
+                          "--step-ms", "15"],
+                         env=clean_env(GPUWATCH_STATUS_INTERVAL="0.2"), cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "\x1b" not in run.stderr  # no terminal controls where there is no terminal
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("gpuwatch | ")]
+    assert any(re.search(r"\d+ steps \| step [\d.]+ ms \| data wait \d+% \| [\d.]+ samples/s",
+                         ln) for ln in lines), lines
+    assert "gpuwatch: job exited with code 0; 100 steps" in run.stderr
+
+
+def test_quiet_means_no_status_line() -> None:
+    run = subprocess.run([*RUN, "--web.listen-address", "127.0.0.1:0", "--quiet", "--",
+                          sys.executable, "-c", "print('job output')"],
+                         env=clean_env(GPUWATCH_STATUS_INTERVAL="0.1"), cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0
+    assert run.stdout == "job output\n"
+    assert "gpuwatch |" not in run.stderr and "gpuwatch: job exited" not in run.stderr
+
+
+def test_a_port_in_use_moves_the_jobs_metrics_elsewhere() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([*RUN, "--web.listen-address", f"127.0.0.1:{port}", "--status", "--",
+                              sys.executable, "-c", "print('ran')"], env=clean_env(), cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "ran\n"
+    notes = re.findall(rf"127\.0\.0\.1:{port} is in use; serving this job's metrics on "
+                       r"http://127\.0\.0\.1:(\d+)/metrics instead", run.stderr)
+    assert len(notes) == 1 and int(notes[0]) != port

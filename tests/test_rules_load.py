@@ -1,0 +1,173 @@
+"""Rule files: every kind of bad file is refused at load, all problems in one message with
+file and line, through the CLI (exit 2) and the loader."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.advisor.rules import RuleFileError, load_rules
+from gpuwatch.errors import FileFormatError
+from test_advise_support import DATA, run_cli
+
+GOOD = """\
+rules:
+  - id: my-rule
+    title: something
+    severity: info
+    when: mean(util, 30s) < 0.5
+    message: util is {u:.0%}
+    evidence:
+      u: mean(util, 30s)
+    action: do something
+"""
+
+
+def load_text(text: str, name: str = "mine.yaml") -> None:
+    load_rules(builtin=False, files=[(name, textwrap.dedent(text))])
+
+
+def problems(text: str) -> str:
+    with pytest.raises(FileFormatError) as err:
+        load_text(text)
+    return str(err.value)
+
+
+def test_builtin_rules_load_and_have_the_six_ids():
+    ids = {r.id for r in load_rules().rules}
+    assert {"raise-batch-size", "add-dataloader-workers", "enable-gradient-checkpointing",
+            "enable-mixed-precision", "loss-scale-collapse", "gpu-idle"} <= ids
+
+
+def test_a_good_user_rule_loads():
+    rules = load_rules(builtin=False, files=[("mine.yaml", GOOD)]).rules
+    assert [r.id for r in rules] == ["my-rule"]
+
+
+def test_unknown_signal_names_file_and_line():
+    msg = problems(GOOD.replace("mean(util, 30s) < 0.5", "mean(utilization, 30s) < 0.5"))
+    assert "mine.yaml:5:" in msg and "unknown signal 'utilization'" in msg
+
+
+def test_bad_expression_syntax():
+    msg = problems(GOOD.replace("mean(util, 30s) < 0.5", "mean(util, 30s) <"))
+    assert "mine.yaml:5:" in msg and "expected a value" in msg
+
+
+def test_bad_severity():
+    msg = problems(GOOD.replace("severity: info", "severity: urgent"))
+    assert "mine.yaml:4:" in msg and "severity must be one of info, warning, critical" in msg
+
+
+def test_missing_fields():
+    msg = problems("rules:\n  - id: bare\n    title: t\n")
+    for field in ("severity", "when", "message", "action"):
+        assert f"missing {field}" in msg
+    assert "mine.yaml:2:" in msg
+
+
+def test_duplicate_id_in_one_file_and_against_builtin():
+    twice = GOOD + GOOD.split("rules:\n", 1)[1]
+    msg = problems(twice)
+    assert "duplicate rule id 'my-rule'" in msg and "mine.yaml:10:" in msg
+    with pytest.raises(FileFormatError) as err:
+        load_rules(files=[("mine.yaml", GOOD.replace("my-rule", "gpu-idle"))])
+    assert "duplicate rule id 'gpu-idle' (first in rules/training.yaml" in str(err.value)
+
+
+@pytest.mark.parametrize("when,needle", [
+    ("open('/etc/passwd')", "function 'open' is not allowed"),
+    ("util.__class__", "attribute access"),
+    ("__builtins__", "names starting with '_'"),
+    ("util[0] > 1", "indexing"),
+    ("exec('x')", "function 'exec' is not allowed"),
+])
+def test_code_is_rejected_at_load(when, needle):
+    msg = problems(GOOD.replace("mean(util, 30s) < 0.5", f'"{when}"'))
+    assert needle in msg and "mine.yaml:5:" in msg
+
+
+def test_templates_cannot_reach_attributes_or_unknown_names():
+    msg = problems(GOOD.replace("util is {u:.0%}", '"util {u.__class__}"'))
+    assert "plain name" in msg
+    msg = problems(GOOD.replace("util is {u:.0%}", "util is {v}"))
+    assert "unknown placeholder {v}" in msg
+
+
+def test_all_problems_of_a_file_in_one_message_sorted_by_line():
+    bad = GOOD.replace("severity: info", "severity: loud").replace(
+        "mean(util, 30s) < 0.5", "mean(utl, 30s) < 0.5").replace("title: something",
+                                                                  "title: something\n    colour: red")
+    msg = problems(bad)
+    lines = msg.splitlines()
+    assert len(lines) == 3
+    assert "unknown key 'colour'" in lines[0] and "severity" in lines[1] and "utl" in lines[2]
+
+
+def test_bad_values_and_structure():
+    msg = problems(GOOD.replace("action: do something",
+                                "action: do something\n    for: soon\n    confidence: 2\n"
+                                "    arch: {min: banana}\n    scope: cluster\n"
+                                "    suppressed_by: [no-such-rule]"))
+    assert "for: expected a duration" in msg
+    assert "confidence must be between 0 and 1" in msg
+    assert "expected a compute capability" in msg
+    assert "scope must be gpu or host" in msg
+    msg = problems(GOOD.replace("action: do something",
+                                "action: do something\n    suppressed_by: [no-such-rule]"))
+    assert "suppressed_by names unknown rule 'no-such-rule'" in msg
+
+
+def test_host_rule_cannot_read_gpu_signals():
+    msg = problems(GOOD.replace("severity: info", "severity: info\n    scope: host"))
+    assert "a host rule cannot read per-GPU signals (util)" in msg
+
+
+def test_suppression_cycle():
+    a = GOOD.replace("action: do something", "action: x\n    suppressed_by: [other]")
+    b = a.split("rules:\n", 1)[1].replace("my-rule", "other").replace("[other]", "[my-rule]")
+    msg = problems(a + b)
+    assert "goes round in a circle" in msg
+
+
+def test_not_yaml_and_yaml_tags_are_refused():
+    msg = problems("rules:\n  - id: x\n   bad: [\n")
+    assert "not valid YAML" in msg
+    msg = problems("rules:\n  - !!python/object/apply:os.system ['echo hi']\n")
+    assert "mine.yaml:2: YAML tag 'tag:yaml.org,2002:python/object/apply:os.system' is not " \
+        "allowed" in msg
+
+
+def test_problems_in_several_files_are_all_reported(tmp_path: Path):
+    (tmp_path / "a.yaml").write_text(GOOD.replace("severity: info", "severity: meh"))
+    (tmp_path / "b.yaml").write_text(GOOD.replace("my-rule", "rule-b").replace(
+        "mean(util, 30s)", "mean(nope, 30s)"))
+    with pytest.raises(RuleFileError) as err:
+        load_rules([str(tmp_path)], builtin=False)
+    msg = str(err.value)
+    assert f"{tmp_path / 'a.yaml'}:4:" in msg and f"{tmp_path / 'b.yaml'}:5:" in msg
+
+
+def test_cli_exits_2_with_the_message(tmp_path: Path):
+    (tmp_path / "bad.yaml").write_text(GOOD.replace("mean(util, 30s)", "mean(utl, 30s)"))
+    proc = run_cli("advise", "--replay", str(DATA / "tuned.jsonl"), "--rules-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert f"{tmp_path / 'bad.yaml'}:5:" in proc.stderr and "did you mean util" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_cli_user_rules_dir_adds_rules(tmp_path: Path):
+    (tmp_path / "mine.yaml").write_text(GOOD.replace("mean(util, 30s) < 0.5",
+                                                     "mean(util, 15s) > 0.9"))
+    proc = run_cli("advise", "--replay", str(DATA / "tuned.jsonl"), "--rules-dir", str(tmp_path),
+                   "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert "my-rule" in proc.stdout
+
+
+def test_cli_missing_rules_dir(tmp_path: Path):
+    proc = run_cli("advise", "--replay", str(DATA / "tuned.jsonl"), "--rules-dir",
+                   str(tmp_path / "nope"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
