@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
+import struct
 import threading
 from collections.abc import Callable
+from math import isnan
 from typing import Any
 
 from gpuwatch import logs
@@ -60,6 +61,12 @@ GPM_METRICS: tuple[tuple[str, str], ...] = (
 # P-state 32 is NVML_PSTATE_UNKNOWN
 _PSTATE_UNKNOWN = 32
 
+# the running-process queries by name, newest version first: the unversioned pynvml name
+# turns FunctionNotFound into a non-NVML exception, so the versions are asked for by name
+_RUNNING_PROCESSES = tuple(
+    tuple(f"nvmlDeviceGet{kind}RunningProcesses{suffix}" for suffix in ("_v3", "_v2", ""))
+    for kind in ("Compute", "Graphics"))
+
 
 class GpuLost(Exception):
     """The GPU fell off the bus or stopped answering; its reads are over."""
@@ -85,12 +92,29 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-def _ratio(percent: float | None) -> float | None:
-    """NVML percent -> 0-1; NaN (no data) becomes None."""
-    if percent is None or math.isnan(percent):
+def _gpm_result_layout(nv: Any, count: int) -> struct.Struct | None:
+    """A Struct that reads (nvmlReturn, value) of the first ``count`` GPM metrics at once.
+
+    pynvml's structures read every field through a Python ``__getattribute__``: pulling
+    seven results out that way cost more than the GPM calls themselves. One ``unpack_from``
+    over the same memory, at offsets taken from pynvml's own ctypes layout, costs ~0.2 us.
+    None when the layout is not the one this reads (then GPM is left off, not misread).
+    """
+    try:
+        metric = nv.c_nvmlGpmMetric_t
+        base = nv.c_nvmlGpmMetricsGet_t.metrics.offset
+        ret, value, size = metric.nvmlReturn, metric.value, ctypes.sizeof(metric)
+    except AttributeError:
         return None
-    # GPM sometimes overshoots 100 by rounding; a ratio above 1 would mislead every consumer
-    return min(max(percent / 100.0, 0.0), 1.0)
+    if ret.size != 4 or value.size != 8:
+        return None
+    parts, pos = [], 0
+    for i in range(count):
+        for offset, code, width in ((base + i * size + ret.offset, "I", 4),
+                                    (base + i * size + value.offset, "d", 8)):
+            parts.append(f"{offset - pos}x{code}" if offset > pos else code)
+            pos = offset + width
+    return struct.Struct("=" + "".join(parts))
 
 
 def handle_key(handle: Any) -> Any:
@@ -197,13 +221,25 @@ class NvmlGpu:
         self._gpm_ids: list[tuple[int, str]] = []
         self._gpm_samples: list[Any] = []
         self._gpm_have_previous = False
-        self._gpm_get: Any = None
+        # two c_nvmlGpmMetricsGet_t built once, one per order of the sample pair: the tick
+        # alternates between them and sets nothing (each pynvml field write costs ~0.4 us)
+        self._gpm_gets: list[Any] = []
+        self._gpm_results: struct.Struct | None = None
+        # constants looked up once: a module attribute per call is a dict lookup at best
+        self._temp_sensor = getattr(self.nv, "NVML_TEMPERATURE_GPU", 0)
+        self._clock_sm = getattr(self.nv, "NVML_CLOCK_SM", 1)
+        self._clock_mem = getattr(self.nv, "NVML_CLOCK_MEM", 2)
+        self._memory_v2 = getattr(self.nv, "nvmlMemory_v2", None)
         self._proc_util_seen = 0  # NVML timestamp (us) of the newest per-process sample read
         self._lost_lock = threading.Lock()
 
     # -- the one door --------------------------------------------------------------
     def _call(self, fn: str, *args: Any, key: str | None = None) -> Any:
-        """Call ``nv.fn(*args)``; ``None`` means not available (see the module docstring)."""
+        """Call ``nv.fn(*args)``; ``None`` means not available (see the module docstring).
+
+        A success leaves no trace here (this runs ~14 times a tick per GPU): the fast read
+        sees its answers in the values; only the error paths note "failed" / "answered".
+        """
         key = key or fn
         if key in self.unsupported:
             return None
@@ -217,7 +253,7 @@ class NvmlGpu:
             self.nvml.missing_function(fn if key == fn else f"{fn} ({key})")
             return None
         try:
-            value = func(*args)
+            return func(*args)
         except self.nv.NVMLError as err:
             return self._nvml_error(err, fn, key)
         except Exception as err:  # noqa: BLE001 - a binding bug costs this field only
@@ -226,8 +262,6 @@ class NvmlGpu:
             logs.once(log, f"nvml-exc:{self.index}:{fn}", logging.WARNING,
                       "GPU %d: %s raised %s: %s", self.index, fn, type(err).__name__, err)
             return None
-        self._read.ok = True
-        return value
 
     def _nvml_error(self, err: Any, fn: str, key: str) -> None:
         code = getattr(err, "value", None)
@@ -297,20 +331,31 @@ class NvmlGpu:
         ids = [(getattr(nv, name), field) for name, field in GPM_METRICS if hasattr(nv, name)]
         if not ids:
             return
+        results = _gpm_result_layout(nv, len(ids))
+        if results is None:
+            log.info("GPU %d: this pynvml's GPM structures are not the known layout; "
+                     "GPM metrics are not available", self.index)
+            return
         first = self._call("nvmlGpmSampleAlloc")
         second = self._call("nvmlGpmSampleAlloc") if first is not None else None
         if second is None:
             if first is not None:
                 self._call("nvmlGpmSampleFree", first)
             return
-        get = nv.c_nvmlGpmMetricsGet_t()
-        get.version = nv.NVML_GPM_METRICS_GET_VERSION
-        get.numMetrics = len(ids)
-        for i, (metric_id, _field) in enumerate(ids):
-            get.metrics[i].metricId = metric_id
+        gets = []
+        for older, newer in ((first, second), (second, first)):
+            get = nv.c_nvmlGpmMetricsGet_t()
+            get.version = nv.NVML_GPM_METRICS_GET_VERSION
+            get.numMetrics = len(ids)
+            get.sample1 = older
+            get.sample2 = newer
+            for i, (metric_id, _field) in enumerate(ids):
+                get.metrics[i].metricId = metric_id
+            gets.append(get)
         self._gpm_ids = ids
         self._gpm_samples = [first, second]
-        self._gpm_get = get
+        self._gpm_gets = gets
+        self._gpm_results = results
 
     def free(self) -> None:
         for sample in self._gpm_samples:
@@ -320,11 +365,12 @@ class NvmlGpu:
                 log.debug("nvmlGpmSampleFree failed: %s", err)
         self._gpm_samples = []
         self._gpm_ids = []
+        self._gpm_gets = []
 
     # -- cheap fields, every tick ------------------------------------------------------
     def _memory(self) -> Any:
         # v2 separates reserved memory from used; older drivers only have v1
-        version = getattr(self.nv, "nvmlMemory_v2", None)
+        version = self._memory_v2
         if version is not None and "memory_v2" not in self.unsupported:
             mem = self._call("nvmlDeviceGetMemoryInfo", self.handle, version, key="memory_v2")
             if mem is not None or "memory_v2" not in self.unsupported:
@@ -336,8 +382,9 @@ class NvmlGpu:
 
         ``processes`` is a tuple of (pid, mem_used_bytes). Raises GpuLost.
         """
-        nv, h, c = self.nv, self.handle, self._call
-        self._read.ok = self._read.failed = False
+        h, c = self.handle, self._call
+        read = self._read
+        read.ok = read.failed = False
         out: dict[str, Any] = {}
         u = c("nvmlDeviceGetUtilizationRates", h)
         if u is not None:
@@ -348,21 +395,22 @@ class NvmlGpu:
             # "used" is what a job can no longer allocate: v2's used excludes the driver's
             # reserved memory, v1's includes it, so report total - free on both (the
             # recordings and older tools read it that way)
-            out["mem_used_bytes"] = int(mem.total) - int(mem.free)
-            out["mem_total_bytes"] = int(mem.total)
+            total = int(mem.total)
+            out["mem_used_bytes"] = total - int(mem.free)
+            out["mem_total_bytes"] = total
         power = c("nvmlDeviceGetPowerUsage", h)
         if power is not None:
             out["power_watts"] = power / 1000.0
         limit = c("nvmlDeviceGetEnforcedPowerLimit", h)
         if limit is not None:
             out["power_limit_watts"] = limit / 1000.0
-        temp = c("nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU)
+        temp = c("nvmlDeviceGetTemperature", h, self._temp_sensor)
         if temp is not None:
             out["temp_celsius"] = float(temp)
-        sm = c("nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM, key="clock_sm")
+        sm = c("nvmlDeviceGetClockInfo", h, self._clock_sm, key="clock_sm")
         if sm is not None:
             out["sm_clock_mhz"] = float(sm)
-        memclk = c("nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_MEM, key="clock_mem")
+        memclk = c("nvmlDeviceGetClockInfo", h, self._clock_mem, key="clock_mem")
         if memclk is not None:
             out["mem_clock_mhz"] = float(memclk)
         pstate = c("nvmlDeviceGetPerformanceState", h)
@@ -374,58 +422,69 @@ class NvmlGpu:
             reasons = c("nvmlDeviceGetCurrentClocksThrottleReasons", h)
         if reasons is not None:
             out["clock_event_reasons"] = int(reasons)
-        out["processes"] = self._processes()
-        if self._gpm_ids:
-            out.update(self._gpm())
-        self._check_persistent_failure()
+        procs = out["processes"] = self._processes()
+        gpm = self._gpm(out) if self._gpm_ids else False
+        if read.failed:
+            # something failed: did anything answer? (a success leaves no flag, see _call)
+            answered = read.ok or gpm or procs is not None or any(
+                v is not None for v in (u, mem, power, limit, temp, sm, memclk, pstate, reasons))
+            self._check_persistent_failure(answered)
+        else:
+            self._failed_reads = 0
+        if procs is None:
+            out["processes"] = ()
         return out
 
-    def _running(self, kind: str) -> list[Any]:
-        # the unversioned pynvml name turns FunctionNotFound into a non-NVML exception,
-        # so ask for the versions by name, newest first
-        for suffix in ("_v3", "_v2", ""):
-            fn = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
-            if fn in self.unsupported:
-                continue
-            procs = self._call(fn, self.handle)
-            if procs is not None or fn not in self.unsupported:
-                return procs or []
-        return []
-
-    def _processes(self) -> tuple[tuple[int, int | None], ...]:
+    def _processes(self) -> tuple[tuple[int, int | None], ...] | None:
+        """(pid, used bytes) per process; None when neither query answered."""
+        answered = False
         mem: dict[int, int | None] = {}
-        for kind in ("Compute", "Graphics"):
-            for p in self._running(kind):
-                used = getattr(p, "usedGpuMemory", None)
-                # one process with both a compute and a graphics context reports the same
-                # allocation twice; summing would double count it
-                prev = mem.get(p.pid)
-                mem[int(p.pid)] = used if prev is None else max(prev, used or 0)
-        return tuple(mem.items())
+        for names in _RUNNING_PROCESSES:
+            for fn in names:
+                if fn in self.unsupported:
+                    continue
+                procs = self._call(fn, self.handle)
+                if procs is None and fn in self.unsupported:
+                    continue  # learnt just now: try the older version
+                if procs is not None:
+                    answered = True
+                    for p in procs:
+                        used = getattr(p, "usedGpuMemory", None)
+                        # one process with both a compute and a graphics context reports
+                        # the same allocation twice; summing would double count it
+                        pid = int(p.pid)
+                        prev = mem.get(pid)
+                        mem[pid] = used if prev is None else max(prev, used or 0)
+                break
+        return tuple(mem.items()) if answered else None
 
-    def _gpm(self) -> dict[str, Any]:
-        previous, current = self._gpm_samples
+    def _gpm(self, out: dict[str, Any]) -> bool:
+        """Take this tick's GPM sample and, with the previous one, add the GPM fields.
+
+        False when the GPU did not give a sample.
+        """
+        current = self._gpm_samples[1]
         if self._call("nvmlGpmSampleGet", self.handle, current) is None:
-            return {}
-        out: dict[str, Any] = {}
+            return False
         if self._gpm_have_previous:
-            get = self._gpm_get
-            get.sample1 = previous
-            get.sample2 = current
+            get = self._gpm_gets[0]
             if self._call("nvmlGpmMetricsGet", get) is not None:
-                for i, (_metric_id, field) in enumerate(self._gpm_ids):
-                    m = get.metrics[i]
-                    if m.nvmlReturn == 0:
-                        value = _ratio(m.value)
-                        if value is not None:
-                            out[field] = value
+                # (nvmlReturn, percent) per metric, in _gpm_ids order
+                results = iter(self._gpm_results.unpack_from(get))
+                for (_metric_id, field), ret, percent in zip(self._gpm_ids, results, results):
+                    # NaN is no data; GPM sometimes overshoots 100 by rounding, and a
+                    # ratio above 1 would mislead every consumer
+                    if ret == 0 and not isnan(percent):
+                        out[field] = 0.0 if percent <= 0.0 else (
+                            1.0 if percent >= 100.0 else percent / 100.0)
         # the newer sample becomes the base of the next tick's pair: one sample per tick
-        self._gpm_samples = [current, previous]
+        self._gpm_samples.reverse()
+        self._gpm_gets.reverse()
         self._gpm_have_previous = True
-        return out
+        return True
 
-    def _check_persistent_failure(self) -> None:
-        if self._read.failed and not self._read.ok:
+    def _check_persistent_failure(self, answered: bool) -> None:
+        if not answered:
             self._failed_reads += 1
             if self._failed_reads >= LOST_AFTER_FAILED_READS:
                 reason = f"every call failed on {self._failed_reads} reads in a row"
@@ -488,6 +547,9 @@ class NvmlGpu:
         return {pid: min(total / n / 100.0, 1.0) for pid, (total, n) in sums.items()}
 
 
+_NO_XIDS: dict[int, int] = {}  # shared: never changed
+
+
 class XidWatcher:
     """Counts XID errors per GPU per XID code from NVML events; runs on a thread of its own.
 
@@ -499,13 +561,15 @@ class XidWatcher:
     def __init__(self, nvml: Nvml) -> None:
         self.nvml = nvml
         self._lock = threading.Lock()
+        # per GPU, a dict that is replaced, never changed, once handed out: every tick of
+        # every GPU reads it, so reads take no lock and make no copy
         self._counts: dict[int, dict[int, int]] = {}
         self._by_handle: dict[Any, int] = {}
         self.registered: tuple[int, ...] = ()
 
     def totals(self, gpu: int) -> dict[int, int]:
-        with self._lock:
-            return dict(self._counts.get(gpu, {}))
+        """XID counts of ``gpu`` by code; shared with every sample: do not change it."""
+        return self._counts.get(gpu, _NO_XIDS)
 
     def run(self, stop: threading.Event) -> None:
         nv = self.nvml.nv
@@ -554,8 +618,9 @@ class XidWatcher:
                     continue
                 xid = int(data.eventData)
                 with self._lock:
-                    per_gpu = self._counts.setdefault(gpu_index, {})
+                    per_gpu = dict(self._counts.get(gpu_index, _NO_XIDS))
                     per_gpu[xid] = per_gpu.get(xid, 0) + 1
+                    self._counts[gpu_index] = per_gpu
                 log.warning("GPU %d: XID %d", gpu_index, xid)
         finally:
             try:

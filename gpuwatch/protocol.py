@@ -277,7 +277,8 @@ def _config(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict) or len(value) > MAX_CONFIG_KEYS:
-        raise ProtocolError(MALFORMED, f"config must be an object of at most {MAX_CONFIG_KEYS} keys")
+        raise ProtocolError(MALFORMED,
+                            f"config must be an object of at most {MAX_CONFIG_KEYS} keys")
     for key, item in value.items():
         if len(key) > 64 or (item is not None and not isinstance(item, (bool, int, float, str))):
             raise ProtocolError(MALFORMED, f"config.{key[:64]} must be a scalar")

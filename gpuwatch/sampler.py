@@ -2,26 +2,32 @@
 
 Threads, and why each exists:
 
-- one **fast worker per GPU** runs that GPU's cheap reads and GPM. NVML calls can hang and
-  cannot be interrupted from Python, so the tick hands each worker its read and waits up to
-  a deadline; a GPU whose worker has not answered gets no fresh fields that tick, is not
-  handed more work while it is stuck (counted as ``gpu<N>_stalled``), and the tick
-  publishes on time for everything else.
+- one **fast worker per GPU** owns that GPU's cheap reads and GPM and builds its
+  GpuSample. NVML calls can hang and cannot be interrupted from Python, so no other thread
+  ever waits on one for long. While the loop runs (``start()``) each worker keeps the tick
+  grid itself: it wakes ``READ_LEAD`` before each deadline, reads, and leaves the sample in
+  its slot. There is no per-tick hand-off: waking a worker and being woken by its answer
+  cost more CPU than the NVML calls it made. A worker stuck in NVML leaves its slot stale:
+  its GPU gets no fresh fields that tick (counted as ``gpu<N>_stalled``), nothing waits on
+  it again while it is stuck, and the tick publishes on time for everything else.
+- the **loop thread** (``start()``) publishes at ``start + k * interval``: it takes the
+  fresh slots (waiting up to ``read_deadline`` only for a worker that is late, never for one
+  that is stuck), samples the host, publishes the Snapshot. A tick that overruns skips the
+  slots it missed instead of bunching ticks to catch up; so does a worker.
 - one **slow worker per GPU** runs the slow tier (PCIe throughput takes ~20 ms a
   direction, energy ~4 ms) every ``slow_interval``, triggered by the tick when due, so
   those calls never delay a tick; the newest slow values ride along in each tick's sample.
 - one **XID thread** waits on NVML events with a timeout, so it can stop.
-- the **loop thread** (``start()``) ticks at ``start + k * interval``; a tick that
-  overruns skips the slots it missed instead of bunching ticks to catch up.
 
-``tick()`` is synchronous and usable without ``start()`` (tests, benchmarks).
+``tick()`` is synchronous and usable without ``start()`` (tests, benchmarks): it hands
+each worker a read and waits for the answers (up to ``read_deadline``), so it pays the
+hand-off that the loop does not; benchmarks/bench_tick.py measures both.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 import time
 from collections import Counter
@@ -42,40 +48,168 @@ MAX_INTERVAL = 60.0
 PROBE_TIMEOUT = 5.0
 # how long stop() waits, in all, for threads to leave NVML before giving up on them
 STOP_TIMEOUT = 3.0
+# how long before a tick's deadline the workers read: a read takes ~0.1 ms per GPU, so the
+# samples are ready when the tick publishes and it need not wait (or be woken) for them
+READ_LEAD = 0.005
 
 _LOST = "lost"  # a worker's answer for a GPU that just fell off
+_NOTHING: tuple[int, Any] = (-1, None)  # an answer not yet given
 
 
 class HostSource(Protocol):
     def sample(self, t: float, gpu_pids: Collection[int]) -> HostSample: ...
 
 
-class _FastWorker:
-    """The thread that owns one GPU's per-tick reads."""
+class _Bell:
+    """A wake-up that is never lost: a ring before the wait makes the wait return at once.
 
-    def __init__(self, gpu: NvmlGpu, outbox: queue.SimpleQueue, on_error: Callable[[str], None]):
+    A bare lock used as a binary semaphore. threading.Event builds a Condition and a fresh
+    lock on every wait, and these waits happen per GPU per tick.
+    """
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def ring(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:  # already rung, not yet heard: one ring is enough
+            pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until rung (True; the ring is used up) or ``timeout`` seconds (False)."""
+        if timeout is None:
+            return self._lock.acquire()
+        return self._lock.acquire(timeout=max(timeout, 0.0))
+
+
+class _FastWorker:
+    """The thread that owns one GPU's per-tick reads and builds its samples."""
+
+    def __init__(self, sampler: Sampler, gpu: NvmlGpu, slow: _SlowWorker) -> None:
+        self.sampler = sampler
         self.gpu = gpu
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.outbox = outbox
-        self.on_error = on_error
-        self.busy = False  # handed a job that has not come back yet (tick thread only)
+        self.index = gpu.index
+        self.slow = slow
+        self.bell = _Bell()
+        # (number, "read" or "probe", t) from tick() or the probe: written by that thread only
+        self.request: tuple[int, str, float] | None = None
+        # (request number, GpuSample | _LOST | GpuInfo | None): written by this thread only
+        self.answer: tuple[int, Any] = _NOTHING
+        # (grid slot, GpuSample | _LOST | None, ns the read took), the loop's reads: one
+        # tuple, so a reader never pairs one slot's number with another slot's sample
+        self.slot: tuple[int, Any, int] = (-1, None, 0)
+        self.reading: int | None = None  # the grid slot being read now (-1: a request)
+        self.reads = 0  # grid reads, and their wall time from wake to sample (benchmarks)
+        self.read_ns = 0
+        self.uuid: str | None = None
+        self.names = _ProcessNames()
+        self._procs_key: Any = None  # what the last processes tuple was built from
+        self._procs: tuple[GpuProcess, ...] = ()
         self.thread = threading.Thread(target=self._run, name=f"gpuwatch-gpu{gpu.index}",
                                        daemon=True)
 
+    def outstanding(self) -> bool:
+        """Still inside a read or probe handed by tick()/__init__ (tick thread only)."""
+        req = self.request
+        return req is not None and self.answer[0] != req[0]
+
     def _run(self) -> None:
-        while True:
-            job = self.inbox.get()
-            if job is None:
-                return
+        s = self.sampler
+        stop = s._stop
+        clock = s._clock
+        next_slot = 0
+        while not stop.is_set():
+            req = self.request
+            if req is not None and self.answer[0] != req[0]:
+                self._serve(req)
+                continue
+            grid = s._grid
+            if grid is None or self.gpu.lost:
+                self.bell.wait()
+                continue
+            start, interval, lead = grid
+            now = clock()
+            # the next slot whose tick is still ahead or still waiting for late reads;
+            # slots missed while stuck are skipped, as the loop skips them
+            slot = max(next_slot, math.ceil((now - start - s.read_deadline) / interval))
+            due = start + slot * interval - lead
+            if due > now and self.bell.wait(due - now):
+                continue  # a request, a stop or a new grid: look again
+            woke = time.perf_counter_ns()
+            self.reading = slot
+            result = self._read(s._slot_time(slot))
+            took = time.perf_counter_ns() - woke
+            self.slot = (slot, result, took)
+            self.reading = None
+            self.read_ns += took
+            self.reads += 1
+            next_slot = slot + 1
+            if s._collecting:  # the tick is waiting for late reads: tell it
+                s._collected.ring()
+
+    def _serve(self, req: tuple[int, str, float]) -> None:
+        number, kind, t = req
+        result: Any
+        self.reading = -1
+        if kind == "probe":
             try:
-                result: Any = self.gpu.probe() if job == "probe" else self.gpu.read_fast()
+                result = self.gpu.probe()
             except GpuLost:
                 result = _LOST
             except Exception:
-                self.on_error(f"gpu{self.gpu.index}")
-                log.exception("GPU %d: read failed", self.gpu.index)
+                self.sampler._count(f"gpu{self.index}")
+                log.exception("GPU %d: probe failed", self.index)
                 result = None
-            self.outbox.put((self.gpu.index, job, result))
+            else:
+                self.uuid = result.uuid
+                self.sampler._info_changed()
+        else:
+            result = self._read(t)
+        self.reading = None
+        self.answer = (number, result)
+        self.sampler._collected.ring()
+
+    def _read(self, t: float) -> Any:
+        """This GPU's sample at ``t``: a GpuSample, _LOST, or None when the read failed."""
+        try:
+            fast = self.gpu.read_fast()
+            return self._build(t, fast)
+        except GpuLost:
+            return _LOST
+        except Exception:
+            self.sampler._count(f"gpu{self.index}")
+            log.exception("GPU %d: read failed", self.index)
+            return None
+
+    def _build(self, t: float, fast: dict[str, Any]) -> GpuSample:
+        slow = self.slow
+        # fields before proc_util: the slow worker replaces them in the other order, so
+        # processes are at least as new as the fields they go with
+        slow_fields = slow.fields
+        procs = fast.pop("processes", ())
+        if procs or self._procs_key is not None:
+            proc_util = slow.proc_util
+            key = (procs, proc_util)
+            if key != self._procs_key:  # mostly the same processes as last tick: reuse
+                self._procs = self._processes(procs, proc_util)
+                self._procs_key = key if procs else None
+        xids = self.sampler._xid.totals(self.index) if self.sampler._xid is not None else {}
+        if slow_fields:
+            fast = {**slow_fields, **fast}
+        return GpuSample(t=t, gpu=self.index, uuid=self.uuid, processes=self._procs,
+                         xid_total=xids, **fast)
+
+    def _processes(self, procs: tuple[tuple[int, int | None], ...],
+                   proc_util: dict[int, float]) -> tuple[GpuProcess, ...]:
+        names = self.names.lookup([pid for pid, _mem in procs])
+        return tuple(
+            GpuProcess(pid=pid, mem_used_bytes=mem, sm_util=proc_util.get(pid),
+                       name=names.get(pid, (None, None))[0], user=names.get(pid, (None, None))[1])
+            for pid, mem in procs)
 
 
 class _SlowWorker:
@@ -129,6 +263,9 @@ class _ProcessNames:
         self._cache: dict[int, tuple[float | None, str | None, str | None]] = {}
 
     def lookup(self, pids: Collection[int]) -> dict[int, tuple[str | None, str | None]]:
+        if not pids:
+            self._cache = {}
+            return {}
         fresh: dict[int, tuple[float | None, str | None, str | None]] = {}
         for pid in pids:
             entry = self._cache.get(pid)
@@ -167,25 +304,34 @@ class Sampler:
         self.interval = float(interval)
         self.slow_interval = float(slow_interval)
         self._clock = clock
-        # the tick waits this long (real time) for GPU workers; the rest of the slot is slack
+        # a tick waits this long (real time) for late GPU reads; the rest of the slot is slack
         self.read_deadline = min(max(0.5 * self.interval, 0.05), 2.0)
         self._stop = threading.Event()
         self._wait: Callable[[float], bool] = self._stop.wait  # tests inject simulated time
         self._tick_lock = threading.Lock()
         self._err_lock = threading.Lock()
         self._errors: Counter[str] = Counter()
+        self._error_count = 0  # errors ever counted: "did any happen since?" without a sum
+        self._errors_seen = 0  # _error_count at the last tick
+        self._errors_view: dict[str, int] = {}  # a copy for Health, rebuilt when it changes
         self._ticks = 0
-        self._tick_no = 0
+        self._request_no = 0
         self._last_success: float | None = None
         self._next_slow: float | None = None
         self._loop: threading.Thread | None = None
-        self._names = _ProcessNames()
+        # (start, interval, lead) of the tick grid while the loop runs: workers read on it
+        self._grid: tuple[float, float, float] | None = None
+        # wall time of each grid slot, set by whichever thread gets there first, so every
+        # sample of a tick and its Snapshot carry one t
+        self._slot_t: dict[int, float] = {}
+        self._collected = _Bell()  # rung by workers when an answer or a late read is in
+        self._collecting = False  # the loop is waiting for late reads
+        self._info_lock = threading.Lock()
         self.skipped_slots = 0  # ticks skipped because an earlier one overran
         self.host = self._make_host(host)
 
         self._nvml = Nvml(nvml_module, on_error=self._count)
         self.nvml_available = self._nvml.open()
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._fast: list[_FastWorker] = []
         self._slow: list[_SlowWorker] = []
         self._xid: XidWatcher | None = None
@@ -198,14 +344,17 @@ class Sampler:
             return
         if not self._nvml.gpus:
             log.warning("NVML found no GPU; sampling host metrics only")
+        self.infos = tuple(gpu.info for gpu in self._nvml.gpus)
+        if self._nvml.gpus:
+            # before the workers: their samples read the XID totals
+            self._xid = XidWatcher(self._nvml)
         for gpu in self._nvml.gpus:
-            self._fast.append(_FastWorker(gpu, self._outbox, self._count))
             self._slow.append(_SlowWorker(gpu, self._stop, self._count))
+            self._fast.append(_FastWorker(self, gpu, self._slow[-1]))
         for w in (*self._fast, *self._slow):
             w.thread.start()
-        self.infos = self._probe()
-        if self._nvml.gpus:
-            self._xid = XidWatcher(self._nvml)
+        self._probe()
+        if self._xid is not None:
             self._xid_thread = threading.Thread(target=self._xid.run, args=(self._stop,),
                                                 name="gpuwatch-xid", daemon=True)
             self._xid_thread.start()
@@ -221,8 +370,9 @@ class Sampler:
     def stop(self) -> None:
         """Stop every thread (promptly: none sleeps longer than a wait timeout) and NVML."""
         self._stop.set()
+        self._grid = None
         for w in self._fast:
-            w.inbox.put(None)
+            w.bell.ring()
         for s in self._slow:
             s.trigger.set()
         deadline = time.monotonic() + STOP_TIMEOUT
@@ -243,143 +393,194 @@ class Sampler:
             self._nvml.close()
 
     def tick(self) -> Snapshot:
-        """One tick: read every GPU and the host, publish the Snapshot, return it."""
+        """One tick now: read every GPU and the host, publish the Snapshot, return it.
+
+        Synchronous: each GPU's worker is handed its read and answers (see the module
+        docstring). The loop started by start() publishes without that hand-off.
+        """
         with self._tick_lock:
             started = time.perf_counter()
             t = time.time()
-            errors_before = self._error_total()
             # after stop() the workers are gone and NVML is shut: host only
             gpus = self._tick_gpus(t) if self._fast and not self._stop.is_set() else ()
-            pids = sorted({p.pid for g in gpus for p in g.processes})
-            host = self._sample_host(t, pids)
-            self._ticks += 1
-            if self._error_total() == errors_before:
-                self._last_success = t
-            with self._err_lock:
-                errors = dict(self._errors)
-            health = Health(ticks_total=self._ticks, tick_seconds=time.perf_counter() - started,
-                            errors_total=errors, last_success_time=self._last_success)
-            snapshot = Snapshot(t=t, gpus=gpus, infos=self.infos, host=host, health=health,
-                                nvml_available=self.nvml_available)
-            try:
-                self.store.publish(snapshot)
-            except Exception:
-                self._count("store")
-                log.exception("publishing a snapshot failed")
-            return snapshot
+            return self._publish(t, gpus, started, 0.0)
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
         start = self._clock()
-        slot = 0
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # never let one bad tick end the loop
-                self._count("tick")
-                log.exception("tick failed")
-            now = self._clock()
-            # the next slot on the grid that is still ahead: overrun slots are skipped
-            due = max(slot + 1, math.floor((now - start) / self.interval) + 1)
-            self.skipped_slots += due - slot - 1
-            slot = due
-            if self._wait(start + slot * self.interval - now):
-                return
-
-    # -- GPUs -----------------------------------------------------------------------------------
-    def _probe(self) -> tuple[GpuInfo, ...]:
-        infos = {gpu.index: gpu.info for gpu in self._nvml.gpus}
-        waiting = set()
+        self._grid = (start, self.interval, READ_LEAD)
         for w in self._fast:
-            if not w.gpu.lost:
-                w.busy = True
-                w.inbox.put("probe")
-                waiting.add(w.gpu.index)
-        deadline = time.monotonic() + PROBE_TIMEOUT
-        while waiting:
-            try:
-                remaining = max(0.0, deadline - time.monotonic())
-                index, _job, result = self._outbox.get(timeout=remaining)
-            except queue.Empty:
-                break
-            self._fast[index].busy = False
-            waiting.discard(index)
-            if isinstance(result, GpuInfo):
-                infos[index] = result
-        for index in waiting:
-            self._count(f"gpu{index}_stalled")
-            log.warning("GPU %d: static facts did not come back within %.0f s; "
-                        "it is left alone while NVML is stuck on it", index, PROBE_TIMEOUT)
-        return tuple(infos[i] for i in sorted(infos))
+            w.bell.ring()  # waiting for work: from now on they keep the grid themselves
+        slot = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._tick_slot(slot)
+                except Exception:  # never let one bad tick end the loop
+                    self._count("tick")
+                    log.exception("tick failed")
+                now = self._clock()
+                # the next slot on the grid that is still ahead: overrun slots are skipped
+                due = max(slot + 1, math.floor((now - start) / self.interval) + 1)
+                self.skipped_slots += due - slot - 1
+                slot = due
+                if self._wait(start + slot * self.interval - now):
+                    return
+        finally:
+            self._grid = None  # no loop, no grid: the workers wait for requests again
+            for w in self._fast:
+                w.bell.ring()
 
-    def _collect(self, index: int, job: Any, result: Any, results: dict[int, Any]) -> None:
-        self._fast[index].busy = False
-        if job == "probe":  # a late answer from a GPU that was stuck at start
-            if isinstance(result, GpuInfo):
-                self.infos = tuple(result if i.gpu == index else i for i in self.infos)
-        elif job == self._tick_no:
-            results[index] = result
+    def _tick_slot(self, slot: int) -> None:
+        """The loop's tick: the workers have read (or are reading) this slot already."""
+        with self._tick_lock:
+            started = time.perf_counter()
+            t = self._slot_time(slot)
+            gpus: tuple[GpuSample, ...] = ()
+            read_seconds = 0.0
+            if self._fast and not self._stop.is_set():
+                gpus, read_seconds = self._gather(slot, t)
+            self._publish(t, gpus, started, read_seconds)
+            # forget this slot's time and any a late worker set after an earlier tick
+            for old in [k for k in list(self._slot_t) if k <= slot]:
+                self._slot_t.pop(old, None)
 
-    def _tick_gpus(self, t: float) -> tuple[GpuSample, ...]:
-        self._tick_no += 1
+    def _slot_time(self, slot: int) -> float:
+        # setdefault is atomic: the first thread to ask stamps the slot for all
+        return self._slot_t.setdefault(slot, time.time())
+
+    def _gather(self, slot: int, t: float) -> tuple[tuple[GpuSample, ...], float]:
+        """This slot's fresh samples, waiting only for workers that are late, not stuck."""
+        self._trigger_slow()
         results: dict[int, Any] = {}
-        while True:  # answers from workers that were stuck on an earlier tick free them again
-            try:
-                self._collect(*self._outbox.get_nowait(), results)
-            except queue.Empty:
-                break
-        handed: list[_FastWorker] = []
+        read_ns = 0
+        late: list[_FastWorker] = []
         for w in self._fast:
             if w.gpu.lost:
                 continue
-            if w.busy:  # still inside an earlier read: no more work until it comes back
-                self._count(f"gpu{w.gpu.index}_stalled")
-                continue
-            w.busy = True
-            w.inbox.put(self._tick_no)
-            handed.append(w)
-        self._trigger_slow()
-        deadline = time.monotonic() + self.read_deadline
-        while len(results) < len(handed):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
+            number, result, took = w.slot
+            if number == slot:
+                results[w.index] = result
+                read_ns = max(read_ns, took)
+            elif w.reading is not None and w.reading < slot:
+                self._count(f"gpu{w.index}_stalled")  # stuck in an earlier read
+            else:
+                late.append(w)
+        if late:
+            self._collecting = True
+            self._collected.wait(0)  # a stale ring from an earlier tick
+            deadline = time.monotonic() + self.read_deadline
             try:
-                self._collect(*self._outbox.get(timeout=remaining), results)
-            except queue.Empty:
-                break
-        for w in handed:
-            if w.gpu.index not in results:
-                self._count(f"gpu{w.gpu.index}_stalled")
-        return self._build(t, results)
+                while late:
+                    late = [w for w in late if w.slot[0] != slot]
+                    remaining = deadline - time.monotonic()
+                    if not late or remaining <= 0:
+                        break
+                    self._collected.wait(remaining)
+            finally:
+                self._collecting = False
+            for w in self._fast:
+                number, result, took = w.slot
+                if w.index not in results and number == slot:
+                    results[w.index] = result
+                    read_ns = max(read_ns, took)
+            for w in late:
+                self._count(f"gpu{w.index}_stalled")
+        # the tick's critical path: its slowest read, then the rest of the tick
+        return self._assemble(t, results), read_ns / 1e9
 
-    def _build(self, t: float, results: dict[int, Any]) -> tuple[GpuSample, ...]:
-        fresh = {i: r for i, r in results.items() if isinstance(r, dict)}
-        pids = {pid for r in fresh.values() for pid, _mem in r.get("processes", ())}
-        names = self._names.lookup(pids)
+    def _publish(self, t: float, gpus: tuple[GpuSample, ...], started: float,
+                 read_seconds: float) -> Snapshot:
+        pids = sorted({p.pid for g in gpus for p in g.processes}) if gpus else []
+        host = self._sample_host(t, pids)
+        self._ticks += 1
+        errors = self._errors_view
+        if self._error_count != self._errors_seen:  # errors since the last tick
+            with self._err_lock:
+                self._errors_seen = self._error_count
+                errors = self._errors_view = dict(self._errors)
+        else:
+            self._last_success = t
+        health = Health(ticks_total=self._ticks,
+                        tick_seconds=time.perf_counter() - started + read_seconds,
+                        errors_total=errors, last_success_time=self._last_success)
+        snapshot = Snapshot(t=t, gpus=gpus, infos=self.infos, host=host, health=health,
+                            nvml_available=self.nvml_available)
+        try:
+            self.store.publish(snapshot)
+        except Exception:
+            self._count("store")
+            log.exception("publishing a snapshot failed")
+        return snapshot
+
+    # -- GPUs -----------------------------------------------------------------------------------
+    def _hand(self, kind: str, t: float) -> tuple[int, list[_FastWorker]]:
+        """Hand each free, present GPU's worker a request; the busy ones count as stalled."""
+        self._request_no += 1
+        number = self._request_no
+        handed = []
+        self._collected.wait(0)  # a stale ring from an earlier tick
+        for w in self._fast:
+            if w.gpu.lost:
+                continue
+            if w.outstanding():  # still inside an earlier read: no more work until it is back
+                self._count(f"gpu{w.index}_stalled")
+                continue
+            w.request = (number, kind, t)
+            w.bell.ring()
+            handed.append(w)
+        return number, handed
+
+    def _answers(self, number: int, handed: list[_FastWorker],
+                 timeout: float) -> dict[int, Any]:
+        deadline = time.monotonic() + timeout
+        waiting = handed
+        while True:
+            waiting = [w for w in waiting if w.answer[0] != number]
+            remaining = deadline - time.monotonic()
+            if not waiting or remaining <= 0:
+                break
+            self._collected.wait(remaining)
+        return {w.index: w.answer[1] for w in handed if w.answer[0] == number}
+
+    def _probe(self) -> None:
+        number, handed = self._hand("probe", 0.0)
+        answers = self._answers(number, handed, PROBE_TIMEOUT)
+        for w in handed:
+            if w.index not in answers:
+                self._count(f"gpu{w.index}_stalled")
+                log.warning("GPU %d: static facts did not come back within %.0f s; "
+                            "it is left alone while NVML is stuck on it", w.index, PROBE_TIMEOUT)
+
+    def _info_changed(self) -> None:
+        # a worker's probe answered (perhaps late, after being stuck at start)
+        with self._info_lock:
+            self.infos = tuple(gpu.info for gpu in self._nvml.gpus)
+
+    def _tick_gpus(self, t: float) -> tuple[GpuSample, ...]:
+        number, handed = self._hand("read", t)
+        self._trigger_slow()
+        results = self._answers(number, handed, self.read_deadline)
+        for w in handed:
+            if w.index not in results:
+                self._count(f"gpu{w.index}_stalled")
+        return self._assemble(t, results)
+
+    def _assemble(self, t: float, results: dict[int, Any]) -> tuple[GpuSample, ...]:
+        """One sample per GPU: read ones as read, the others lost or with slow fields only."""
         samples = []
         for w in self._fast:
-            gpu = w.gpu
-            i = gpu.index
-            uuid = self.infos[i].uuid if i < len(self.infos) else None
-            xids = self._xid.totals(i) if self._xid is not None else {}
-            if gpu.lost or results.get(i) == _LOST:
-                samples.append(GpuSample(t=t, gpu=i, uuid=uuid, lost=True, xid_total=xids))
+            result = results.get(w.index)
+            if isinstance(result, GpuSample) and not w.gpu.lost:
+                samples.append(result)
                 continue
-            slow = self._slow[i]
-            fields = dict(slow.fields)
-            fast = fresh.get(i)
-            processes: tuple[GpuProcess, ...] = ()
-            if fast is not None:
-                fields.update(fast)
-                proc_util = slow.proc_util
-                processes = tuple(
-                    GpuProcess(pid=pid, mem_used_bytes=mem, sm_util=proc_util.get(pid),
-                               name=names.get(pid, (None, None))[0],
-                               user=names.get(pid, (None, None))[1])
-                    for pid, mem in fields.pop("processes", ()))
-            samples.append(GpuSample(t=t, gpu=i, uuid=uuid, processes=processes,
-                                     xid_total=xids, **fields))
+            xids = self._xid.totals(w.index) if self._xid is not None else {}
+            if w.gpu.lost or result is _LOST:
+                samples.append(GpuSample(t=t, gpu=w.index, uuid=w.uuid, lost=True,
+                                         xid_total=xids))
+            else:  # stalled or failed: no fresh fields, the newest slow ones carried
+                samples.append(GpuSample(t=t, gpu=w.index, uuid=w.uuid, xid_total=xids,
+                                         **w.slow.fields))
         return tuple(samples)
 
     def _trigger_slow(self) -> None:
@@ -423,10 +624,7 @@ class Sampler:
     def _count(self, source: str) -> None:
         with self._err_lock:
             self._errors[source] += 1
-
-    def _error_total(self) -> int:
-        with self._err_lock:
-            return sum(self._errors.values())
+            self._error_count += 1
 
 
 __all__ = ["MAX_INTERVAL", "MIN_INTERVAL", "Sampler"]

@@ -92,7 +92,8 @@ def test_recorded_steps_match_the_jobs_own_measurements(tmp_path: Path, scaler: 
                           str(rec), "--", sys.executable, TRAIN, "--steps", "40",
                           "--workers", "2", "--scaler", scaler, "--inf-every", "5",
                           "--cpu-ms", "1", "--step-ms", "5", "--out", str(truth)],
-                         env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=180)
+                         check=False, env=clean_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
     assert run.returncode == 0, run.stderr
     expected = read_lines(truth, "step")
     got = read_lines(rec, "step")
@@ -126,7 +127,8 @@ def test_config_facts_autocast_and_checkpointing(tmp_path: Path) -> None:
     run = subprocess.run([*RUN, "--web.listen-address", "127.0.0.1:0", "--quiet", "--record",
                           str(rec), "--", sys.executable, TRAIN, "--steps", "6", "--workers", "1",
                           "--autocast", "bf16", "--checkpoint"],
-                         env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=180)
+                         check=False, env=clean_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
     assert run.returncode == 0, run.stderr
     config = read_lines(rec, "config")[-1]
     assert config["autocast"] is True and config["autocast_dtype"] == "bfloat16"
@@ -141,7 +143,8 @@ def test_job_stats_reach_a_daemon_already_running(system: SystemDaemon, tmp_path
     run = subprocess.run([*RUN, "--quiet", "--", sys.executable, TRAIN, "--steps", "30",
                           "--workers", "2", "--scaler", "plain", "--inf-every", "3",
                           "--out", str(truth)],
-                         env=system.env, cwd=REPO, capture_output=True, text=True, timeout=180)
+                         check=False, env=system.env, cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
     assert run.returncode == 0, run.stderr
     expected = read_lines(truth, "step")
     jobs = system.jobs()
@@ -169,7 +172,8 @@ def test_a_job_that_fails_is_reported_and_its_exit_code_passed_on(
     run = subprocess.run([*RUN, "--quiet", "--", sys.executable, TRAIN, "--steps", "100",
                           "--workers", "1", "--step-ms", "100", "--crash", crash,
                           "--crash-at", "8"],
-                         env=system.env, cwd=REPO, capture_output=True, text=True, timeout=180)
+                         check=False, env=system.env, cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
     assert run.returncode == code, run.stderr
     job = wait_for(lambda: next((j for j in system.jobs().values() if not j.alive), None),
                    f"the job marked {reason}")
@@ -193,7 +197,8 @@ def test_two_rank_torchrun_job_reports_every_rank(system: SystemDaemon, tmp_path
                           "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                           "--master-port", str(free_port()), TRAIN, "--dist",
                           "--steps", "20", "--workers", "1", "--out", str(truth)],
-                         env=system.env, cwd=REPO, capture_output=True, text=True, timeout=180)
+                         check=False, env=system.env, cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
     assert run.returncode == 0, run.stderr
     pids = {rank: read_lines(Path(f"{truth}.{rank}"), "step")[0]["pid"] for rank in (0, 1)}
     jobs = system.jobs()

@@ -30,7 +30,9 @@ p.add_argument("--scaler", choices=["none", "plain", "fused"], default="none")
 p.add_argument("--inf-every", type=int, default=0, help="make every Nth loss inf (skips)")
 p.add_argument("--autocast", choices=["none", "bf16"], default="none")
 p.add_argument("--checkpoint", action="store_true", help="use torch.utils.checkpoint")
-p.add_argument("--dist", action="store_true", help="gloo DDP from torchrun's environment")
+p.add_argument("--dist", action="store_true", help="DDP from torchrun's environment")
+p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+               help="cuda: the model on cuda:LOCAL_RANK, NCCL for --dist")
 p.add_argument("--crash", choices=["none", "exception", "exit3", "sigkill", "sigterm", "oom"],
                default="none")
 p.add_argument("--crash-at", type=int, default=5)
@@ -49,10 +51,14 @@ if a.attach:
 
 torch.manual_seed(0)
 rank = 0
+dev = torch.device("cpu")
+if a.device == "cuda":
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(dev)
 if a.dist:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
     rank = dist.get_rank()
 
 
@@ -82,14 +88,14 @@ class Net(nn.Module):
         return self.b(h)
 
 
-model = Net()
+model = Net().to(dev)
 if a.dist:
     model = nn.parallel.DistributedDataParallel(model)
 if a.scaler == "fused":
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
 else:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-scaler = torch.amp.GradScaler("cpu", enabled=a.scaler != "none")
+scaler = torch.amp.GradScaler(dev.type, enabled=a.scaler != "none")
 loader = DataLoader(Synthetic(), batch_size=a.batch, num_workers=a.workers,
                     persistent_workers=a.workers > 0, shuffle=False)
 stop_requested = []
@@ -124,7 +130,8 @@ for step in range(a.steps):
     t0 = time.perf_counter()
     x, y = next(it)
     t1 = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+    x, y = x.to(dev), y.to(dev)
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
         loss = nn.functional.mse_loss(model(x).float(), y)
     if a.inf_every and step % a.inf_every == a.inf_every - 1:
         loss = loss * float("inf")
@@ -138,7 +145,8 @@ for step in range(a.steps):
         time.sleep(a.step_ms / 1000.0)
     t2 = time.perf_counter()
     if out:
-        out.write(json.dumps({"t": time.time(), "kind": "step", "step": step, "rank": rank, "pid": os.getpid(),
+        out.write(json.dumps({"t": time.time(), "kind": "step", "step": step, "rank": rank,
+                              "pid": os.getpid(),
                               "step_seconds": t2 - t0, "data_wait_seconds": t1 - t0,
                               "batch_size": a.batch, "skipped": bool(skipped),
                               "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})

@@ -1,0 +1,204 @@
+"""What the torch hook costs a training step, with and without it, side by side in one run.
+
+    python3 benchmarks/bench_hook.py [--steps 3000] [--repeats 5] [--out FILE]
+
+1. A tiny training loop (DataLoader ``next()``, forward, backward, optimizer step; on CUDA
+   with a GradScaler and a fused optimizer), timed per step, in alternating blocks with the
+   hook detached and attached (so drift hits both alike); the median per-step time of each
+   and the difference. A real receiver listens, so reports are really sent.
+2. The hook's own per-step code paths, called directly in a loop (µs per call): the
+   optimizer-step hook, the scaler's update, the DataLoader ``next()`` wrapper's overhead.
+3. On CUDA, the hooked steps run under ``torch.cuda.set_sync_debug_mode("error")``: any
+   device synchronization, by the loop or by the hook (its reporting thread included),
+   would raise; the table says whether any did.
+
+Prints a Markdown table; ``--out FILE`` also writes the numbers as JSON. Target: < 10 µs
+of hook cost per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from torch import nn
+
+from gpuwatch import hook
+from gpuwatch.receiver import HookReceiver
+from gpuwatch.store import Store
+
+
+def make_loop(device: str) -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    dev = torch.device(device)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)).to(dev)
+    cuda = dev.type == "cuda"
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=cuda)
+    scaler = torch.amp.GradScaler(dev.type, enabled=cuda)
+    # the data already on the device: no host-to-device copy (and no sync) in the loop
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 32, device=dev),
+                                          torch.randn(4096, 1, device=dev))
+    loader = torch.utils.data.DataLoader(data, batch_size=16, shuffle=False, drop_last=True)
+    state = {"it": iter(loader)}
+
+    def step() -> None:
+        try:
+            x, y = next(state["it"])
+        except StopIteration:
+            state["it"] = iter(loader)
+            x, y = next(state["it"])
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    return step, dev
+
+
+def time_steps(step: Any, n: int, cuda: bool) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t0)
+    if cuda:
+        torch.cuda.synchronize()
+    return out
+
+
+def loop_costs(device: str, steps: int, repeats: int, sock: str) -> dict[str, Any]:
+    step, dev = make_loop(device)
+    cuda = dev.type == "cuda"
+    time_steps(step, 200, cuda)  # warm up: allocator, kernels, autotuning
+    without: list[float] = []
+    with_hook: list[float] = []
+    sync_error: str | None = None
+    errors_before = 0
+    for _ in range(repeats):
+        without += time_steps(step, steps, cuda)
+        hook.attach(sock)
+        errors_before = hook.stats()["hook_errors"]
+        try:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("error")
+            with_hook += time_steps(step, steps, False)
+            time.sleep(1.2)  # let the reporter run (and read the device) under the check
+        except RuntimeError as err:
+            sync_error = str(err).splitlines()[0]
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.synchronize()
+            hook_errors = hook.stats()["hook_errors"] - errors_before
+            reports = hook.stats()["reports_sent"]
+            hook.detach()
+        if hook_errors:
+            sync_error = sync_error or f"{hook_errors} errors in the hook's reporter"
+    med_without = statistics.median(without) * 1e6
+    med_with = statistics.median(with_hook) * 1e6
+    return {"device": str(dev), "steps": len(with_hook), "median_step_us_without": med_without,
+            "median_step_us_with": med_with, "overhead_us": med_with - med_without,
+            "reports_sent_last_block": reports,
+            "sync_check": None if not cuda else (sync_error or "no sync")}
+
+
+def micro_costs(calls: int, sock: str) -> dict[str, float]:
+    """µs per call of the hook's own per-step code, called directly."""
+    p = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    hook.attach(sock)
+    try:
+        h = hook._hook
+        h.thread = object()  # type: ignore[assignment]  # no reporter: measure the caller only
+        h.pending = __import__("collections").deque(maxlen=1000)
+        on_step = hook._on_optimizer_step
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            on_step(opt, (), {})
+        opt_us = (time.perf_counter() - t0) / calls * 1e6
+        h.scaler_mode = True
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            h.opt_stepped = True
+            h.scaler_update(scaler)
+        update_us = (time.perf_counter() - t0) / calls * 1e6
+
+        class It:
+            _gpuwatch = (16, {})
+
+        def raw(_self: Any) -> int:
+            return 1
+
+        wrapped = hook._wrap_next(raw)
+        it = It()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            raw(it)
+        base = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            wrapped(it)
+        next_us = (time.perf_counter() - t0 - base) / calls * 1e6
+    finally:
+        hook.detach()
+    return {"optimizer_step_hook_us": opt_us, "scaler_update_us": update_us,
+            "dataloader_next_wrapper_us": next_us,
+            "per_step_total_us": opt_us + next_us,
+            "per_step_total_with_scaler_us": update_us + next_us}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3000, help="steps per block")
+    ap.add_argument("--repeats", type=int, default=5, help="blocks with and without")
+    ap.add_argument("--calls", type=int, default=200_000, help="micro-benchmark calls")
+    ap.add_argument("--out", help="also write the numbers as JSON here")
+    a = ap.parse_args()
+    directory = tempfile.mkdtemp(prefix="gwbench-")
+    sock = os.path.join(directory, "hook.sock")
+    store = Store()
+    receiver = HookReceiver(store, sock)
+    receiver.start()
+    try:
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        loops = [loop_costs(d, a.steps, a.repeats, sock) for d in devices]
+        micro = micro_costs(a.calls, sock)
+    finally:
+        receiver.stop()
+        os.rmdir(directory)
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    print(f"torch {torch.__version__}, Python {sys.version.split()[0]}"
+          + (f", {gpu}" if gpu else ", no GPU"))
+    print()
+    print("| device | steps | median step without hook (µs) | with hook (µs) | difference (µs) "
+          "| device syncs under the hook |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    for r in loops:
+        print(f"| {r['device']} | {r['steps']} | {r['median_step_us_without']:.1f} | "
+              f"{r['median_step_us_with']:.1f} | {r['overhead_us']:+.1f} | "
+              f"{r['sync_check'] or 'n/a (CPU)'} |")
+    print()
+    print("| hook code path (called directly) | µs per call |")
+    print("| --- | ---: |")
+    for key, value in micro.items():
+        print(f"| {key.removesuffix('_us').replace('_', ' ')} | {value:.2f} |")
+    if a.out:
+        Path(a.out).write_text(json.dumps({"torch": torch.__version__, "gpu": gpu,
+                                           "loops": loops, "micro": micro}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

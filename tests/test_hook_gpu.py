@@ -1,0 +1,124 @@
+"""The hook on a real GPU (run on the lent machine; skipped where there is no CUDA).
+
+- the shared workload (``$GPUWATCH_WORKLOAD``, skipped if unset) under ``gpuwatch run``,
+  compared with its own ``--steps-out``: fp16 with a learning rate that makes the loss
+  scale collapse (skipped steps, decided on the GPU by fused AdamW, counted exactly), and
+  an input-bound run (``--workers 0 --cpu-ms 2``: the data-wait share must be high and
+  agree with the workload's own);
+- two ranks with NCCL under torchrun, one GPU each (skipped with fewer than two GPUs).
+
+Each test prints what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs CUDA")]
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = str(REPO / "tests" / "scripts" / "train_cpu.py")
+RUN = [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0",
+       "--quiet"]
+WORKLOAD = os.environ.get("GPUWATCH_WORKLOAD")
+needs_workload = pytest.mark.skipif(not WORKLOAD, reason="set GPUWATCH_WORKLOAD to workload.py")
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH")}
+    e["PYTHONPATH"] = str(REPO)
+    return e
+
+
+def lines(path: Path, kind: str) -> list[dict]:
+    out = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [x for x in out if x.get("kind") == kind]
+
+
+def skipped_by_scale(truth: list[dict], init: float = 65536.0) -> list[bool]:
+    """The workload records the scale after each update(); a skip halves it."""
+    out, prev = [], init
+    for s in truth:
+        out.append(s["loss_scale"] < prev)
+        prev = s["loss_scale"]
+    return out
+
+
+def run_workload(tmp_path: Path, *flags: str) -> tuple[list[dict], list[dict], list[dict]]:
+    truth, rec = tmp_path / "truth.jsonl", tmp_path / "rec.jsonl"
+    run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable, WORKLOAD,
+                          "--seconds", "20", "--steps-out", str(truth), *flags],
+                         check=False, env=env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return lines(truth, "step"), lines(rec, "step"), lines(rec, "config")
+
+
+@needs_workload
+def test_fp16_loss_scale_collapse_counts_every_skipped_step(tmp_path: Path) -> None:
+    truth, got, config = run_workload(tmp_path, "--precision", "fp16", "--lr", "5")
+    want = skipped_by_scale(truth)
+    have = [bool(s.get("skipped")) for s in got]
+    scales = [s["loss_scale"] for s in got if s.get("loss_scale") is not None]
+    print(f"workload: {len(truth)} steps, {sum(want)} skipped, last scale "
+          f"{truth[-1]['loss_scale']}; gpuwatch: {len(got)} steps, {sum(have)} skipped, "
+          f"last scale {scales[-1] if scales else None}; config {config[-1] if config else None}")
+    assert len(got) == len(truth)
+    assert have == want
+    assert sum(want) > 0
+    assert scales and scales[-1] == truth[-1]["loss_scale"]
+    assert config[-1]["fused_optimizer"] is True and config[-1]["autocast_dtype"] == "float16"
+    mem = [s for s in got if s.get("mem_allocated_bytes") is not None]
+    assert mem and mem[-1]["max_mem_allocated_bytes"] >= mem[-1]["mem_allocated_bytes"] > 0
+
+
+@needs_workload
+def test_input_bound_run_shows_a_high_data_wait_share(tmp_path: Path) -> None:
+    truth, got, config = run_workload(tmp_path, "--workers", "0", "--cpu-ms", "2",
+                                      "--precision", "bf16")
+    share = sum(s["data_wait_seconds"] for s in truth) / sum(s["step_seconds"] for s in truth)
+    timed = [s for s in got if s.get("step_seconds") is not None]
+    mine = sum(s["data_wait_seconds"] for s in timed) / sum(s["step_seconds"] for s in timed)
+    print(f"workload: {len(truth)} steps, data wait {share:.1%}; gpuwatch: {len(got)} steps, "
+          f"data wait {mine:.1%}; config {config[-1] if config else None}")
+    assert len(got) == len(truth)
+    assert mine > 0.5
+    assert mine == pytest.approx(share, abs=0.05)
+    assert config[-1]["num_workers"] == 0
+
+
+def test_two_ranks_on_two_gpus_under_torchrun(tmp_path: Path) -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    truth, rec = tmp_path / "truth.jsonl", tmp_path / "rec.jsonl"
+    run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable, "-m",
+                          "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                          "127.0.0.1", "--master-port", str(port), TRAIN, "--dist", "--device",
+                          "cuda", "--steps", "200", "--workers", "2", "--scaler", "fused",
+                          "--inf-every", "7", "--out", str(truth)],
+                         check=False, env=env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = lines(rec, "step")
+    for rank in (0, 1):
+        expected = lines(Path(f"{truth}.{rank}"), "step")
+        mine = [s for s in got if s.get("pid") == expected[0]["pid"]]
+        gpus = {s.get("gpu") for s in mine}
+        print(f"rank {rank}: pid {expected[0]['pid']}, {len(mine)} steps, "
+              f"{sum(bool(s.get('skipped')) for s in mine)} skipped, gpus {gpus}")
+        assert [s["step"] for s in mine] == [s["step"] for s in expected]
+        assert [bool(s.get("skipped")) for s in mine] == [s["skipped"] for s in expected]
+        assert {s.get("rank") for s in mine} == {rank}
+        assert len(gpus) == 1 and None not in gpus
+    assert len({s.get("gpu") for s in got}) == 2  # one GPU each
