@@ -9,10 +9,15 @@ Measured in one run, medians over many repetitions:
 
 - the raw pynvml calls the fast tick makes (cheap fields, processes, GPM pair), in a loop;
 - ``NvmlGpu.read_fast()``: the NVML layer doing those calls (no thread hand-off);
-- ``Sampler.tick()`` per GPU: the whole fast tick (hand-off to the GPU's worker thread,
-  process names, building samples, publishing to the store), wall time and the CPU time
-  the process spent (the hand-off is mostly waiting for a thread to wake, which costs
-  wall time, not CPU);
+- the **daemon path** per GPU, what ``Sampler.start()`` runs each tick: the GPU's worker
+  reading and building its sample, plus the loop's tick (gather the samples, Snapshot,
+  ``store.publish``) divided by the GPUs. Measured twice: *hot*, back to back on this
+  thread (comparable with the raw calls above, also back to back), and *at cadence*, the
+  started sampler at ``--interval 0.1`` for a while, read from each thread's own CPU clock
+  (wake-ups and cold caches included) beside the raw calls made at the same cadence;
+- ``Sampler.tick()`` per GPU: the synchronous tick that tests call, which hands each
+  worker its read and waits for the answer (a hand-off the daemon loop does not make),
+  wall time and the CPU time the process spent;
 - the same tick while the slow tier runs back to back beside it (driver contention);
 - each slow-tier call once, wall and CPU (is NVML sleeping or spinning in its 20 ms?);
 - ``nvidia-smi --query-gpu`` as a subprocess, nvitop's Device queries and
@@ -47,15 +52,17 @@ sys.path.insert(0, str(REPO))
 from gpuwatch.samples import HostSample
 
 TARGET_TICK_RATIO = 1.5
+CADENCE_INTERVAL = 0.1  # the daemon path is watched at the shortest interval (most ticks)
 TARGET_CPU_PERCENT_AT_1S = 0.5
 TARGET_RSS_MB = 60.0
 
 
 class NullHost:
-    """No host sampling: the tick measured here is the GPU part alone."""
+    """No host sampling: the tick measured here is the GPU part alone (no HostSample is
+    built either: that would be a cost of this benchmark, not of the GPU tick)."""
 
-    def sample(self, t: float, gpu_pids: Any) -> HostSample:
-        return HostSample(t=t)
+    def sample(self, t: float, gpu_pids: Any) -> HostSample | None:
+        return None
 
 
 def median_us(fn: Callable[[], Any], reps: int, warmup: int = 20) -> float:
@@ -87,6 +94,112 @@ def once_wall_cpu_us(fn: Callable[[], Any]) -> tuple[float, float, str]:
     except Exception as err:  # noqa: BLE001 - a benchmark row, not a crash
         note = f"{type(err).__name__}: {err}"
     return ((time.perf_counter_ns() - t0) / 1000.0, (time.thread_time_ns() - c0) / 1000.0, note)
+
+
+# -- the daemon path ------------------------------------------------------------------------
+def daemon_path_hot(sampler: Any, reps: int) -> dict[str, Any]:
+    """The loop's work per GPU, back to back on this thread (the sampler is not started).
+
+    Each worker's read is exactly what its thread runs per tick, but the wake-up; the
+    loop's tick is run over samples left in the workers' slots, as the workers leave them.
+    """
+    workers = sampler._fast
+    t = time.time()
+    reads = [wall_and_cpu_us(lambda w=w: w._read(t), reps) for w in workers]
+    samples = [w._read(t) for w in workers]
+    slots = iter(range(10**9, 2 * 10**9))
+
+    def loop_tick() -> None:
+        slot = next(slots)
+        for w, sample in zip(workers, samples):
+            w.slot = (slot, sample, 0)
+        sampler._tick_slot(slot)
+
+    tick_wall, tick_cpu = wall_and_cpu_us(loop_tick, reps)
+    n = max(len(workers), 1)
+    return {"read_us": [r[0] for r in reads], "read_cpu_us": [r[1] for r in reads],
+            "loop_tick_us": tick_wall, "loop_tick_cpu_us": tick_cpu,
+            "per_gpu_us": [r[0] + tick_wall / n for r in reads],
+            "per_gpu_cpu_us": [r[1] + tick_cpu / n for r in reads]}
+
+
+def _thread_cpu_ns(threads: list[threading.Thread]) -> dict[str, int]:
+    out = {}
+    for t in threads:
+        try:
+            out[t.name] = time.clock_gettime_ns(time.pthread_getcpuclockid(t.ident))
+        except (OSError, TypeError, AttributeError):  # gone, never started, not Linux
+            pass
+    return out
+
+
+def daemon_path_at_cadence(sampler: Any, seconds: float) -> dict[str, Any]:
+    """The started sampler: each thread's CPU from its own clock, per read and per tick."""
+    try:
+        sampler.start()
+        time.sleep(max(3 * sampler.interval, 0.5))  # past the first ticks
+        threads = [t for t in threading.enumerate() if t.name.startswith("gpuwatch-")]
+        workers = [t.name for t in threads
+                   if t.name.startswith("gpuwatch-gpu") and not t.name.endswith("-slow")]
+        fast = list(getattr(sampler, "_fast", []))
+        reads0 = sum(getattr(w, "reads", 0) for w in fast)
+        read_ns0 = sum(getattr(w, "read_ns", 0) for w in fast)
+        ticks0 = sampler.store.latest().health.ticks_total
+        cpu0, proc0 = _thread_cpu_ns(threads), time.process_time_ns()
+        time.sleep(seconds)
+        cpu1, proc1 = _thread_cpu_ns(threads), time.process_time_ns()
+        ticks = max(sampler.store.latest().health.ticks_total - ticks0, 1)
+        reads = sum(getattr(w, "reads", 0) for w in fast) - reads0
+        read_ns = sum(getattr(w, "read_ns", 0) for w in fast) - read_ns0
+        errors = dict(sampler.store.latest().health.errors_total)
+    finally:
+        sampler.stop()
+    n = max(len(workers), 1)
+    worker_cpu = sum(cpu1[w] - cpu0[w] for w in workers if w in cpu0 and w in cpu1)
+    loop_cpu = cpu1.get("gpuwatch-sampler", 0) - cpu0.get("gpuwatch-sampler", 0)
+    # a design that hands one read per tick per GPU counts no reads: then reads = ticks * n
+    per_read = worker_cpu / max(reads or ticks * n, 1) / 1000.0
+    return {"interval": sampler.interval, "seconds": seconds, "ticks": ticks,
+            "worker_cpu_per_read_us": per_read,
+            "worker_wall_per_read_us": read_ns / reads / 1000.0 if reads else None,
+            "loop_cpu_per_tick_us": loop_cpu / ticks / 1000.0,
+            "per_gpu_cpu_us": per_read + loop_cpu / ticks / n / 1000.0,
+            "process_cpu_per_tick_per_gpu_us": (proc1 - proc0) / ticks / n / 1000.0,
+            "errors": errors}
+
+
+def raw_at_cadence(raw_fns: list[Callable[[], Any]], interval: float,
+                   seconds: float) -> dict[str, Any]:
+    """The raw calls of every GPU once per ``interval`` on a thread of their own, as cold as
+    the daemon's reads. Per GPU: the median wall and mean CPU of the calls alone, and the
+    thread's CPU per tick with its one wake-up (the least any sampler pays) over the GPUs."""
+    walls: list[float] = []
+    cpus: list[float] = []
+    ticks = 0
+    thread_cpu = 0
+
+    def run() -> None:
+        nonlocal ticks, thread_cpu
+        bell = threading.Lock()
+        bell.acquire()
+        end = time.monotonic() + seconds
+        start_cpu = time.thread_time_ns()
+        while time.monotonic() < end:
+            bell.acquire(timeout=interval)
+            for fn in raw_fns:
+                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                fn()
+                walls.append((time.perf_counter_ns() - t0) / 1000.0)
+                cpus.append((time.thread_time_ns() - c0) / 1000.0)
+            ticks += 1
+        thread_cpu = time.thread_time_ns() - start_cpu
+
+    thread = threading.Thread(target=run, name="raw-at-cadence")
+    thread.start()
+    thread.join()
+    return {"interval": interval, "calls": len(walls), "wall_us": statistics.median(walls),
+            "cpu_us": statistics.fmean(cpus),
+            "cpu_with_wake_us": thread_cpu / max(ticks, 1) / max(len(raw_fns), 1) / 1000.0}
 
 
 # -- the raw calls -------------------------------------------------------------------------
@@ -162,12 +275,13 @@ def raw_calls(nv: Any, h: Any) -> tuple[Callable[[], Any], Callable[[], Any] | N
     return cheap, gpm_fn, [name for name, _fn in chosen]
 
 
-def bench_gpus(nv: Any, reps: int) -> dict[str, Any]:
+def bench_gpus(nv: Any, reps: int, cadence_seconds: float = 10.0) -> dict[str, Any]:
     from gpuwatch.nvml import Nvml
     from gpuwatch.sampler import Sampler
     from gpuwatch.store import Store
 
     out: dict[str, Any] = {"gpus": []}
+    raw_fns: list[Callable[[], Any]] = []
     count = nv.nvmlDeviceGetCount()
     for i in range(count):
         h = nv.nvmlDeviceGetHandleByIndex(i)
@@ -182,6 +296,7 @@ def bench_gpus(nv: Any, reps: int) -> dict[str, Any]:
                 gpm()
 
         row["raw_total_us"], row["raw_total_cpu_us"] = wall_and_cpu_us(raw_all, reps)
+        raw_fns.append(raw_all)
         out["gpus"].append(row)
 
     # the NVML layer alone, on this thread
@@ -193,19 +308,30 @@ def bench_gpus(nv: Any, reps: int) -> dict[str, Any]:
         row["slow_calls"] = slow_calls(layer.nv, gpu.handle)
     layer.close()
 
-    # the whole tick, per GPU
+    # the synchronous tick, and the daemon path hot, per GPU
     sampler = Sampler(Store(), interval=1.0, slow_interval=3600.0, host=NullHost())
     sampler.tick()
     time.sleep(0.5)  # let the first slow read (started by the first tick) finish
     wall, cpu = wall_and_cpu_us(sampler.tick, reps)
     n = max(len(out["gpus"]), 1)
     out["tick_us"], out["tick_cpu_us"] = wall, cpu
-    for row in out["gpus"]:
+    hot = daemon_path_hot(sampler, reps)
+    out["daemon_hot"] = hot
+    for i, row in enumerate(out["gpus"]):
         row["tick_per_gpu_us"] = wall / n
         row["tick_per_gpu_cpu_us"] = cpu / n
+        row["daemon_read_us"], row["daemon_read_cpu_us"] = hot["read_us"][i], hot["read_cpu_us"][i]
+        row["daemon_per_gpu_us"] = hot["per_gpu_us"][i]
+        row["daemon_per_gpu_cpu_us"] = hot["per_gpu_cpu_us"][i]
     errors = dict(sampler.store.latest().health.errors_total)
     sampler.stop()
     out["tick_errors"] = errors
+
+    # the daemon path at its cadence, beside the raw calls at the same cadence
+    out["raw_at_cadence"] = raw_at_cadence(raw_fns, CADENCE_INTERVAL, cadence_seconds)
+    out["daemon_at_cadence"] = daemon_path_at_cadence(
+        Sampler(Store(), interval=CADENCE_INTERVAL, slow_interval=3600.0, host=NullHost()),
+        cadence_seconds)
 
     # the tick while the slow tier runs back to back beside it
     sampler = Sampler(Store(), interval=1.0, slow_interval=1e-6, host=NullHost())
@@ -358,10 +484,36 @@ def report(result: dict[str, Any]) -> str:
             lines.append(f"| raw calls the tick makes | {fmt(raw)} (CPU {fmt(raw_cpu)}) | 1.00x |")
             lines.append(f"| NvmlGpu.read_fast() | {fmt(row['read_fast_us'])} | "
                          f"{row['read_fast_us'] / raw:.2f}x |")
-            lines.append(f"| Sampler.tick() per GPU, wall | {fmt(row['tick_per_gpu_us'])} | "
-                         f"{row['tick_per_gpu_us'] / raw:.2f}x |")
-            lines.append(f"| Sampler.tick() per GPU, CPU | {fmt(row['tick_per_gpu_cpu_us'])} | "
+            lines.append(f"| worker read + sample (daemon path) | {fmt(row['daemon_read_us'])} "
+                         f"(CPU {fmt(row['daemon_read_cpu_us'])}) | |")
+            lines.append(f"| **daemon path per GPU, wall** (read + loop tick / GPUs) | "
+                         f"{fmt(row['daemon_per_gpu_us'])} | "
+                         f"{row['daemon_per_gpu_us'] / raw:.2f}x |")
+            lines.append(f"| **daemon path per GPU, CPU** | {fmt(row['daemon_per_gpu_cpu_us'])} | "
+                         f"{row['daemon_per_gpu_cpu_us'] / raw_cpu:.2f}x (CPU vs CPU) |")
+            lines.append(f"| Sampler.tick() synchronous, per GPU, wall | "
+                         f"{fmt(row['tick_per_gpu_us'])} | {row['tick_per_gpu_us'] / raw:.2f}x |")
+            lines.append(f"| Sampler.tick() synchronous, per GPU, CPU | "
+                         f"{fmt(row['tick_per_gpu_cpu_us'])} | "
                          f"{row['tick_per_gpu_cpu_us'] / raw_cpu:.2f}x (CPU vs CPU) |")
+        hot = gpu["daemon_hot"]
+        lines.append(f"| daemon loop tick (all GPUs, hot) | {fmt(hot['loop_tick_us'])} "
+                     f"(CPU {fmt(hot['loop_tick_cpu_us'])}) | |")
+        rc, dc = gpu["raw_at_cadence"], gpu["daemon_at_cadence"]
+        lines.append(f"| **at --interval {dc['interval']}** ({dc['ticks']} ticks; cold) | | |")
+        lines.append(f"| raw calls per GPU at that cadence | {fmt(rc['wall_us'])} "
+                     f"(CPU {fmt(rc['cpu_us'])}) | 1.00x |")
+        lines.append(f"| the same with their thread's one wake-up, CPU | "
+                     f"{fmt(rc['cpu_with_wake_us'])} | "
+                     f"{rc['cpu_with_wake_us'] / rc['cpu_us']:.2f}x |")
+        lines.append(f"| worker per read: wall, CPU (wake-up included) | "
+                     f"{fmt(dc['worker_wall_per_read_us'])}, {fmt(dc['worker_cpu_per_read_us'])} | |")
+        lines.append(f"| loop per tick, CPU | {fmt(dc['loop_cpu_per_tick_us'])} | |")
+        lines.append(f"| **daemon path per GPU, CPU** (worker + loop / GPUs) | "
+                     f"{fmt(dc['per_gpu_cpu_us'])} | "
+                     f"{dc['per_gpu_cpu_us'] / rc['cpu_us']:.2f}x (CPU vs CPU) |")
+        lines.append(f"| whole process CPU per tick per GPU | "
+                     f"{fmt(dc['process_cpu_per_tick_per_gpu_us'])} | |")
         lines.append(f"| tick (all GPUs) with the slow tier running beside it | "
                      f"{fmt(gpu['tick_with_slow_running_us'])} | |")
         others = result.get("others", {})
@@ -397,11 +549,14 @@ def targets(result: dict[str, Any]) -> dict[str, bool]:
     out: dict[str, bool] = {}
     gpu = result.get("gpu")
     if gpu:
-        out[f"tick CPU within {TARGET_TICK_RATIO}x of raw calls"] = all(
-            r["tick_per_gpu_cpu_us"] <= TARGET_TICK_RATIO * r["raw_total_cpu_us"]
+        out[f"daemon path CPU within {TARGET_TICK_RATIO}x of raw calls"] = all(
+            r["daemon_per_gpu_cpu_us"] <= TARGET_TICK_RATIO * r["raw_total_cpu_us"]
             for r in gpu["gpus"])
-        out[f"tick wall within {TARGET_TICK_RATIO}x of raw calls"] = all(
-            r["tick_per_gpu_us"] <= TARGET_TICK_RATIO * r["raw_total_us"] for r in gpu["gpus"])
+        out[f"daemon path wall within {TARGET_TICK_RATIO}x of raw calls"] = all(
+            r["daemon_per_gpu_us"] <= TARGET_TICK_RATIO * r["raw_total_us"] for r in gpu["gpus"])
+        out[f"daemon path CPU at cadence within {TARGET_TICK_RATIO}x of raw calls there"] = (
+            gpu["daemon_at_cadence"]["per_gpu_cpu_us"]
+            <= TARGET_TICK_RATIO * gpu["raw_at_cadence"]["cpu_us"])
     for d in result.get("daemon", []):
         if "cpu_percent" not in d:
             continue
@@ -416,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", metavar="FILE", help="write the results as JSON here")
     ap.add_argument("--reps", type=int, default=2000, help="repetitions per micro-benchmark")
+    ap.add_argument("--cadence-seconds", type=float, default=10.0,
+                    help=f"how long to watch the daemon path at --interval {CADENCE_INTERVAL}")
     ap.add_argument("--daemon-seconds", type=float, default=20.0,
                     help="how long to watch the daemon at each interval (0: skip)")
     args = ap.parse_args(argv)
@@ -436,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         count = 0
     if count:
         result["device"] = f"{count}x {nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(0))}"
-        result["gpu"] = bench_gpus(nv, args.reps)
+        result["gpu"] = bench_gpus(nv, args.reps, args.cadence_seconds)
         result["others"] = bench_others(count, args.reps)
         nv.nvmlShutdown()
     result["daemon"] = []

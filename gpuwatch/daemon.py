@@ -149,8 +149,10 @@ class Daemon:
         self._stop.set()
         if self.http is not None and self.http not in self._started:
             self.http.stop()  # bound but never started
-        # the reverse of start: stop serving first, the source last
-        for part in reversed(self._started):
+        # stop serving first, then what produces samples, and the recorder last so that it
+        # writes out everything the sources produced
+        order = [self.http, self.source, self.receiver, self.advisor, self.recorder]
+        for part in [p for p in order if p is not None and p in self._started]:
             try:
                 part.stop()
             except Exception:  # keep stopping the rest

@@ -123,14 +123,19 @@ def test_a_user_rule_directory_from_the_config(tmp_path):
 
 
 def test_advise_url_reads_a_running_daemon():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     daemon = subprocess.Popen(
         [sys.executable, "-m", "gpuwatch", "run", "--replay", str(DATA / "tuned.jsonl"),
          "--web.listen-address", "127.0.0.1:0", "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     try:
-        line = daemon.stdout.readline()
-        assert "serving" in line, daemon.stderr.read()
+        # the daemon says where it serves on stderr, after any log lines
+        line = ""
+        for _ in range(50):
+            line = daemon.stderr.readline()
+            if "serving" in line or not line:
+                break
+        assert "serving" in line, line
         url = line.split()[2].rsplit("/metrics", 1)[0]
         proc = run_cli("advise", "--url", url, "--format", "json")
         assert proc.returncode == 0, proc.stderr

@@ -227,6 +227,33 @@ def test_hung_call_stalls_only_its_gpu_and_the_tick_publishes(make_sampler) -> N
     wait_for(lambda: sampler.tick().gpus[1].util == 0.75, "GPU 1 answers again")
 
 
+def test_started_loop_a_hung_gpu_stalls_only_itself_and_ticks_go_on(make_sampler) -> None:
+    stub = NvmlStub([StubGpu(0), StubGpu(1)])
+    sampler, store = make_sampler(stub, interval=0.1)
+    sampler.start()
+    wait_for(lambda: store.latest().health.ticks_total >= 3, "three ticks")
+    snap = store.latest()
+    assert [g.util for g in snap.gpus] == [0.75, 0.75]
+    assert {g.t for g in snap.gpus} == {snap.t}  # one tick, one time: replay groups by it
+    assert snap.health.errors_total == {}
+
+    stub.gpus[1].hang("nvmlDeviceGetTemperature")
+    wait_for(stub.gpus[1].blocked.is_set, "GPU 1 stuck in NVML")
+    ticks = store.latest().health.ticks_total
+    wait_for(lambda: store.latest().health.ticks_total >= ticks + 5, "five more ticks")
+    snap = store.latest()
+    assert stub.gpus[1].blocked.is_set()
+    assert snap.gpus[0].util == 0.75 and snap.gpus[0].t == snap.t
+    assert snap.gpus[1].util is None and not snap.gpus[1].lost
+    assert snap.health.errors_total["gpu1_stalled"] >= 4
+    assert "gpu0_stalled" not in snap.health.errors_total
+    # nothing waits on a stuck GPU: the ticks keep their pace (0.1 s) while it hangs
+    assert snap.health.tick_seconds < 0.05
+
+    stub.gpus[1].release()
+    wait_for(lambda: store.latest().gpus[1].util == 0.75, "GPU 1 answers again")
+
+
 def test_ticks_keep_to_the_grid_and_skip_slots_after_an_overrun(make_sampler) -> None:
     clock = SimClock(1000.0)
     costs = [0.01, 0.01, 0.25, 0.01, 0.01, 0.01]  # the third tick overruns by 2.5 slots
