@@ -84,24 +84,30 @@ def loop_costs(device: str, steps: int, repeats: int, sock: str) -> dict[str, An
     without: list[float] = []
     with_hook: list[float] = []
     sync_error: str | None = None
-    errors_before = 0
+    reports = 0
     for _ in range(repeats):
         without += time_steps(step, steps, cuda)
         hook.attach(sock)
+        try:
+            with_hook += time_steps(step, steps, cuda)
+            reports = hook.stats()["reports_sent"]
+        finally:
+            hook.detach()
+    if cuda:
+        # the sync check runs apart from the timed blocks: the debug mode itself slows
+        # every CUDA call, which would be charged to the hook
+        hook.attach(sock)
         errors_before = hook.stats()["hook_errors"]
         try:
-            if cuda:
-                torch.cuda.set_sync_debug_mode("error")
-            with_hook += time_steps(step, steps, False)
+            torch.cuda.set_sync_debug_mode("error")
+            time_steps(step, steps, False)
             time.sleep(1.2)  # let the reporter run (and read the device) under the check
         except RuntimeError as err:
             sync_error = str(err).splitlines()[0]
         finally:
-            if cuda:
-                torch.cuda.set_sync_debug_mode("default")
-                torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
             hook_errors = hook.stats()["hook_errors"] - errors_before
-            reports = hook.stats()["reports_sent"]
             hook.detach()
         if hook_errors:
             sync_error = sync_error or f"{hook_errors} errors in the hook's reporter"

@@ -12,12 +12,12 @@ import time
 
 import pytest
 from prometheus_client import CollectorRegistry
+from test_advise_support import DATA, ROOT, run_cli
 
 from gpuwatch.advisor import LiveAdvisor
 from gpuwatch.samples import GpuSample, HostSample, Snapshot, StepSample
 from gpuwatch.store import Store
 from gpuwatch.trace import meta_infos, read_trace
-from test_advise_support import DATA, ROOT, run_cli
 
 
 def play(store: Store, advisor: LiveAdvisor, name: str, every: int = 10) -> None:

@@ -13,6 +13,7 @@ Each test prints what it saw.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -46,10 +47,21 @@ def lines(path: Path, kind: str) -> list[dict]:
 
 
 def skipped_by_scale(truth: list[dict], init: float = 65536.0) -> list[bool]:
-    """The workload records the scale after each update(); a skip halves it."""
-    out, prev = [], init
+    """The workload records the scale after each update(); a skip halves it.
+
+    Once the scale has underflowed to 0.0, halving can't show: a step is then skipped
+    exactly when its gradients are not finite, i.e. while the loss is NaN/inf (the
+    workload logs the loss every 10th step; the last logged loss stands for the steps
+    after it).
+    """
+    out, prev, loss = [], init, 0.0
     for s in truth:
-        out.append(s["loss_scale"] < prev)
+        if "loss" in s and s["loss"] is not None:
+            loss = s["loss"]
+        if prev == 0.0 and s["loss_scale"] == 0.0:
+            out.append(not math.isfinite(loss))
+        else:
+            out.append(s["loss_scale"] < prev)
         prev = s["loss_scale"]
     return out
 

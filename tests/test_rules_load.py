@@ -7,10 +7,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_advise_support import DATA, run_cli
 
 from gpuwatch.advisor.rules import RuleFileError, load_rules
 from gpuwatch.errors import FileFormatError
-from test_advise_support import DATA, run_cli
 
 GOOD = """\
 rules:

@@ -253,8 +253,8 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node,
                problems: list[tuple[int | None, str]]) -> Any:
     if node.tag not in _PLAIN_TAGS:
         # data only: a tag asking for an object is refused, never constructed
-        problems.append((node.start_mark.line + 1, f"YAML tag {node.tag!r} is not allowed "
-                         "in a rule file"))
+        problems.append((node.start_mark.line + 1, (f"YAML tag {node.tag!r} is not allowed "
+                         "in a rule file")))
         return None
     if isinstance(node, yaml.MappingNode):
         d = _Map()
