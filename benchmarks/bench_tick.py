@@ -111,7 +111,7 @@ def daemon_path_hot(sampler: Any, reps: int) -> dict[str, Any]:
 
     def loop_tick() -> None:
         slot = next(slots)
-        for w, sample in zip(workers, samples):
+        for w, sample in zip(workers, samples, strict=True):
             w.slot = (slot, sample, 0)
         sampler._tick_slot(slot)
 
@@ -302,7 +302,7 @@ def bench_gpus(nv: Any, reps: int, cadence_seconds: float = 10.0) -> dict[str, A
     # the NVML layer alone, on this thread
     layer = Nvml()
     layer.open()
-    for gpu, row in zip(layer.gpus, out["gpus"]):
+    for gpu, row in zip(layer.gpus, out["gpus"], strict=True):
         gpu.probe()
         row["read_fast_us"] = median_us(gpu.read_fast, reps)
         row["slow_calls"] = slow_calls(layer.nv, gpu.handle)
@@ -507,7 +507,8 @@ def report(result: dict[str, Any]) -> str:
                      f"{fmt(rc['cpu_with_wake_us'])} | "
                      f"{rc['cpu_with_wake_us'] / rc['cpu_us']:.2f}x |")
         lines.append(f"| worker per read: wall, CPU (wake-up included) | "
-                     f"{fmt(dc['worker_wall_per_read_us'])}, {fmt(dc['worker_cpu_per_read_us'])} | |")
+                     f"{fmt(dc['worker_wall_per_read_us'])}, "
+                     f"{fmt(dc['worker_cpu_per_read_us'])} | |")
         lines.append(f"| loop per tick, CPU | {fmt(dc['loop_cpu_per_tick_us'])} | |")
         lines.append(f"| **daemon path per GPU, CPU** (worker + loop / GPUs) | "
                      f"{fmt(dc['per_gpu_cpu_us'])} | "

@@ -470,8 +470,9 @@ class NvmlGpu:
             get = self._gpm_gets[0]
             if self._call("nvmlGpmMetricsGet", get) is not None:
                 # (nvmlReturn, percent) per metric, in _gpm_ids order
-                results = iter(self._gpm_results.unpack_from(get))
-                for (_metric_id, field), ret, percent in zip(self._gpm_ids, results, results):
+                results = self._gpm_results.unpack_from(get)
+                for i, (_metric_id, field) in enumerate(self._gpm_ids):
+                    ret, percent = results[2 * i], results[2 * i + 1]
                     # NaN is no data; GPM sometimes overshoots 100 by rounding, and a
                     # ratio above 1 would mislead every consumer
                     if ret == 0 and not isnan(percent):
