@@ -31,7 +31,10 @@ class Store:
         self.history_seconds = history_seconds
         self.max_records = max_records
         self._lock = threading.Lock()
-        self._latest = Snapshot(t=0.0)
+        self._published = Snapshot(t=0.0)
+        # the published snapshot with the hook's jobs and counters added, built on first
+        # read after a change: ticks are frequent and scrapes rare, so the tick doesn't pay
+        self._latest: Snapshot | None = None
         self._gpu: dict[int, deque[GpuSample]] = {}
         self._host: deque[HostSample] = deque(maxlen=max_records)
         self._steps: deque[StepSample] = deque(maxlen=max_records)
@@ -45,10 +48,8 @@ class Store:
     def publish(self, snapshot: Snapshot) -> None:
         """Publish one tick's snapshot; its GPU and host samples join the history."""
         with self._lock:
-            health = replace(snapshot.health, hook_messages_total=self._hook_messages,
-                             hook_messages_dropped_total=dict(self._hook_dropped))
-            snapshot = replace(snapshot, jobs=tuple(self._jobs.values()), health=health)
-            self._latest = snapshot
+            self._published = snapshot
+            self._latest = None  # composed with the hook's jobs and counters on first read
             for g in snapshot.gpus:
                 ring = self._gpu.get(g.gpu)
                 if ring is None:
@@ -58,7 +59,7 @@ class Store:
             if snapshot.host is not None:
                 self._host.append(snapshot.host)
                 self._trim(self._host, snapshot.t)
-            listeners = list(self._listeners)
+            listeners = list(self._listeners) if self._listeners else ()
         for fn in listeners:
             for g in snapshot.gpus:
                 fn(g)
@@ -89,12 +90,12 @@ class Store:
         """Per-job aggregates from the hook; they ride along in the next snapshot."""
         with self._lock:
             self._jobs[stats.pid] = stats
-            self._latest = replace(self._latest, jobs=tuple(self._jobs.values()))
+            self._latest = None
 
     def drop_job(self, pid: int) -> None:
         with self._lock:
             self._jobs.pop(pid, None)
-            self._latest = replace(self._latest, jobs=tuple(self._jobs.values()))
+            self._latest = None
 
     def count_hook_message(self, dropped_reason: str | None = None) -> None:
         """Count one datagram from the hook; ``dropped_reason`` when it was rejected."""
@@ -103,6 +104,7 @@ class Store:
                 self._hook_messages += 1
             else:
                 self._hook_dropped[dropped_reason] = self._hook_dropped.get(dropped_reason, 0) + 1
+            self._latest = None
 
     def subscribe(self, fn: Listener) -> None:
         """Call ``fn`` with every new sample (the recorder); it must not block."""
@@ -122,10 +124,20 @@ class Store:
             self._steps.clear()
             self._configs.clear()
             self._jobs.clear()
+            self._latest = None
 
     # -- readers -------------------------------------------------------------------
     def latest(self) -> Snapshot:
-        return self._latest
+        snap = self._latest
+        if snap is not None:
+            return snap
+        with self._lock:
+            pub = self._published
+            health = replace(pub.health, hook_messages_total=self._hook_messages,
+                             hook_messages_dropped_total=dict(self._hook_dropped))
+            snap = replace(pub, jobs=tuple(self._jobs.values()), health=health)
+            self._latest = snap
+        return snap
 
     def gpu_history(self, gpu: int, since: float = 0.0) -> list[GpuSample]:
         with self._lock:
