@@ -31,7 +31,7 @@ MIN_HISTORY, MAX_HISTORY = 10.0, 7 * 86400.0
 class Config:
     listen_address: str = DEFAULT_LISTEN  # HOST:PORT, ':PORT' for all interfaces
     interval: float = 1.0  # seconds between cheap NVML/host reads
-    slow_interval: float = 10.0  # seconds between slow NVML reads (PCIe, energy, ECC)
+    slow_interval: float = 30.0  # seconds between slow NVML reads (PCIe, energy, ECC)
     history_seconds: float = 900.0  # how much history the store keeps for the advisor
     rules_dirs: tuple[str, ...] = ()  # extra rule directories, after the built-in rules
     hook_socket: str | None = None  # the torch hook's datagram socket; None: chosen at start
@@ -135,12 +135,13 @@ def _show(value: Any) -> str:
 
 def _cross_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
     """Problems between keys, as (key to blame, message)."""
+    if "slow_interval" not in values:
+        return []  # the default follows a long interval (see _settle)
     interval = values.get("interval", Config.interval)
-    slow = values.get("slow_interval", Config.slow_interval)
+    slow = values["slow_interval"]
     if isinstance(interval, (int, float)) and isinstance(slow, (int, float)) and slow < interval:
-        key = "slow_interval" if "slow_interval" in values else "interval"
         msg = f"slow_interval ({slow:g} s) must not be shorter than interval ({interval:g} s)"
-        return [(key, msg)]
+        return [("slow_interval", msg)]
     return []
 
 
@@ -203,7 +204,14 @@ def load_config(path: str) -> Config:
     for key in ("interval", "slow_interval", "history_seconds"):
         if key in values:
             values[key] = float(values[key])
-    return Config(**values)
+    return _settle(Config(**values), "slow_interval" in values)
+
+
+def _settle(config: Config, slow_given: bool) -> Config:
+    """The slow tier's default never runs more often than the tick itself."""
+    if not slow_given and config.slow_interval < config.interval:
+        return replace(config, slow_interval=config.interval)
+    return config
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -226,10 +234,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if check:
             problems.append(f"--{key.replace('_', '-')}: {check}")
     merged = {f.name: getattr(config, f.name) for f in fields(Config)} | overrides
+    slow_given = "slow_interval" in overrides or (
+        path is not None and config.slow_interval != Config.slow_interval)
+    if not slow_given:
+        merged.pop("slow_interval")
     problems += [msg for _, msg in _cross_problems(merged)]
     if problems:
         raise UserError("; ".join(problems))
     for key in ("interval", "slow_interval"):
         if key in overrides:
             overrides[key] = float(overrides[key])
-    return replace(config, **overrides)
+    return _settle(replace(config, **overrides), slow_given)

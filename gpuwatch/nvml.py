@@ -61,6 +61,13 @@ GPM_METRICS: tuple[tuple[str, str], ...] = (
 # P-state 32 is NVML_PSTATE_UNKNOWN
 _PSTATE_UNKNOWN = 32
 
+# GPM calls are serialized across GPUs: on a 2x H200 host (driver 580.159.04) one GPU's
+# nvmlGpmMetricsGet crashed the process (SIGSEGV) while another GPU's nvmlGpmSampleGet ran
+# on another thread. A GPU that can't get the lock soon (another GPU's GPM call is stuck)
+# skips GPM for that tick rather than stall: its cheap fields still arrive.
+_GPM_LOCK = threading.Lock()
+_GPM_LOCK_TIMEOUT = 0.02  # seconds; a GPM read takes ~40-60 us
+
 # the running-process queries by name, newest version first: the unversioned pynvml name
 # turns FunctionNotFound into a non-NVML exception, so the versions are asked for by name
 _RUNNING_PROCESSES = tuple(
@@ -215,6 +222,7 @@ class NvmlGpu:
         self.unsupported: set[str] = set()
         self._funcs: dict[str, Any] = {}  # bound once: the tick pays no attribute lookups
         self._failed_reads = 0
+        self._has_processes = True  # until the first read says otherwise
         # did any call answer / fail during the current read, per thread: the fast and the
         # slow tier read the same GPU from two threads, and only the fast read judges "lost"
         self._read = threading.local()
@@ -423,6 +431,7 @@ class NvmlGpu:
         if reasons is not None:
             out["clock_event_reasons"] = int(reasons)
         procs = out["processes"] = self._processes()
+        self._has_processes = bool(procs)
         gpm = self._gpm(out) if self._gpm_ids else False
         if read.failed:
             # something failed: did anything answer? (a success leaves no flag, see _call)
@@ -463,6 +472,14 @@ class NvmlGpu:
 
         False when the GPU did not give a sample.
         """
+        if not _GPM_LOCK.acquire(timeout=_GPM_LOCK_TIMEOUT):
+            return False
+        try:
+            return self._gpm_locked(out)
+        finally:
+            _GPM_LOCK.release()
+
+    def _gpm_locked(self, out: dict[str, Any]) -> bool:
         current = self._gpm_samples[1]
         if self._call("nvmlGpmSampleGet", self.handle, current) is None:
             return False
@@ -535,6 +552,9 @@ class NvmlGpu:
 
     def read_process_utilization(self) -> dict[int, float]:
         """Per-process SM utilization (0-1), mean over NVML's samples since the last read."""
+        if not self._has_processes:
+            # ~3 ms of CPU to learn "not found" on an H200: skip it while no process runs
+            return {}
         samples = self._call("nvmlDeviceGetProcessUtilization", self.handle,
                              self._proc_util_seen)
         if not samples:

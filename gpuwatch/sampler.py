@@ -293,7 +293,7 @@ class _ProcessNames:
 class Sampler:
     """Samples every GPU (through :mod:`gpuwatch.nvml`) and the host into a Store."""
 
-    def __init__(self, store: Store, *, interval: float = 1.0, slow_interval: float = 10.0,
+    def __init__(self, store: Store, *, interval: float = 1.0, slow_interval: float = 30.0,
                  nvml_module: object | None = None, host: object | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not MIN_INTERVAL <= interval <= MAX_INTERVAL:

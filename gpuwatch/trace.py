@@ -57,6 +57,7 @@ MAX_PROBLEMS = 20
 _FORMAT_PREFIX = "gpuwatch-trace/"
 # a ratio a little above 1 is rounding in the source (GPM math, CPU jiffies), not a bad file
 _RATIO_SLACK = 1e-3
+_RATIO_MAX = 1.0 + _RATIO_SLACK
 
 
 # -- field checkers: each returns the value as the sample wants it, or raises _Bad ---------
@@ -99,7 +100,7 @@ def _integer(lo: int | None = 0, what: str = "a whole number >= 0") -> Check:
     return check
 
 
-_ratio = _number(0.0, 1.0 + _RATIO_SLACK, "a number 0-1")
+_ratio = _number(0.0, _RATIO_MAX, "a number 0-1")
 _nonneg = _number(0.0, None, "a number >= 0")
 _anynum = _number()
 _count = _integer()
@@ -118,6 +119,33 @@ def _boolean(name: str, v: Any) -> Any:
     return v
 
 
+# The fast path's tables (``_fast_values``): per field, (exact types, low, high) for a
+# plain value, or the checker itself for a list or object. Ranges are those of the checkers
+# above; floats must also be finite, hence the largest float as the open end (a bigger int
+# is left to the full check). bool is its own type, so true is never taken for 1.
+_FINITE = sys.float_info.max
+_NUMERIC = frozenset({int, float})
+_INT = frozenset({int})
+
+
+def _fast_rule(check: Check) -> Any:
+    if check is _ratio:
+        return (_NUMERIC, 0.0, _RATIO_MAX)
+    if check is _nonneg:
+        return (_NUMERIC, 0.0, _FINITE)
+    if check is _anynum:
+        return (_NUMERIC, -_FINITE, _FINITE)
+    if check is _count:
+        return (_INT, 0, math.inf)
+    if check is _any_int:
+        return (_INT, None, None)
+    if check is _string:
+        return (frozenset({str}), None, None)
+    if check is _boolean:
+        return (frozenset({bool}), None, None)
+    return check
+
+
 def _capability(name: str, v: Any) -> Any:
     if (not isinstance(v, list) or len(v) != 2
             or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)):
@@ -126,6 +154,9 @@ def _capability(name: str, v: Any) -> Any:
 
 
 def _ratios(name: str, v: Any) -> Any:
+    # every host line has one per core: test the usual all-floats-in-range list at once
+    if type(v) is list and all(type(x) is float and 0.0 <= x <= _RATIO_MAX for x in v):
+        return tuple(v)
     if not isinstance(v, list):
         raise _Bad(f"field '{name}' must be a list of numbers 0-1, got {_show(v)}")
     out = []
@@ -137,7 +168,27 @@ def _ratios(name: str, v: Any) -> Any:
     return tuple(out)
 
 
-def _objects(spec: Mapping[str, Check], required: Sequence[str], cls: type) -> Check:
+def _objects(spec: Mapping[str, Check], required: Sequence[str]) -> Check:
+    """A list of objects (processes, job trees), each as the dict of its checked fields.
+
+    Dicts rather than GpuProcess/JobTree: the advisor reads them by name, and a sample
+    builds its records from them (``_sample``).
+    """
+    table = {name: _fast_rule(c) for name, c in spec.items()}
+
+    def usual(item: dict[str, Any]) -> bool:
+        for name in required:
+            if name not in item:
+                return False
+        for name, v in item.items():
+            rule = table.get(name)
+            if type(rule) is not tuple:  # unknown (to drop) or nested: the full check
+                return False
+            types, lo, hi = rule
+            if type(v) not in types or (lo is not None and not lo <= v <= hi):
+                return False
+        return True
+
     def check(name: str, v: Any) -> Any:
         if not isinstance(v, list):
             raise _Bad(f"field '{name}' must be a list, got {_show(v)}")
@@ -145,7 +196,7 @@ def _objects(spec: Mapping[str, Check], required: Sequence[str], cls: type) -> C
         for i, item in enumerate(v):
             if not isinstance(item, dict):
                 raise _Bad(f"field '{name}[{i}]' must be an object, got {_show(item)}")
-            out.append(cls(**_fields(item, spec, required, f"{name}[{i}].")))
+            out.append(item if usual(item) else _fields(item, spec, required, f"{name}[{i}]."))
         return tuple(out)
     return check
 
@@ -182,7 +233,7 @@ _GPU: dict[str, Check] = {
     "remapped_rows_pending": _boolean, "remapped_rows_failure": _boolean,
     "sm_active": _ratio, "sm_occupancy": _ratio, "tensor_active": _ratio, "dram_active": _ratio,
     "fp16_active": _ratio, "fp32_active": _ratio, "fp64_active": _ratio,
-    "processes": _objects(_PROCESS, ("pid",), GpuProcess),
+    "processes": _objects(_PROCESS, ("pid",)),
     "xid_total": _xids,
 }
 _HOST: dict[str, Check] = {
@@ -192,7 +243,7 @@ _HOST: dict[str, Check] = {
     "swap_used_bytes": _count, "swap_total_bytes": _count,
     "job_cpu_cores": _nonneg, "job_processes": _count, "job_rss_bytes": _count,
     "job_main_cpu_cores": _nonneg, "job_workers_cpu_cores": _nonneg,
-    "jobs": _objects(_JOB, ("pid",), JobTree),
+    "jobs": _objects(_JOB, ("pid",)),
 }
 _STEP: dict[str, Check] = {
     "step": _any_int, "step_seconds": _nonneg, "data_wait_seconds": _nonneg,
@@ -215,6 +266,19 @@ _KINDS: dict[str, tuple[type, dict[str, Check], tuple[str, ...]]] = {
 }
 _KIND_OF = {cls: kind for kind, (cls, _, _) in _KINDS.items()}
 _TIME = _number(0.0, None, "a Unix time in seconds")
+
+
+def _fast_table(spec: Mapping[str, Check]) -> dict[str, Any]:
+    table = {name: _fast_rule(check) for name, check in spec.items()}
+    table["t"] = (_NUMERIC, 0.0, _FINITE)  # _TIME
+    table["kind"] = (frozenset({str}), None, None)
+    return table
+
+
+# config lines keep every field (they are the job's settings): always the full check
+_FAST: dict[str, tuple[dict[str, Any], tuple[str, ...], str]] = {
+    kind: (_fast_table(spec), required, kind)
+    for kind, (_cls, spec, required) in _KINDS.items() if kind != "config"}
 
 
 def _fields(d: Mapping[str, Any], spec: Mapping[str, Check], required: Sequence[str],
@@ -256,6 +320,86 @@ class UnknownKindError(TraceLineError):
 # -- one line <-> one sample -------------------------------------------------------------
 def line_to_sample(d: Mapping[str, Any]) -> Sample:
     """The sample one trace line holds; raises ``TraceLineError`` saying what is wrong."""
+    return _sample(_checked(dict(d) if type(d) is dict else d))  # a copy: d stays as it is
+
+
+_RECORDS = (("processes", GpuProcess), ("jobs", JobTree))
+
+
+def _sample(values: dict[str, Any]) -> Sample:
+    """The sample for a line's checked values (``_checked``); takes ``values`` apart."""
+    cls = _KINDS[values.pop("kind")][0]
+    for name, record in _RECORDS:
+        items = values.get(name)
+        if items:
+            values[name] = tuple(record(**x) for x in items)
+    return cls(**values)
+
+
+def _checked(d: Any) -> dict[str, Any]:
+    """A line's checked values: the sample's fields, converted, with ``kind`` beside them.
+
+    Raises ``TraceLineError``. ``d`` may be reused for the result (the reader owns the dicts
+    it parses): a usual line is checked field by field against a table and kept as it is;
+    anything else (a wrong type, a value out of range, NaN, a missing field, a config line)
+    goes through the full check, which says exactly what is wrong.
+    """
+    if type(d) is dict:
+        kind = d.get("kind")
+        fast = _FAST.get(kind) if type(kind) is str else None
+        if fast is not None:
+            values = _fast_values(d, *fast)
+            if values is not None:
+                return values
+    return _checked_slowly(d)
+
+
+def _fast_values(d: dict[str, Any], table: Mapping[str, Any], required: tuple[str, ...],
+                 kind: str) -> dict[str, Any] | None:
+    """``d`` checked and trimmed to its known fields, or None where the full check must look.
+
+    The reader spends most of its time here (a day of 8 GPUs is ~800 000 lines), so the
+    usual case costs one table look-up and a type and range test per field; it accepts only
+    what the full check (``_fields``) would accept unchanged, so both give the same values.
+    """
+    if d.get("t") is None:
+        return None
+    for name in required:
+        if d.get(name) is None:
+            return None
+    drop: list[str] | None = None
+    converted: list[tuple[str, Any]] | None = None
+    for name, v in d.items():
+        rule = table.get(name)
+        if rule is None or v is None:  # an unknown field, or null: not measured
+            if drop is None:
+                drop = []
+            drop.append(name)
+        elif type(rule) is tuple:
+            types, lo, hi = rule
+            if type(v) not in types or (lo is not None and not lo <= v <= hi):
+                return None  # NaN fails the range test too: the full check drops it
+        else:  # a list or object field: its own checker builds what the sample holds
+            try:
+                value = rule(name, v)
+            except _Bad:
+                return None
+            if converted is None:
+                converted = []
+            converted.append((name, value))
+    if drop is not None:
+        for name in drop:
+            del d[name]
+    if converted is not None:
+        for name, value in converted:
+            d[name] = value
+    if kind == "gpu" and "processes" not in d:
+        d["processes"] = ()  # what GpuSample holds by default: nobody on the GPU
+    return d
+
+
+def _checked_slowly(d: Any) -> dict[str, Any]:
+    """The full check of one line: every problem of it, in one message."""
     if not isinstance(d, Mapping):
         raise TraceLineError(f"a line must be a JSON object, got {_show(d)}")
     kind = d.get("kind")
@@ -276,10 +420,13 @@ def line_to_sample(d: Mapping[str, Any]) -> Sample:
         values = _fields(d, spec, required)
     except _Bad as bad:
         raise TraceLineError(str(bad)) from None
+    values["t"] = t
+    values["kind"] = kind
     if cls is ConfigSample:
-        extra = {k: v for k, v in d.items() if k not in ("t", "kind", "pid", "rank")}
-        return ConfigSample(t=t, values=extra, **values)
-    return cls(t=t, **values)
+        values["values"] = {k: v for k, v in d.items() if k not in ("t", "kind", "pid", "rank")}
+    elif cls is GpuSample:
+        values.setdefault("processes", ())
+    return values
 
 
 def _plain(v: Any) -> Any:
@@ -421,6 +568,26 @@ def _open_binary(path: str) -> IO[bytes]:
     return gzip.open(path, "rb")  # type: ignore[return-value]
 
 
+_scan_json = json.JSONDecoder().scan_once
+
+
+def _parse(raw: bytes) -> Any:
+    """``json.loads(raw)``, minus its per-call overhead for the usual line.
+
+    The C scanner parses the text directly; anything unusual (not UTF-8, leading
+    whitespace, a byte-order mark, bad JSON, more after the value) is handed to
+    ``json.loads``, so what it accepts and what its errors say stay the same.
+    """
+    try:
+        text = raw.decode()
+        obj, end = _scan_json(text, 0)
+    except (UnicodeDecodeError, StopIteration, ValueError):
+        return json.loads(raw)
+    if end != len(text) and text[end:].strip(" \t\n\r"):
+        return json.loads(raw)
+    return obj
+
+
 class _Reader:
     """One pass over one file: the meta line, then samples; problems collected as it goes."""
 
@@ -496,6 +663,11 @@ class _Reader:
         raise FileFormatError(self.path, [(None, "empty file: no meta line")])
 
     def samples(self) -> Iterator[Sample]:
+        for values in self.lines():
+            yield _sample(values)
+
+    def lines(self) -> Iterator[dict[str, Any]]:
+        """Each good line's checked values (``_checked``), until a problem stops it."""
         last_t: float | None = None
         last_line = 0
         try:
@@ -505,7 +677,7 @@ class _Reader:
                 if not raw.strip():
                     continue
                 try:
-                    d = json.loads(raw)
+                    d = _parse(raw)
                 except ValueError as err:
                     if is_last and not raw.endswith(b"\n"):
                         self.warnings.append((n, ("the last line is cut short (a recorder "
@@ -514,7 +686,7 @@ class _Reader:
                     self._fail(n, f"not JSON: {err}")
                     continue
                 try:
-                    sample = line_to_sample(d)
+                    values = _checked(d)
                 except UnknownKindError as err:
                     self.unknown[err.kind] += 1
                     self.first_unknown = self.first_unknown or n
@@ -526,12 +698,13 @@ class _Reader:
                         continue
                     self._fail(n, str(err))
                     continue
-                if last_t is not None and sample.t < last_t:
-                    self._fail(n, f"time goes backwards: t={sample.t!r} after t={last_t!r} "
+                t = values["t"]
+                if last_t is not None and t < last_t:
+                    self._fail(n, f"time goes backwards: t={t!r} after t={last_t!r} "
                                   f"on line {last_line}")
-                last_t, last_line = sample.t, n
+                last_t, last_line = t, n
                 if not self.problems:
-                    yield sample
+                    yield values
         finally:
             self._file.close()
         if self.unknown:
@@ -542,6 +715,18 @@ class _Reader:
             log.warning("%s", f"{self.path}:{line}: {msg}" if line else f"{self.path}: {msg}")
         if self.problems:
             self._raise()
+
+
+def iter_trace_lines(path: str) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """Like ``iter_trace``, with each sample as the dict of its checked fields and ``kind``.
+
+    The same checks and errors; what it saves is building a sample object per line, which
+    a consumer that reads fields by name (the advisor's ``Frame.feed``) does not need.
+    Fields a line leaves out are absent, except ``processes`` on gpu lines (``()``); a
+    config line's settings are under ``values``, as in ``ConfigSample``.
+    """
+    reader = _Reader(path)
+    return reader.meta, reader.lines()
 
 
 def iter_trace(path: str) -> tuple[dict[str, Any], Iterator[Sample]]:

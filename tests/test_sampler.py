@@ -254,6 +254,27 @@ def test_started_loop_a_hung_gpu_stalls_only_itself_and_ticks_go_on(make_sampler
     wait_for(lambda: store.latest().gpus[1].util == 0.75, "GPU 1 answers again")
 
 
+def test_a_gpm_call_stuck_on_one_gpu_costs_the_others_only_their_gpm(make_sampler) -> None:
+    # GPM calls are serialized across GPUs (concurrent ones crashed NVML on a 2x H200
+    # host); a GPU stuck inside GPM must not stall the others' cheap fields
+    stub = NvmlStub([StubGpu(0), StubGpu(1)])
+    sampler, store = make_sampler(stub, interval=0.5)
+    sampler.tick()
+    snap = sampler.tick()
+    assert snap.gpus[0].sm_active is not None and snap.gpus[1].sm_active is not None
+    stub.gpus[1].hang("nvmlGpmSampleGet")
+    sampler.tick()
+    wait_for(stub.gpus[1].blocked.is_set, "GPU 1 stuck inside GPM")
+    snap = sampler.tick()  # GPU 1 now holds the GPM lock, stuck
+    g0, g1 = snap.gpus
+    assert g0.util == 0.75 and g0.temp_celsius == 61.0  # cheap fields of GPU 0 arrive
+    assert g0.sm_active is None  # its GPM waited for the lock no longer than it may
+    assert g1.util is None and not g1.lost
+    stub.gpus[1].release()
+    wait_for(lambda: sampler.tick().gpus[0].sm_active is not None, "GPU 0's GPM again")
+    wait_for(lambda: sampler.tick().gpus[1].sm_active is not None, "GPU 1's GPM again")
+
+
 def test_ticks_keep_to_the_grid_and_skip_slots_after_an_overrun(make_sampler) -> None:
     clock = SimClock(1000.0)
     costs = [0.01, 0.01, 0.25, 0.01, 0.01, 0.01]  # the third tick overruns by 2.5 slots

@@ -28,6 +28,7 @@ REFRESH_SECONDS = 10.0
 STALE_SECONDS = 30.0
 # counters' increases and "newest value" need no full window: a new error counts at once
 _PARTIAL_OK = frozenset({"delta", "increase", "rate", "last", "count"})
+_TABLE_OF = {name: d.table for name, d in VOCABULARY.items()}
 
 
 class _Ctx:
@@ -54,7 +55,7 @@ class _Ctx:
         return v
 
     def _window(self, fn: str, name: str, seconds: float) -> Any:
-        table_kind = VOCABULARY[name].table
+        table_kind = _TABLE_OF[name]
         if table_kind == "config":
             return self.frame.config_value(self.subj, name)
         if table_kind == "fact":
@@ -70,6 +71,8 @@ class _Ctx:
         # rather than judge a few seconds as if they were the whole window
         if self.end - self.subj.first < n and fn not in _PARTIAL_OK:
             return None
+        if fn == "mean":  # most windows: straight to the prefix sums
+            return ring.mean(self.end, n)
         return window_stat(ring, fn, self.end, n, self.res)
 
     def last(self, name: str) -> Any:
@@ -79,7 +82,7 @@ class _Ctx:
         v = self.cache.get(key, _MISSING)
         if v is not _MISSING:
             return v
-        table_kind = VOCABULARY[name].table
+        table_kind = _TABLE_OF[name]
         if table_kind == "config":
             v = self.frame.config_value(self.subj, name)
         elif table_kind == "fact":
@@ -151,6 +154,9 @@ class Engine:
         self.on_end = on_end
         self.evaluated_until: float | None = None
         self.ticks = 0
+        # each subject is judged by the rules of its scope, in the rule set's order
+        self._gpu_rules = [r for r in self.rules if r.scope != "host"]
+        self._host_rules = [r for r in self.rules if r.scope == "host"]
 
     # -- input --------------------------------------------------------------------------
     def feed(self, sample: Any) -> None:
@@ -174,30 +180,42 @@ class Engine:
         self.evaluated_until = t
         self.ticks += 1
         frame = self.frame
+        states = self.states
         for subj in list(frame.subjects.values()):
-            if subj.gpu is None and not frame.host_tables.ever and not subj.job.ever:
-                continue
+            if subj.gpu is None:
+                if not frame.host_tables.ever and not subj.job.ever:
+                    continue
+                rules = self._host_rules
+            else:
+                rules = self._gpu_rules
             ctx = _Ctx(frame, subj, idx + 1)
             cc = frame.fact(subj, "compute_capability")
             holding: dict[str, bool] = {}
-            for rule in self.rules:
-                if (rule.scope == "host") != (subj.gpu is None):
+            for rule in rules:
+                if cc is not None and not rule.applies_to(cc):
                     continue
-                if not rule.applies_to(cc):
-                    continue
-                cond = rule.when(ctx) is True
-                if cond and rule.unless:
-                    for _, u in rule.unless:
-                        if u(ctx) is True:
-                            cond = False
-                            break
+                if rule.holds is not None:
+                    cond = rule.holds(ctx)
+                    if cond:
+                        for u in rule.unless_holds:
+                            if u(ctx):
+                                cond = False
+                                break
+                else:  # a Rule built by hand, without the predicates
+                    cond = rule.when(ctx) is True
+                    if cond:
+                        for _, u in rule.unless:
+                            if u(ctx) is True:
+                                cond = False
+                                break
                 if cond and rule.suppressed_by:
                     for sid in rule.suppressed_by:
                         if holding.get(sid):
                             cond = False
                             break
                 holding[rule.id] = cond
-                self._step(rule, subj, ctx, cond, t)
+                if cond or (rule.id, subj.gpu) in states:  # else: nothing held, nothing to do
+                    self._step(rule, subj, ctx, cond, t)
 
     def _step(self, rule: Rule, subj: Subject, ctx: _Ctx, cond: bool, t: float) -> None:
         key = (rule.id, subj.gpu)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ __all__ = [
     "Context",
     "ExprError",
     "Node",
+    "compile_condition",
     "compile_expr",
     "parse",
     "parse_duration",
@@ -415,42 +417,98 @@ def compile_expr(node: Node) -> Compiled:
         f = compile_expr(a[0])
 
         def not_(ctx: Any) -> Any:
-            v = _truth(f(ctx))
+            v = f(ctx)
             return None if v is None else not v
         return not_
     if op == "and":
-        left, right = compile_expr(a[0]), compile_expr(a[1])
+        # a chain of ``and`` as one closure (``a and b and c`` parses as nested pairs): the
+        # same operands evaluated in the same order, without a call per pair
+        parts = [compile_expr(x) for x in _chain(node)]
 
         def and_(ctx: Any) -> Any:
-            lv = _truth(left(ctx))
-            if lv is False:
-                return False
-            rv = _truth(right(ctx))
-            if rv is False:
-                return False
-            return None if lv is None or rv is None else True
+            unknown = False
+            for part in parts:
+                v = part(ctx)
+                if v is None:
+                    unknown = True
+                elif not v:
+                    return False
+            return None if unknown else True
         return and_
     if op == "or":
-        left, right = compile_expr(a[0]), compile_expr(a[1])
+        parts = [compile_expr(x) for x in _chain(node)]
 
         def or_(ctx: Any) -> Any:
-            lv = _truth(left(ctx))
-            if lv is True:
-                return True
-            rv = _truth(right(ctx))
-            if rv is True:
-                return True
-            return None if lv is None or rv is None else False
+            unknown = False
+            for part in parts:
+                v = part(ctx)
+                if v is None:
+                    unknown = True
+                elif v:
+                    return True
+            return None if unknown else False
         return or_
     if op in ("+", "-", "*", "/"):
         left, right = compile_expr(a[0]), compile_expr(a[1])
         return _arith(op, left, right)
     if op in ("<", "<=", ">", ">=", "==", "!="):
-        left, right = compile_expr(a[0]), compile_expr(a[1])
-        return _compare(op, left, right)
+        left = compile_expr(a[0])
+        const = a[1].args[0] if a[1].op in ("const", "dur") else None
+        if type(const) in (int, float):  # the usual ``signal >= 0.5``: a cheaper closure
+            return _compare_number(op, left, const)
+        return _compare(op, left, compile_expr(a[1]))
     if op == "call":
         return _call(a[0], [compile_expr(x) for x in a[1:]])
     raise ExprError(f"internal: unknown node {op!r}", node.col)
+
+
+def _chain(node: Node) -> list[Node]:
+    """The operands of a run of the same logical operator, left to right."""
+    out: list[Node] = []
+    for arg in node.args:
+        if isinstance(arg, Node) and arg.op == node.op:
+            out.extend(_chain(arg))
+        else:
+            out.append(arg)
+    return out
+
+
+def compile_condition(node: Node) -> Callable[[Any], bool]:
+    """``compile_expr(node)(ctx) is True`` as a predicate, for a rule's ``when``/``unless``.
+
+    Only "true" matters to a condition, so a conjunction stops at its first operand that
+    is not true (false or unknown): a rule gated on a setting the recording never gives
+    (``last(fused_optimizer) == 0 and ...``) costs one look-up. Evaluation has no effects,
+    so skipping the rest cannot change any result.
+    """
+    if node.op in ("and", "or"):
+        return _truthy(node)
+    f = compile_expr(node)
+    return lambda ctx: f(ctx) is True
+
+
+def _truthy(node: Node) -> Callable[[Any], bool]:
+    """Whether a value counts as true in ``and``/``or``: known and truthy."""
+    if node.op == "and":
+        parts = [_truthy(x) for x in _chain(node)]
+
+        def all_true(ctx: Any) -> bool:
+            for part in parts:
+                if not part(ctx):
+                    return False
+            return True
+        return all_true
+    if node.op == "or":
+        parts = [_truthy(x) for x in _chain(node)]
+
+        def any_true(ctx: Any) -> bool:
+            for part in parts:
+                if part(ctx):
+                    return True
+            return False
+        return any_true
+    f = compile_expr(node)
+    return lambda ctx: bool(f(ctx))  # bool(None) is False: unknown is not true
 
 
 def _arith(op: str, left: Compiled, right: Compiled) -> Compiled:
@@ -491,6 +549,25 @@ def _compare(op: str, left: Compiled, right: Compiled) -> Compiled:
         if op == "==":
             return x == y
         return x != y
+    return compare
+
+
+_ORDER = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+          "==": operator.eq, "!=": operator.ne}
+
+
+def _compare_number(op: str, left: Compiled, y: float) -> Compiled:
+    """``_compare`` with a number on the right (same results)."""
+    cmp = _ORDER[op]
+    text_result = {"==": False, "!=": True}.get(op)  # text never equals a number
+
+    def compare(ctx: Any) -> Any:
+        x = left(ctx)
+        if x is None:
+            return None
+        if isinstance(x, str):
+            return text_result
+        return cmp(x, y)
     return compare
 
 

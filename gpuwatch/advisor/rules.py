@@ -197,6 +197,10 @@ class Rule:
     signals: set[str] = field(default_factory=set)
     max_window: float = 0.0
     template_names: set[str] = field(default_factory=set)
+    # ``when(ctx) is True`` and each ``unless(ctx) is True`` as predicates that stop early
+    # (expr.compile_condition): what the engine asks at every bucket
+    holds: Callable[[Any], bool] | None = None
+    unless_holds: tuple[Callable[[Any], bool], ...] = ()
 
     def applies_to(self, cc: float | None) -> bool:
         """Architecture gate; an unknown compute capability passes (the text says so)."""
@@ -430,6 +434,7 @@ class _FileChecker:
             if when:
                 nodes.append(when[0])
         unless: list[tuple[str, Compiled]] = []
+        unless_holds: list[Callable[[Any], bool]] = []
         if "unless" in raw:
             items = raw["unless"]
             lines = items.item_lines if isinstance(items, _List) else [vl["unless"]]
@@ -440,6 +445,7 @@ class _FileChecker:
                 if got:
                     nodes.append(got[0])
                     unless.append((str(item), got[1]))
+                    unless_holds.append(expr.compile_condition(got[0]))
         sup = raw.get("suppressed_by", [])
         if isinstance(sup, str):
             sup = [sup]
@@ -563,12 +569,14 @@ class _FileChecker:
             tpl_names |= a.text.names()
         signals |= {n for n in tpl_names if n in VOCABULARY}
         return Rule(
-            template_names=tpl_names, id=rid, title=title, severity=sev, when=when[1], when_text=str(raw["when"]),
+            template_names=tpl_names, id=rid, title=title, severity=sev, when=when[1],
+            when_text=str(raw["when"]),
             message=message, actions=actions, file=self.path, line=raw.line, scope=scope,
             arch_min=arch_min, arch_max=arch_max, for_s=for_s, keep_s=keep_s, unless=unless,
             suppressed_by=tuple(sup), values=values, evidence=evidence, confidence=confidence,
             gain=gain, gain_text=gain_text, without_hook=without_hook, references=tuple(refs),
-            description=str(raw.get("description", "")), signals=signals, max_window=window)
+            description=str(raw.get("description", "")), signals=signals, max_window=window,
+            holds=expr.compile_condition(when[0]), unless_holds=tuple(unless_holds))
 
 
 def _show(value: Any) -> str:
