@@ -303,6 +303,13 @@ class _Hook:
         return get() if get is not None else None
 
     def _resolve(self, final: bool) -> None:
+        self._resolve_once(final)
+        if final and self.inflight is not None:
+            # the last report: the copy just submitted holds the last steps' flags; wait
+            # for it (bounded) rather than report those steps as unknown
+            self._resolve_once(final)
+
+    def _resolve_once(self, final: bool) -> None:
         """Turn skip flags held as device tensors into booleans, and read the loss scale.
 
         CPU tensors are read at once (no device to wait for). CUDA tensors are copied with
