@@ -126,7 +126,7 @@ class HostSampler:
             return (), None  # first reading, or a core came or went: no delta yet
         per_core: list[float] = []
         busy_sum = total_sum = 0.0
-        for (b1, t1), (b2, t2) in zip(last, now):
+        for (b1, t1), (b2, t2) in zip(last, now, strict=False):
             db, dt = max(b2 - b1, 0.0), t2 - t1
             if dt <= 0:
                 # called again within one clock tick: nothing measured yet; keep the old

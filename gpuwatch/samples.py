@@ -7,8 +7,9 @@ be measured is ``None`` ("not available"), never zero.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 TRACE_FORMAT = "gpuwatch-trace/1"
 

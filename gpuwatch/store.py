@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Callable, Iterable
 
 from gpuwatch.samples import (
     ConfigSample,

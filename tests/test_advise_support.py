@@ -122,3 +122,83 @@ def multi_gpu(lines: list[dict[str, Any]], n: int, ddp: bool = False) -> list[di
         return [dict(d, gpu=i, processes=[dict(p, pid=p["pid"] + (i if ddp else 0))
                                           for p in d["processes"]]) for i in range(n)]
     return transform(lines, copy)
+
+
+def decimated(lines: list[dict[str, Any]], k: int = 10) -> list[dict[str, Any]]:
+    """Sampled k times less often (10 Hz -> 1 Hz, the daemon's default): every k-th gpu line
+    of each GPU and every k-th host line; the hook's lines are the job's own and all stay."""
+    seen: dict[tuple[str, Any], int] = {}
+
+    def keep(d: dict[str, Any]) -> dict[str, Any] | None:
+        if d["kind"] not in ("gpu", "host"):
+            return d
+        key = (d["kind"], d.get("gpu"))
+        n = seen[key] = seen.get(key, -1) + 1
+        return d if n % k == 0 else None
+    out = transform(lines, keep)
+    out[0]["sample_hz"] = (lines[0].get("sample_hz") or 10) / k
+    return out
+
+
+H100_80GB = 85_520_809_984  # bytes NVML reports for an H100 80GB HBM3
+
+
+def on_card(lines: list[dict[str, Any]], total: int = H100_80GB,
+            name: str = "NVIDIA H100 80GB HBM3") -> list[dict[str, Any]]:
+    """The same job on a card with ``total`` bytes: a job's footprint stays what it is, except
+    a run that fills the device (the near-OOM case grows until memory runs out), which keeps
+    its fraction of the device, torch's counters scaled with it."""
+    gpu = [d for d in lines if d["kind"] == "gpu" and d.get("mem_total_bytes")]
+    was = gpu[0]["mem_total_bytes"]
+    f = total / was if max(d.get("mem_used_bytes", 0) for d in gpu) > 0.9 * was else 1.0
+
+    def edit(d: dict[str, Any]) -> dict[str, Any]:
+        if d["kind"] == "gpu" and d.get("mem_total_bytes"):
+            d["mem_total_bytes"] = total
+            if "mem_used_bytes" in d:
+                d["mem_used_bytes"] = int(d["mem_used_bytes"] * f)
+            d["processes"] = [dict(p, mem_used_bytes=int(p["mem_used_bytes"] * f))
+                              for p in d.get("processes", [])]
+        elif d["kind"] == "step":
+            for k in ("mem_allocated_bytes", "mem_reserved_bytes", "max_mem_allocated_bytes"):
+                if d.get(k) is not None:
+                    d[k] = int(d[k] * f)
+        return d
+    return with_meta(transform(lines, edit), gpu_name=name)
+
+
+def with_other_process(lines: list[dict[str, Any]], held: int, pid: int = 424242
+                       ) -> list[dict[str, Any]]:
+    """Another process (not the job) holds ``held`` bytes of every GPU's memory."""
+    def edit(d: dict[str, Any]) -> dict[str, Any]:
+        if d["kind"] == "gpu" and "mem_used_bytes" in d:
+            d["mem_used_bytes"] += held
+            d["processes"] = d.get("processes", []) + [{"pid": pid, "mem_used_bytes": held}]
+        return d
+    return transform(lines, edit)
+
+
+def io_bound(lines: list[dict[str, Any]], share: float, workers_cores: float = 0.05
+             ) -> list[dict[str, Any]]:
+    """Each step also waits ``share`` of its (longer) time for data the DataLoader workers
+    fetch from slow storage: the workers sleep in I/O (``workers_cores`` of CPU in all), and
+    the GPU and the main process are idle for that share."""
+    k = 1 / (1 - share)
+
+    def edit(d: dict[str, Any]) -> dict[str, Any]:
+        if d["kind"] == "step":
+            d["step_seconds"] *= k
+            d["data_wait_seconds"] = d["step_seconds"] * share
+        elif d["kind"] == "gpu":
+            for f in ("util", "sm_active", "sm_occupancy", "tensor_active", "fp32_active",
+                      "fp16_active", "dram_active"):
+                if d.get(f) is not None:
+                    d[f] *= 1 - share
+        elif d["kind"] == "host" and d.get("job_cpu_cores"):
+            main = min(d["job_cpu_cores"], 1.0) * (1 - share)
+            d["job_cpu_cores"] = main + workers_cores
+            if "job_main_cpu_cores" in d:
+                d["job_main_cpu_cores"] = main
+                d["job_workers_cpu_cores"] = workers_cores
+        return d
+    return transform(lines, edit)

@@ -18,8 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuwatch import hook
-from gpuwatch.launcher import inject_dir
+from gpuwatch import hook  # noqa: E402 (after the importorskip above)
+from gpuwatch.launcher import inject_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "tests" / "scripts" / "train_cpu.py"

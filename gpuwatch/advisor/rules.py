@@ -619,20 +619,23 @@ def parse_rule_file(path: str, text: str) -> tuple[list[Rule], list[tuple[int | 
 
 
 def builtin_rule_files() -> list[tuple[str, str]]:
-    """(name, text) of the built-in rule files, from the installed package or the source tree."""
+    """(name, text) of the built-in rule files, from the source tree or the installed package."""
     out: list[tuple[str, str]] = []
+    # a checkout's own rules/ first: the package was imported from it, and an editable install
+    # of another checkout would otherwise lend this code that checkout's rules
+    src = Path(__file__).resolve().parent.parent.parent
+    if (src / "pyproject.toml").is_file() and (src / "rules").is_dir():
+        for p in sorted((src / "rules").glob("*.y*ml")):
+            out.append((f"rules/{p.name}", p.read_text(encoding="utf-8")))
+        if out:
+            return out
     try:
         root = importlib.resources.files("gpuwatch.rules")
         entries = [(e.name, e) for e in root.iterdir() if e.name.endswith((".yaml", ".yml"))]
         for name, entry in sorted(entries):
             out.append((f"rules/{name}", entry.read_text(encoding="utf-8")))
-        return out
     except ModuleNotFoundError:
         pass
-    # running from a checkout that is not installed: rules/ sits beside the package
-    src = Path(__file__).resolve().parent.parent.parent / "rules"
-    for p in sorted(src.glob("*.y*ml")):
-        out.append((f"rules/{p.name}", p.read_text(encoding="utf-8")))
     return out
 
 
