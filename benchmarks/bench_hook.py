@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +36,6 @@ import torch
 from torch import nn
 
 from gpuwatch import hook
-from gpuwatch.receiver import HookReceiver
-from gpuwatch.store import Store
 
 
 def make_loop(device: str) -> tuple[Any, Any]:
@@ -165,6 +165,16 @@ def micro_costs(calls: int, sock: str) -> dict[str, float]:
             "per_step_total_with_scaler_us": update_us + next_us}
 
 
+RECEIVER = """
+import sys
+receiver = HookReceiver(Store(), sys.argv[1])
+receiver.start()
+print("ready", flush=True)
+sys.stdin.read()
+receiver.stop()
+"""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3000, help="steps per block")
@@ -174,16 +184,20 @@ def main() -> int:
     a = ap.parse_args()
     directory = tempfile.mkdtemp(prefix="gwbench-")
     sock = os.path.join(directory, "hook.sock")
-    store = Store()
-    receiver = HookReceiver(store, sock)
-    receiver.start()
+    # the receiver runs in a process of its own, as the daemon does: in this process its
+    # thread would take the GIL from the loop being timed and charge that to the hook
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER, sock], cwd=str(Path(__file__).resolve().parents[1]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    receiver.stdout.readline()  # "ready": the socket is bound
     try:
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
         loops = [loop_costs(d, a.steps, a.repeats, sock) for d in devices]
         micro = micro_costs(a.calls, sock)
     finally:
-        receiver.stop()
-        os.rmdir(directory)
+        receiver.stdin.close()  # the receiver stops at end of input
+        receiver.wait(timeout=30)
+        shutil.rmtree(directory, ignore_errors=True)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     print(f"torch {torch.__version__}, Python {sys.version.split()[0]}"
           + (f", {gpu}" if gpu else ", no GPU"))

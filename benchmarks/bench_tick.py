@@ -86,6 +86,29 @@ def wall_and_cpu_us(fn: Callable[[], Any], reps: int, warmup: int = 20) -> tuple
     return wall, cpu
 
 
+def interleaved_us(fns: dict[str, Callable[[], Any]], reps: int,
+                   rounds: int = 10) -> dict[str, tuple[float, float]]:
+    """Median wall and mean thread-CPU µs per call of each function, measured in
+    alternating rounds, so that drift, turbo and other threads' NVML traffic hit every
+    function alike (one block after another gave 1.3x in one run and 1.8x in the next)."""
+    walls: dict[str, list[int]] = {k: [] for k in fns}
+    cpus: dict[str, int] = dict.fromkeys(fns, 0)
+    per_round = max(reps // rounds, 1)
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            c0 = time.thread_time_ns()
+            for _ in range(per_round):
+                t0 = time.perf_counter_ns()
+                fn()
+                walls[name].append(time.perf_counter_ns() - t0)
+            cpus[name] += time.thread_time_ns() - c0
+    return {name: (statistics.median(walls[name]) / 1000.0,
+                   cpus[name] / (per_round * rounds) / 1000.0) for name in fns}
+
+
 def once_wall_cpu_us(fn: Callable[[], Any]) -> tuple[float, float, str]:
     t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     try:
@@ -299,15 +322,6 @@ def bench_gpus(nv: Any, reps: int, cadence_seconds: float = 10.0) -> dict[str, A
         raw_fns.append(raw_all)
         out["gpus"].append(row)
 
-    # the NVML layer alone, on this thread
-    layer = Nvml()
-    layer.open()
-    for gpu, row in zip(layer.gpus, out["gpus"], strict=True):
-        gpu.probe()
-        row["read_fast_us"] = median_us(gpu.read_fast, reps)
-        row["slow_calls"] = slow_calls(layer.nv, gpu.handle)
-    layer.close()
-
     # the synchronous tick, and the daemon path hot, per GPU
     sampler = Sampler(Store(), interval=1.0, slow_interval=3600.0, host=NullHost())
     sampler.tick()
@@ -317,12 +331,27 @@ def bench_gpus(nv: Any, reps: int, cadence_seconds: float = 10.0) -> dict[str, A
     out["tick_us"], out["tick_cpu_us"] = wall, cpu
     hot = daemon_path_hot(sampler, reps)
     out["daemon_hot"] = hot
-    for i, row in enumerate(out["gpus"]):
+
+    # the side-by-side comparison: per GPU, the raw calls, the NVML layer and the daemon
+    # path's read (the worker's read + building its sample) in alternating rounds
+    layer = Nvml()
+    layer.open()
+    t_now = time.time()
+    for i, (gpu, row) in enumerate(zip(layer.gpus, out["gpus"], strict=True)):
+        gpu.probe()
+        row["slow_calls"] = slow_calls(layer.nv, gpu.handle)
+        worker = sampler._fast[i]
+        got = interleaved_us({"raw": raw_fns[i], "layer": gpu.read_fast,
+                              "daemon": lambda w=worker: w._read(t_now)}, reps)
+        row["raw_total_us"], row["raw_total_cpu_us"] = got["raw"]
+        row["read_fast_us"] = got["layer"][0]
+        row["daemon_read_us"], row["daemon_read_cpu_us"] = got["daemon"]
+        per_tick_wall, per_tick_cpu = hot["loop_tick_us"] / n, hot["loop_tick_cpu_us"] / n
+        row["daemon_per_gpu_us"] = got["daemon"][0] + per_tick_wall
+        row["daemon_per_gpu_cpu_us"] = got["daemon"][1] + per_tick_cpu
         row["tick_per_gpu_us"] = wall / n
         row["tick_per_gpu_cpu_us"] = cpu / n
-        row["daemon_read_us"], row["daemon_read_cpu_us"] = hot["read_us"][i], hot["read_cpu_us"][i]
-        row["daemon_per_gpu_us"] = hot["per_gpu_us"][i]
-        row["daemon_per_gpu_cpu_us"] = hot["per_gpu_cpu_us"][i]
+    layer.close()
     errors = dict(sampler.store.latest().health.errors_total)
     sampler.stop()
     out["tick_errors"] = errors
