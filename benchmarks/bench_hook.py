@@ -167,6 +167,8 @@ def micro_costs(calls: int, sock: str) -> dict[str, float]:
 
 RECEIVER = """
 import sys
+from gpuwatch.receiver import HookReceiver
+from gpuwatch.store import Store
 receiver = HookReceiver(Store(), sys.argv[1])
 receiver.start()
 print("ready", flush=True)
@@ -189,7 +191,8 @@ def main() -> int:
     receiver = subprocess.Popen(
         [sys.executable, "-c", RECEIVER, sock], cwd=str(Path(__file__).resolve().parents[1]),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    receiver.stdout.readline()  # "ready": the socket is bound
+    if receiver.stdout.readline().strip() != "ready":  # the socket is bound
+        raise SystemExit("the receiver did not start")
     try:
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
         loops = [loop_costs(d, a.steps, a.repeats, sock) for d in devices]
