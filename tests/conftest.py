@@ -81,9 +81,12 @@ def http_get(url: str, timeout: float = 10.0) -> tuple[int, str, str]:
         return err.code, err.headers.get("Content-Type", ""), err.read().decode()
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0,
-             proc: subprocess.Popen | None = None) -> Any:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` if it never does."""
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0,
+             proc: subprocess.Popen | None = None, interval: float = 0.05) -> Any:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` if it never does.
+
+    A readiness wait, not a timing assertion: the timeout only keeps a broken build from
+    hanging the suite."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -95,7 +98,7 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0,
             last_error, result = err, None
         if result:
             return result
-        time.sleep(0.1)
+        time.sleep(interval)
     raise AssertionError(f"gave up waiting for {what}" +
                          (f" (last error: {last_error!r})" if last_error else ""))
 
@@ -123,6 +126,14 @@ def daemon_env(tmp_path: Path) -> dict[str, str]:
     env["XDG_RUNTIME_DIR"] = str(runtime)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any GPUWATCH_* variable, the checkout first on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
     return env
 
 

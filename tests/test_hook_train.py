@@ -21,10 +21,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import clean_env, wait_for
 
 from gpuwatch.receiver import HookReceiver
 from gpuwatch.store import Store
@@ -36,22 +37,6 @@ TRAIN = str(REPO / "tests" / "scripts" / "train_cpu.py")
 RUN = [sys.executable, "-m", "gpuwatch", "run"]
 
 
-def wait_for(cond: Callable[[], object], what: str, deadline: float = 30.0) -> object:
-    """Poll until ``cond()`` is truthy (a readiness wait, not a timing assertion)."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH")}
-    env["PYTHONPATH"] = str(REPO)
-    env.update(extra)
-    return env
 
 
 class SystemDaemon:

@@ -13,10 +13,11 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from gpuwatch import protocol
 from gpuwatch.errors import UserError
@@ -26,16 +27,6 @@ from gpuwatch.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 
-
-def wait_for(cond: Callable[[], object], what: str, deadline: float = 15.0) -> object:
-    """Poll until ``cond()`` is truthy (a readiness wait, not a timing assertion)."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.fixture

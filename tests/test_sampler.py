@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 import pynvml
 import pytest
+from conftest import wait_for
 
 from gpuwatch.sampler import Sampler
 from gpuwatch.samples import HostSample, Snapshot
@@ -44,16 +45,6 @@ class SimClock:
     def __call__(self) -> float:
         return self.now
 
-
-def wait_for(predicate: Callable[[], Any], what: str, bound: float = 10.0) -> Any:
-    """Poll until ``predicate`` is truthy; the bound only keeps a broken build from hanging."""
-    give_up = time.monotonic() + bound
-    while time.monotonic() < give_up:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
 
 
 @pytest.fixture
