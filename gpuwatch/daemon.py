@@ -113,6 +113,7 @@ class Daemon:
         self._stopped = False
         self._start_time = 0.0
         self._last_sample = 0.0
+        self.scenario: str | None = None  # for the meta line of a recording
 
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -128,12 +129,15 @@ class Daemon:
             self.http.bind()
         self.store.subscribe(self._saw_sample)
         try:
-            self._start_source()
+            self._make_source()
+            if self.config.record:
+                # before the source starts, so that its first tick is recorded too
+                self._start_recorder()
+            self.source.start()
+            self._started.append(self.source)
             if self.replay is None:
                 self._start_receiver()
             self._start_advisor(collector)
-            if self.config.record:
-                self._start_recorder()
             if self.http is not None:
                 self.http.start()
                 self._started.append(self.http)
@@ -204,7 +208,7 @@ class Daemon:
         return "Sampling the GPUs and the host."
 
     # -- the parts ---------------------------------------------------------------------
-    def _start_source(self) -> None:
+    def _make_source(self) -> None:
         if self.replay is not None:
             replayer_cls = _optional("gpuwatch.replay", "Replayer")
             if replayer_cls is None:
@@ -217,8 +221,6 @@ class Daemon:
             self.source = sampler_cls(self.store, interval=self.config.interval,
                                       slow_interval=self.config.slow_interval,
                                       **self._sampler_kwargs)
-        self.source.start()
-        self._started.append(self.source)
 
     def _start_receiver(self) -> None:
         receiver_cls = _optional("gpuwatch.receiver", "HookReceiver")
@@ -277,7 +279,7 @@ class Daemon:
 
         infos = getattr(self.source, "infos", None) or self.store.latest().infos
         return make_meta(infos=tuple(infos), host_cpus=os.cpu_count(),
-                         sample_hz=1.0 / self.config.interval)
+                         sample_hz=1.0 / self.config.interval, scenario=self.scenario)
 
 
 @contextlib.contextmanager
@@ -309,4 +311,7 @@ def _serve(config: Config, replay: str | None, what: str | None) -> int:
     print(f"gpuwatch: serving {daemon.url}/metrics ({doing}); advice at {daemon.url}/api/advice"
           f"{hook}", file=sys.stderr, flush=True)
     daemon.serve_forever()
+    failed = getattr(daemon.recorder, "failed", None)
+    if failed:  # --record stopped early: the recording is incomplete
+        raise UserError(failed)
     return 0

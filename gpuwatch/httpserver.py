@@ -51,7 +51,7 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if isinstance(value, float) and math.isnan(value):  # NaN is not JSON
+    if isinstance(value, float) and not math.isfinite(value):  # NaN and inf are not JSON
         return None
     return value
 
@@ -190,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, dict(report))
 
     def _send_json(self, status: int, data: Any) -> None:
-        body = json.dumps(data, allow_nan=False, default=str).encode()
+        body = json.dumps(_plain(data), allow_nan=False, default=str).encode()
         self._send(status, body, "application/json")
 
     def _send(self, status: int, body: bytes, content_type: str,

@@ -43,6 +43,7 @@ MAX_DATAGRAM_BYTES = 60_000  # well under the Unix datagram default limit (~208 
 MAX_STEPS = 2_000  # per datagram
 MAX_CONFIG_KEYS = 64
 MAX_TEXT = 500  # characters in any string value (error text, config values)
+MAX_INT = 2**63 - 1  # integers beyond this can't be exported (float) or recorded faithfully
 KINDS = ("report", "exit")
 STEP_FIELDS = ("step", "t", "step_seconds", "data_wait_seconds", "batch_size", "skipped")
 WINDOW_FIELDS = ("steps", "skipped", "timed", "step_seconds", "data_wait_seconds", "samples",
@@ -201,14 +202,16 @@ def _int(msg: Mapping[str, Any], key: str, *, optional: bool = True, default: in
         if optional:
             return default
         raise ProtocolError(MALFORMED, f"{key} is missing")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ProtocolError(MALFORMED, f"{key} must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT:
+        raise ProtocolError(MALFORMED, f"{key} must be a non-negative integer, got {value!r:.40}")
     return value
 
 
 def _num(value: Any, key: str, *, positive: bool = False) -> float | None:
     if value is None:
         return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_INT:
+        value = math.inf  # math.isfinite() would raise OverflowError on it
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value < 0 or (positive and value == 0):
         raise ProtocolError(MALFORMED, f"{key} must be a non-negative number, got {value!r}")
@@ -253,11 +256,11 @@ def _steps(value: Any) -> tuple[StepRecord, ...]:
     out = []
     for i in range(n):
         step, t = cols["step"][i], cols["t"][i]
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_INT:
             raise ProtocolError(MALFORMED, f"steps.step[{i}] must be a non-negative integer")
         batch = cols["batch_size"][i]
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
-                                  or batch < 0):
+                                  or not 0 <= batch <= MAX_INT):
             raise ProtocolError(MALFORMED, f"steps.batch_size[{i}] must be an integer or null")
         skipped = cols["skipped"][i]
         if skipped is not None and not isinstance(skipped, bool):
@@ -282,6 +285,10 @@ def _config(value: Any) -> dict[str, Any] | None:
     for key, item in value.items():
         if len(key) > 64 or (item is not None and not isinstance(item, (bool, int, float, str))):
             raise ProtocolError(MALFORMED, f"config.{key[:64]} must be a scalar")
+        # JSON has no inf, but 1e999 parses as one; and ints too big for a float
+        if isinstance(item, float) and not math.isfinite(item) or \
+                isinstance(item, int) and not -MAX_INT <= item <= MAX_INT:
+            raise ProtocolError(MALFORMED, f"config.{key} must be a finite number")
         if isinstance(item, str) and len(item) > MAX_TEXT:
             raise ProtocolError(MALFORMED, f"config.{key} is too long")
     return dict(value)

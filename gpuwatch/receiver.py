@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import select
 import socket
@@ -192,12 +193,16 @@ class HookReceiver:
                     return
                 time.sleep(0.1)
                 continue
-            if readable:
-                self._drain()
-            now = time.monotonic()
-            if now - self._last_sweep >= 0.5:
-                self._last_sweep = now
-                self._sweep(now)
+            try:
+                if readable:
+                    self._drain()
+                now = time.monotonic()
+                if now - self._last_sweep >= 0.5:
+                    self._last_sweep = now
+                    self._sweep(now)
+            except Exception:  # the receiver must outlive any one datagram or job
+                log.exception("the hook receiver hit an error; carrying on")
+                time.sleep(0.1)
 
     def _drain(self, limit: int = 1000) -> int:
         sock = self._sock
@@ -228,6 +233,10 @@ class HookReceiver:
         except protocol.ProtocolError as err:
             log.debug("dropped a hook datagram: %s", err)
             self.store.count_hook_message(dropped_reason=err.reason)
+            return
+        except Exception as err:  # a bug in validation must cost only this datagram
+            log.debug("dropped a hook datagram: %r", err)
+            self.store.count_hook_message(dropped_reason=protocol.MALFORMED)
             return
         pid = report.pid
         for level, kind, payload in anc:
@@ -267,6 +276,8 @@ class HookReceiver:
             wait_ratio = min(1.0, w.data_wait_seconds / w.step_seconds) \
                 if w.step_seconds > 0 else None
             sps = w.samples / w.sample_seconds if w.sample_seconds > 0 else None
+            if sps is not None and not math.isfinite(sps):
+                sps = None  # a denormal sample_seconds: not a rate anyone measured
             keep = prev if prev is not None and w.steps == 0 else None  # a heartbeat
             final = r.kind == "exit"
             stats = JobStats(

@@ -20,7 +20,6 @@ import argparse
 import heapq
 import itertools
 import logging
-import os
 import queue
 import signal
 import threading
@@ -29,14 +28,16 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from gpuwatch import logs
 from gpuwatch.errors import UserError
 from gpuwatch.samples import TRACE_FORMAT, Sample
 from gpuwatch.store import Store
-from gpuwatch.trace import TraceWriter, make_meta
+from gpuwatch.trace import TraceWriter
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+MAX_HELD = 10_000  # samples in the reorder buffer at most
 
 
 class Recorder:
@@ -53,6 +54,7 @@ class Recorder:
         self.reorder_seconds = reorder_seconds
         self.samples_written = 0
         self.late_samples = 0
+        self.bad_samples = 0  # samples that could not be written (e.g. a non-finite value)
         self.failed: str | None = None  # why recording stopped early (a write error)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._writer: TraceWriter | None = None
@@ -66,7 +68,10 @@ class Recorder:
         """Open the file (a UserError if it can't be) and start recording."""
         if self._thread is not None:
             return
-        self._writer = TraceWriter(self.path, self.meta)
+        try:
+            self._writer = TraceWriter(self.path, self.meta)
+        except OSError as err:  # opened, but the meta line could not be written (disk full)
+            raise UserError(f"cannot write trace {self.path}: {err.strerror or err}") from err
         self._thread = threading.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
         self._thread.start()
         self.store.subscribe(self._queue.put)
@@ -91,11 +96,19 @@ class Recorder:
                     break
                 self._hold(item)
                 self._release(self._newest - self.reorder_seconds)
+                # a sample stamped far in the future (a hook's clock) must not hold back
+                # everything after it: the buffer stays small whatever the times say
+                while len(self._heap) > MAX_HELD:
+                    self._release(self._heap[0][0])
         except OSError as err:
             self.failed = f"cannot write {self.path}: {err.strerror or err}"
             log.error("recording stopped: %s", self.failed)
-            self.store.unsubscribe(self._queue.put)
+        except Exception as err:  # noqa: BLE001 - say so, rather than die silently
+            self.failed = f"recording {self.path} failed: {err!r}"
+            log.exception("recording stopped")
         finally:
+            # nobody reads the queue any more: stop filling it
+            self.store.unsubscribe(self._queue.put)
             try:
                 self._writer.close()
             except OSError as err:
@@ -116,7 +129,14 @@ class Recorder:
                                 "written with its time raised (more are counted, not logged)",
                                 type(sample).__name__, self._last_written - t)
                 sample = replace(sample, t=self._last_written)
-            self._writer.write(sample)
+            try:
+                self._writer.write(sample)
+            except (ValueError, TypeError) as err:  # a sample JSON can't hold costs only itself
+                self.bad_samples += 1
+                logs.once(log, "recorder-bad-sample", logging.WARNING,
+                          "a %s sample cannot be recorded (%s); skipped (more are not logged)",
+                          type(sample).__name__, err)
+                continue
             self._last_written = sample.t
             self.samples_written += 1
 
@@ -130,8 +150,8 @@ def main(args: argparse.Namespace) -> int:
     if duration is not None and not duration > 0:
         raise UserError(f"--duration must be above 0 seconds, got {duration:g}")
     config = config_from_args(args)
-    # the recording is ours to write (with the scenario in its meta), not the daemon's
-    config = replace(config, record=None)
+    # the daemon's own recorder, started before its sampler so the first tick is in it
+    config = replace(config, record=args.file)
     stop = threading.Event()
     previous: dict[int, Any] = {}
 
@@ -145,14 +165,11 @@ def main(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
     daemon = Daemon(config, serve_http=False)
+    daemon.scenario = args.scenario
     recorder: Recorder | None = None
     try:
         daemon.start()
-        infos = getattr(daemon.source, "infos", None) or ()
-        meta = make_meta(infos=infos, host_cpus=os.cpu_count(),
-                         sample_hz=1.0 / config.interval, scenario=args.scenario)
-        recorder = Recorder(daemon.store, args.file, meta)
-        recorder.start()
+        recorder = daemon.recorder
         if args.file != "-":
             log.info("recording to %s every %g s%s", args.file, config.interval,
                      f" for {duration:g} s" if duration else " until interrupted")
@@ -164,9 +181,7 @@ def main(args: argparse.Namespace) -> int:
                 break
             stop.wait(left)
     finally:
-        daemon.stop()  # no more samples after this...
-        if recorder is not None:
-            recorder.stop()  # ...so this writes out the last of them
+        daemon.stop()  # the recorder last: it writes out the last of the samples
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if recorder is not None and recorder.failed:

@@ -81,6 +81,11 @@ class Store:
         with self._lock:
             key = (config.pid, config.rank)
             changed = self._configs.get(key) is None or self._configs[key].values != config.values
+            if config.pid is not None:
+                # one process has one rank at a time: a rank that changed replaces the old
+                # entry (else a process sending ever new ranks grows this without bound)
+                for old in [k for k in self._configs if k[0] == config.pid and k != key]:
+                    del self._configs[old]
             self._configs[key] = config
             listeners = list(self._listeners) if changed else []
         for fn in listeners:
@@ -93,8 +98,11 @@ class Store:
             self._latest = None
 
     def drop_job(self, pid: int) -> None:
+        """Forget a job that ended long ago, and the configuration it reported."""
         with self._lock:
             self._jobs.pop(pid, None)
+            for key in [k for k in self._configs if k[0] == pid]:
+                del self._configs[key]
             self._latest = None
 
     def count_hook_message(self, dropped_reason: str | None = None) -> None:

@@ -337,6 +337,27 @@ def test_api_advice_reports_a_failing_advisor_as_503():
         server.stop()
 
 
+def test_json_apis_serve_non_finite_numbers_as_null():
+    from gpuwatch.samples import JobStats
+
+    snap = Snapshot(t=5.0, jobs=(JobStats(pid=1, samples_per_second=float("inf")),),
+                    host=HostSample(t=5.0, load1=float("-inf")))
+    server = HttpServer("127.0.0.1:0", registry=CollectorRegistry(), snapshot=lambda: snap,
+                        advice=lambda: {"advice": [{"value": float("nan")},
+                                                   {"value": float("inf")}]})
+    server.start()
+    try:
+        status, _, body = http_get(server.url + "/api/snapshot")
+        assert status == 200, body
+        data = json.loads(body)
+        assert data["jobs"][0]["samples_per_second"] is None and data["host"]["load1"] is None
+        status, _, body = http_get(server.url + "/api/advice")
+        assert status == 200, body
+        assert json.loads(body) == {"advice": [{"value": None}, {"value": None}]}
+    finally:
+        server.stop()
+
+
 def test_metrics_gzip_when_asked():
     import gzip
     import urllib.request

@@ -250,3 +250,63 @@ def test_decode_reads_what_encode_writes_and_ignores_unknown_fields() -> None:
     assert r.loss_scale is None  # not representable in JSON: "not measured"
     assert isinstance(r.config["x"], str)
     assert r.steps == (protocol.StepRecord(step=0, t=5.0),)
+
+
+def test_out_of_range_numbers_cost_only_their_datagram(
+        live: tuple[Store, HookReceiver]) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpuwatch.exporter import GpuwatchCollector
+
+    store, rec = live
+    me, now = os.getpid(), time.time()
+    bad = [
+        # a huge integer where a float is expected: math.isfinite() raises on it
+        b'{"v":1,"kind":"report","pid":%d,"t":1%s}' % (me, b"0" * 400),
+        # 1e999 parses as inf (JSON has no inf): a config value the recorder can't write
+        b'{"v":1,"kind":"report","pid":%d,"t":%f,"config":{"lr":1e999}}' % (me, now),
+        # integers no exporter float can hold
+        json.dumps(report(seq=1, mem_allocated_bytes=10**400)).encode(),
+        json.dumps(report(seq=1, steps={"step": [10**30], "t": [now]})).encode(),
+    ]
+    for data in bad:
+        send(rec.socket_path, data)
+    send(rec.socket_path, protocol.encode(report(seq=2, steps_total=5)))
+    wait_for(lambda: _counted(store) >= len(bad) + 1, "every datagram")
+    health = store.latest().health
+    assert health.hook_messages_dropped_total == {"malformed": len(bad)}
+    assert health.hook_messages_total == 1
+    assert [j.steps_total for j in store.latest().jobs] == [5]
+    assert store.configs() == []
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GpuwatchCollector(store.latest))
+    text = generate_latest(registry).decode()
+    assert "gpuwatch_train_steps_total" in text and "export_train" not in text
+
+
+def test_a_rate_over_a_denormal_duration_is_not_infinite(
+        live: tuple[Store, HookReceiver]) -> None:
+    store, rec = live
+    window = {"steps": 1, "timed": 1, "step_seconds": 0.1, "samples": 10,
+              "sample_seconds": 5e-324}
+    send(rec.socket_path, protocol.encode(report(steps_total=1, window=window)))
+    job = wait_for(lambda: store.latest().jobs and store.latest().jobs[0], "a job")
+    assert job.samples_per_second is None
+
+
+def test_configs_stay_bounded_and_go_with_their_job(sock_dir: Path) -> None:
+    store = Store()
+    rec = HookReceiver(store, str(sock_dir / "hook.sock"), forget_after=0.2)
+    rec.start()
+    try:
+        # one process claiming ever new ranks keeps one configuration, not one per rank
+        for seq in range(1, 51):
+            send(rec.socket_path, protocol.encode(report(seq=seq, rank=seq, config={"n": seq})))
+        wait_for(lambda: _counted(store) >= 50, "every datagram")
+        assert [(c.rank, c.values) for c in store.configs()] == [(50, {"n": 50})]
+        # a dead job is forgotten, and so is what it reported about its configuration
+        send(rec.socket_path, protocol.encode(report(kind="exit", seq=51, rank=50)))
+        wait_for(lambda: not store.latest().jobs and _counted(store) >= 51, "the job forgotten")
+        assert store.configs() == []
+    finally:
+        rec.stop()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -140,3 +141,82 @@ def test_recording_a_replay_gives_back_the_recording(tmp_path: Path) -> None:
                        (HostSample, "job_cpu_cores"), (StepSample, "step_seconds"),
                        (StepSample, "step")):
         assert values(again.samples, cls, field) == values(original.samples, cls, field)
+
+
+def test_record_keeps_the_first_tick(tmp_path: Path) -> None:
+    # the first tick comes at once; the next only a second later, after the end
+    out = tmp_path / "short.jsonl"
+    result = run_gpuwatch(["record", str(out), "--interval", "1", "--duration", "0.5"],
+                          tmp_path)
+    assert result.returncode == 0, result.stderr
+    check_host_trace(out, min_host_lines=1)
+
+
+def test_recorder_skips_a_sample_it_cannot_write(tmp_path: Path) -> None:
+    from gpuwatch.samples import ConfigSample
+
+    store = Store()
+    out = tmp_path / "bad.jsonl"
+    recorder = Recorder(store, str(out), {"sample_hz": 10}, reorder_seconds=0.0)
+    recorder.start()
+    store.set_config(ConfigSample(t=100.0, pid=1, rank=0, values={"lr": float("inf")}))
+    for k in range(1, 4):
+        store.publish(Snapshot(t=100.0 + k, host=HostSample(t=100.0 + k, load1=1.0)))
+    recorder.stop()
+    trace = read_trace(str(out))
+    assert [s.t for s in trace.samples] == [101.0, 102.0, 103.0]
+    assert recorder.bad_samples == 1 and recorder.failed is None
+
+
+def test_a_sample_from_the_far_future_holds_nothing_back(tmp_path: Path) -> None:
+    from gpuwatch.recorder import MAX_HELD
+
+    store = Store(max_records=10)
+    out = tmp_path / "future.jsonl"
+    recorder = Recorder(store, str(out), {"sample_hz": 10})
+    recorder.start()
+    try:
+        store.add_steps([StepSample(t=1e12, step=1)])  # a hook's clock gone wrong
+        for k in range(MAX_HELD + 100):
+            store.publish(Snapshot(t=100.0 + k, host=HostSample(t=100.0 + k)))
+        # the buffer stays bounded: lines are written while recording, not only at stop
+        wait_for(lambda: len(out.read_text().splitlines()) > 50, "lines written")
+    finally:
+        recorder.stop()
+    trace = read_trace(str(out))
+    assert len(trace.samples) == MAX_HELD + 101
+    assert isinstance(trace.samples[-1], StepSample)
+
+
+def test_record_to_a_full_disk_exits_2(tmp_path: Path) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    result = run_gpuwatch(["record", "/dev/full", "--duration", "1"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "cannot write trace /dev/full" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_record_that_fails_midway_exits_2(tmp_path: Path) -> None:
+    import resource
+
+    def small_files() -> None:  # writes past 4 KB fail with EFBIG (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    out = tmp_path / "run.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwatch", "run", "--interval", "0.1",
+                             "--web.listen-address", "127.0.0.1:0", "--record", str(out)],
+                            cwd=REPO, env=daemon_env(tmp_path), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=small_files)
+    try:
+        wait_for(lambda: out.exists() and out.stat().st_size >= 3000, "the file to fill",
+                 proc=proc)
+        time.sleep(1.5)  # the recorder hits the limit
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2, stderr
+    assert "cannot write" in stderr
