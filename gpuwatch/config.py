@@ -74,8 +74,10 @@ def _number(lo: float, hi: float, what: str) -> Callable[[Any], str | None]:
         # bool is an int in Python, but `interval: yes` is surely a mistake
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"expected {what} as a number, got {_show(value)}"
-        if math.isnan(value) or not lo <= value <= hi:
-            return f"must be between {lo:g} and {hi:g} {what}, got {value:g}"
+        # a huge YAML integer is no float: compare it as it is (isnan would overflow)
+        if (isinstance(value, float) and math.isnan(value)) or not lo <= value <= hi:
+            shown = f"{value:g}" if isinstance(value, float) or abs(value) < 10**15 else "a huge number"
+            return f"must be between {lo:g} and {hi:g} {what}, got {shown}"
         return None
     return check
 

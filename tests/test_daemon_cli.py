@@ -181,6 +181,15 @@ def test_bad_config_file_reports_every_problem_with_its_line(tmp_path):
     assert f"{cfg}:5" not in err
 
 
+def test_a_huge_integer_in_the_config_is_a_clear_error(tmp_path):
+    cfg = tmp_path / "huge.yaml"
+    cfg.write_text("interval: " + "9" * 400 + "\n")
+    result = run_gpuwatch(["run", "--config.file", str(cfg)], tmp_path)
+    assert result.returncode == 2
+    assert f"{cfg}:1: interval: must be between 0.1 and 60 seconds" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_unparsable_config_file_points_at_the_line(tmp_path):
     cfg = tmp_path / "broken.yaml"
     cfg.write_text("interval: 1\nrules_dirs: [a, b\nrecord: x\n")
