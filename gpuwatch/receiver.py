@@ -35,6 +35,9 @@ from gpuwatch.store import Store
 
 log = logging.getLogger(__name__)
 
+# how far ahead of this host's clock a step's time may be before it is taken as now
+MAX_CLOCK_AHEAD = 5.0  # seconds
+
 SOCKET_MODE = 0o660
 _RECV_BUFFER = 256 * 1024  # bigger than MAX_DATAGRAM_BYTES, so oversize is seen, not cut
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -298,7 +301,10 @@ class HookReceiver:
                 job = self._jobs[pid] = _Job(stats=stats, last_seen=now)
             job.stats, job.last_seen, job.seq = stats, now, r.seq
             job.dead_since = now if final else None
-        steps = [StepSample(t=s.t, step=s.step, step_seconds=s.step_seconds,
+        # the hook stamps steps with this host's clock; one stamped far ahead (a wrong
+        # clock, a forged datagram) would make the store's time trim drop the history
+        latest = time.time() + MAX_CLOCK_AHEAD
+        steps = [StepSample(t=min(s.t, latest), step=s.step, step_seconds=s.step_seconds,
                             data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
                             skipped=s.skipped, pid=pid, rank=r.rank, gpu=gpu)
                  for s in r.steps]

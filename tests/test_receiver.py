@@ -310,3 +310,24 @@ def test_configs_stay_bounded_and_go_with_their_job(sock_dir: Path) -> None:
         assert store.configs() == []
     finally:
         rec.stop()
+
+
+def test_a_step_stamped_far_ahead_keeps_the_step_history(
+        live: tuple[Store, HookReceiver]) -> None:
+    # the store trims history by the newest time it saw: one step stamped a year ahead
+    # must not make it throw away every step before it
+    store, rec = live
+    now = time.time()
+
+    def steps(*stamps: tuple[int, float]) -> list[protocol.StepRecord]:
+        return [protocol.StepRecord(step=i, t=t, step_seconds=0.1) for i, t in stamps]
+
+    send(rec.socket_path, protocol.encode(report(seq=1, steps_total=2),
+                                          steps((0, now - 1.0), (1, now - 0.5))))
+    wait_for(lambda: len(store.step_history()) == 2, "the first two steps")
+    send(rec.socket_path, protocol.encode(report(seq=2, steps_total=3),
+                                          steps((2, now + 365 * 86400))))
+    wait_for(lambda: len(store.step_history()) == 3, "the third step")
+    history = store.step_history()
+    assert [s.step for s in history] == [0, 1, 2]
+    assert history[-1].t <= time.time() + 10  # taken as now, not as next year
