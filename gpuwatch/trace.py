@@ -21,6 +21,7 @@ Files ending in ``.gz`` (or starting with the gzip magic) are read and written c
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -779,7 +780,14 @@ class TraceWriter:
                 self._out = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
         except OSError as err:
             raise UserError(f"cannot write trace {path}: {err.strerror or err}") from err
-        self._write(dict(meta))
+        try:
+            self._write(dict(meta))
+        except BaseException:
+            # a meta line that can't be written (disk full, a value JSON can't hold):
+            # nobody will close what the caller never got
+            with contextlib.suppress(OSError):
+                self.close()
+            raise
 
     def write(self, sample: Sample) -> None:
         self._write(sample_to_line(sample))
