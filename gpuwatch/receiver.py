@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from gpuwatch import protocol
+from gpuwatch import logs, protocol
 from gpuwatch.errors import UserError
 from gpuwatch.samples import ConfigSample, JobStats, StepSample
 from gpuwatch.store import Store
@@ -106,15 +106,23 @@ class HookReceiver:
         self._passcred = False
         self._gpu_by_uuid: dict[str, int] = {}
         self._last_sweep = 0.0
+        self._inode: int | None = None  # of the socket file we bound
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
             return
+        _check_stale(self.socket_path)
+        self._sock = self._bind()
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-hook-receiver",
+                                        daemon=True)
+        self._thread.start()
+        log.debug("hook receiver listening on %s", self.socket_path)
+
+    def _bind(self) -> socket.socket:
         path = self.socket_path
         directory = os.path.dirname(path) or "."
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        _check_stale(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(path)
@@ -130,14 +138,37 @@ class HookReceiver:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
             except OSError:
                 pass
+            self._inode = os.lstat(path).st_ino
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-hook-receiver",
-                                        daemon=True)
-        self._thread.start()
-        log.debug("hook receiver listening on %s", path)
+        return sock
+
+    def _check_socket(self) -> None:
+        """Bind again when the socket file was removed under us (a tmp cleaner, a careless
+        ``rm``): the jobs started from now on could not report otherwise."""
+        try:
+            if os.lstat(self.socket_path).st_ino == self._inode:
+                return
+            return  # another file now: not ours to remove
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        self.store.count_error("hook_socket")
+        try:
+            new = self._bind()
+        except OSError as err:
+            logs.once(log, "hook-socket-rebind", logging.ERROR,
+                      "the hook socket %s was removed and cannot be made again (%s); "
+                      "retrying", self.socket_path, err)
+            return
+        with self._recv_lock:
+            old, self._sock = self._sock, new
+        if old is not None:
+            old.close()
+        log.warning("the hook socket %s was removed; listening on a new one there (jobs that "
+                    "reported to the old one must start again to report)", self.socket_path)
 
     def stop(self) -> None:
         self._stop.set()
@@ -186,9 +217,10 @@ class HookReceiver:
 
     # -- the loop ------------------------------------------------------------------------
     def _run(self) -> None:
-        sock = self._sock
-        assert sock is not None
         while not self._stop.is_set():
+            sock = self._sock
+            if sock is None:
+                return
             try:
                 readable, _, _ = select.select([sock], [], [], 0.5)
             except (OSError, ValueError):
@@ -203,6 +235,7 @@ class HookReceiver:
                 if now - self._last_sweep >= 0.5:
                     self._last_sweep = now
                     self._sweep(now)
+                    self._check_socket()
             except Exception:  # the receiver must outlive any one datagram or job
                 log.exception("the hook receiver hit an error; carrying on")
                 time.sleep(0.1)
