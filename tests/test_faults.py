@@ -7,9 +7,15 @@ NVML stub standing in for the driver, which is the one thing a CPU machine canno
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import re
 import socket
+import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,7 @@ from gpuwatch import protocol
 from gpuwatch.config import Config
 from gpuwatch.daemon import Daemon
 from gpuwatch.exporter import ERROR_SOURCES, GPU_ERROR_SOURCES
+from gpuwatch.trace import read_trace
 
 FAST_RETRY = (0.05, 0.2)  # NVML restarts within a test's patience
 
@@ -210,7 +217,6 @@ def test_a_process_vanishing_between_listing_and_reading_costs_only_its_name(
 
 def _dead_pid() -> int:
     """A pid that just existed and now does not (a process listed, then gone)."""
-    import subprocess
     import sys
 
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -234,3 +240,105 @@ def test_hook_socket_removed_under_the_daemon_is_recreated(stub_daemon, caplog) 
                     "the datagram sent to the new socket")
     assert value(m, "gpuwatch_errors_total", source="hook_socket") == 1
     assert len(log_lines(caplog, "hook socket")) == 1
+
+
+# -- the disk filling while recording ------------------------------------------------------------
+
+class _FullDisk:
+    """A file whose disk fills after ``room`` more bytes: the write that does not fit
+    writes what fits, then fails with ENOSPC (as write(2) does)."""
+
+    def __init__(self, out: Any, room: int) -> None:
+        self.out, self.room = out, room
+
+    def write(self, text: str) -> int:
+        if len(text) > self.room:
+            self.out.write(text[:self.room])
+            self.out.flush()
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(text)
+        return self.out.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.out, name)
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}",
+                                            "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.mark.parametrize("disk", ["tmpfs", "stubbed"])
+def test_disk_filling_while_recording_leaves_a_readable_file_and_says_where_it_ends(
+        stub_daemon, caplog, tmp_path, disk) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwatch")
+    stack = contextlib.ExitStack()
+    with stack:
+        where = stack.enter_context(_tmpfs(tmp_path / "small", "24k")) if disk == "tmpfs" \
+            else tmp_path
+        path = where / "run.jsonl"
+        stub = NvmlStub([StubGpu(0), StubGpu(1)])
+        daemon = stub_daemon(stub, record=str(path))
+        recorder = daemon.recorder
+        if disk == "stubbed":
+            wait_for(lambda: recorder.samples_written >= 10, "some samples recorded")
+            writer = recorder._writer
+            with writer._lock:
+                writer._out = _FullDisk(writer._out, room=700)
+        m = wait_metric(daemon, lambda m: value(m, "gpuwatch_errors_total",
+                                                source="recorder") == 1,
+                        "the recording stopped and counted", timeout=60)
+        ticks = value(m, "gpuwatch_ticks_total")
+        m = wait_metric(daemon, lambda m: value(m, "gpuwatch_ticks_total") >= ticks + 3,
+                        "ticks after the disk filled")
+        assert value(m, "gpuwatch_gpu_up", gpu="1", uuid=stub.gpus[1].uuid) == 1
+        said = log_lines(caplog, "recording stopped")
+        assert len(said) == 1 and "No space left on device" in said[0]
+        match = re.search(r"ends at line (\d+) \(t=([\d.]+)\)", recorder.failed or "")
+        assert match, recorder.failed
+        trace = read_trace(str(path))  # what was written is a trace: replayable
+        assert trace.samples
+        assert len(trace.samples) + 1 == int(match.group(1))  # + the meta line
+        assert trace.samples[-1].t == pytest.approx(float(match.group(2)), abs=1e-3)
+        if disk == "stubbed":  # a real disk may fill exactly at a line's end
+            assert any("cut short" in msg for _line, msg in trace.warnings)
+
+
+# -- Prometheus scraping while the daemon stops ------------------------------------------------
+
+def test_prometheus_scraping_while_the_daemon_stops(gpuwatch_daemon, prometheus) -> None:
+    daemon = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--interval", "0.1")
+    target = daemon.url.removeprefix("http://")
+    prom = prometheus([target], scrape_interval="500ms")
+    prom.wait_for('gpuwatch_up{job="gpuwatch"} == 1')
+    # stop while a scrape is likely in flight: a scrape every 500 ms and a hammering client
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            try:
+                http_get(daemon.url + "/metrics", timeout=2)
+            except OSError:
+                pass
+
+    clients = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
+    for c in clients:
+        c.start()
+    time.sleep(0.5)
+    rc = daemon.stop()
+    stop.set()
+    for c in clients:
+        c.join(5)
+    assert rc == 0, daemon.stderr()
+    assert "Traceback" not in daemon.stderr(), daemon.stderr()
+    prom.wait_for('up{job="gpuwatch"} == 0')
+    # what was scraped before the stop is kept
+    assert prom.query('count_over_time(gpuwatch_up{job="gpuwatch"}[1m]) > 0')
