@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 # how far ahead of this host's clock a step's time may be before it is taken as now
 MAX_CLOCK_AHEAD = 5.0  # seconds
 
+# processes known at once (alive, or dead and not yet forgotten): each is a set of training
+# series, so this caps what senders can add to a scrape; a new one past it is dropped and
+# counted (gpuwatch_hook_messages_dropped_total{reason="too_many_jobs"})
+MAX_JOBS = 1024
+
 SOCKET_MODE = 0o660
 _RECV_BUFFER = 256 * 1024  # bigger than MAX_DATAGRAM_BYTES, so oversize is seen, not cut
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -92,8 +97,9 @@ class HookReceiver:
     """Receives the hook's datagrams on ``socket_path`` into ``store``."""
 
     def __init__(self, store: Store, socket_path: str, *, vanish_after: float = 5.0,
-                 forget_after: float = 600.0) -> None:
+                 forget_after: float = 600.0, max_jobs: int = MAX_JOBS) -> None:
         self.store = store
+        self.max_jobs = max_jobs
         self.socket_path = socket_path
         self.vanish_after = vanish_after
         self.forget_after = forget_after
@@ -280,6 +286,15 @@ class HookReceiver:
                     and len(payload) >= _CREDS.size:
                 # trust the kernel over the message: right across pid namespaces, unforgeable
                 pid = _CREDS.unpack(payload[:_CREDS.size])[0] or pid
+        with self._lock:
+            full = pid not in self._jobs and len(self._jobs) >= self.max_jobs
+        if full:
+            self.store.count_hook_message(dropped_reason=protocol.TOO_MANY_JOBS)
+            logs.once(log, "hook-too-many-jobs", logging.WARNING,
+                      "the hook receiver knows %d processes already; reports from new ones "
+                      "are dropped until old ones are forgotten (counted, not logged again)",
+                      self.max_jobs)
+            return
         self.store.count_hook_message()
         try:
             self._apply(pid, report)
