@@ -10,6 +10,7 @@ import argparse
 import difflib
 import ipaddress
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -133,6 +134,13 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 assert set(_CHECKS) == {f.name for f in fields(Config)}
 
 
+def _missing_dirs(dirs: Any) -> list[str]:
+    """A problem per rule directory that is not there: said with the configuration's
+    other problems, not later when the advisor starts."""
+    return [f"{d} does not exist or is not a directory" for d in dirs
+            if isinstance(d, str) and d and not os.path.isdir(d)]
+
+
 def _show(value: Any) -> str:
     kind = {bool: "a boolean", list: "a list", dict: "a mapping", str: "a string",
             type(None): "nothing (null)"}.get(type(value))
@@ -183,6 +191,8 @@ def _load(path: str) -> tuple[Config, bool]:
         line = mark.line + 1 if mark is not None else None
         problem = getattr(err, "problem", None) or str(err)
         raise FileFormatError(path, [(line, f"not valid YAML: {problem}")]) from err
+    except RecursionError:
+        raise FileFormatError(path, [(None, "nested too deeply to read")]) from None
     finally:
         loader.dispose()
     lines: dict[str, int] = {}
@@ -207,6 +217,8 @@ def _load(path: str) -> tuple[Config, bool]:
             values[key] = value
     for key, msg in _cross_problems(values):
         problems.append((lines.get(key), msg))
+    for missing in _missing_dirs(values.get("rules_dirs", ())):
+        problems.append((lines.get("rules_dirs"), f"rules_dirs: {missing}"))
     if problems:
         problems.sort(key=lambda p: (p[0] is None, p[0] or 0))
         raise FileFormatError(path, problems)
@@ -245,6 +257,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         check = _CHECKS[key](list(value) if key == "rules_dirs" else value)
         if check:
             problems.append(f"{FLAGS.get(key, '--' + key.replace('_', '-'))}: {check}")
+    problems += [f"--rules-dir: {m}" for m in _missing_dirs(extra_rules or ())]
     merged = {f.name: getattr(config, f.name) for f in fields(Config)} | overrides
     # a slow tier the file did not set follows the interval the flags chose
     slow_given = "slow_interval" in overrides or slow_in_file
