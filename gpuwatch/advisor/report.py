@@ -1,19 +1,21 @@
 """The advice report: one JSON shape (``gpuwatch advise --format json``, /api/advice), and
 its text and Markdown renderings.
 
-The report opens with each GPU and what its architecture supports, then the advice, most
-valuable first (severity, then expected gain, then confidence).
+The report opens with each GPU and what its architecture supports, then the advice in the
+order to act on it (:func:`advice_order`). The JSON keeps raw numbers; text and Markdown
+show each with its unit at a precision a person reads (:func:`evidence_value`).
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import textwrap
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from gpuwatch.advisor.engine import Engine, Finding, sort_key
+from gpuwatch.advisor.engine import SEVERITY_RANK, Engine, Finding
 from gpuwatch.advisor.signals import arch_supports, cc_text
 
 REPORT_FORMAT = "gpuwatch-advice/1"
@@ -55,6 +57,28 @@ def findings_json(findings: Iterable[Finding], instance: str | None = None
     return items
 
 
+def advice_order(item: dict[str, Any]) -> tuple[float, float, float, float, int]:
+    """The order a person should act in: critical items (a GPU failing, a run going to
+    waste) first, then by the time each change would win back (its expected speed-up:
+    a 1.5x gain wins back a third of the run, a 1.1x gain a tenth), then severity and
+    confidence. Advice without a gain estimate sorts as a gain of 1.0 would."""
+    sev = SEVERITY_RANK.get(item.get("severity", "info"), 0)
+    gain = item.get("expected_gain")
+    gain = float(gain) if isinstance(gain, (int, float)) and gain > 0 else 1.0
+    return (0.0 if sev >= SEVERITY_RANK["critical"] else 1.0, -gain, -sev,
+            -(item.get("confidence") or 0.0), item["gpu"] if item.get("gpu") is not None else -1)
+
+
+def _pieces(n: int) -> str:
+    return f"{n} piece of advice" if n == 1 else f"{n} pieces of advice"
+
+
+def _order_text(advice: list[dict[str, Any]]) -> str:
+    if len(advice) == 1:
+        return "with its evidence"
+    return "the one that wins back the most time first"
+
+
 def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: dict[str, Any]
                  ) -> dict[str, Any]:
     """One report from one or more engines (several: one per Prometheus instance)."""
@@ -68,7 +92,7 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         steps = steps or engine.frame.hook_steps
         config = config or engine.frame.hook_config
         host_cpus = host_cpus or engine.frame.facts.get("host_cpus")
-    advice.sort(key=sort_key)
+    advice.sort(key=advice_order)
     notes = []
     if not steps:
         notes.append(HOOK_NOTE)
@@ -86,6 +110,153 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         "advice": advice,
         "notes": notes,
     }
+
+
+# -- evidence with units --------------------------------------------------------------------
+# The JSON keeps each evidence value raw (ratios 0-1, seconds, bytes); text and Markdown show
+# it the way a person reads it: `util 20 %`, `step 8.3 ms`, `54.8 MiB`, `1.2 GB/s`.
+
+# names a person knows better by another name (the rest: the signal name, unit suffix off)
+_LABELS = {
+    "util": "util", "util_max": "util max", "sm_active": "SM active",
+    "sm_occupancy": "SM occupancy", "tensor_active": "tensor active",
+    "dram_active": "DRAM active", "fp16_active": "FP16 pipe", "fp32_active": "FP32 pipe",
+    "fp64_active": "FP64 pipe", "mem_util": "memory controller busy",
+    "mem_used_ratio": "memory used", "mem_free_bytes": "memory free",
+    "mem_used_bytes": "memory used", "mem_total_bytes": "memory",
+    "mem_reserved_ratio": "reserved by torch", "mem_reserved_bytes": "reserved by torch",
+    "mem_allocated_bytes": "allocated by torch",
+    "max_mem_allocated_bytes": "peak allocated by torch",
+    "act_mem_per_sample_bytes": "activations per sample",
+    "data_wait_ratio": "data wait", "step_seconds": "step", "data_wait_seconds": "data wait",
+    "batch_size": "batch", "job_workers": "loader workers",
+    "job_main_processes": "training processes", "main_busy_ratio": "main process busy",
+    "workers_busy_ratio": "workers busy", "cpu_free_cores": "CPU free",
+    "cpu_util": "host CPU busy", "load_per_cpu": "load per CPU", "host_cpus": "host CPUs",
+    "skipped_ratio": "skipped steps", "loss_scale": "loss scale",
+    "compute_capability": "compute capability", "power_ratio": "power of limit",
+    "job_cpu_cores": "job CPU", "gpu_processes": "GPU processes",
+    "gpu_process_mem_bytes": "GPU memory held", "num_workers": "num_workers",
+    "step_rate": "steps", "clock_power_capped": "power-capped",
+    "clock_thermal": "thermal slowdown", "clock_hw_slowdown": "HW slowdown",
+}
+# a unit told by the name's ending, for evidence a rule names itself
+_SUFFIX_UNITS = (("_bytes_per_second", "bytes/s"), ("_bytes", "bytes"), ("_ratio", "ratio"),
+                 ("_seconds", "seconds"), ("_cores", "cores"), ("_watts", "watts"),
+                 ("_celsius", "celsius"), ("_mhz", "MHz"), ("_share", "ratio"))
+
+
+def evidence_unit(name: str) -> str | None:
+    """The unit of an evidence value: the vocabulary's, or told by the name."""
+    from gpuwatch.advisor.signals import VOCABULARY
+
+    d = VOCABULARY.get(name)
+    if d is not None:
+        return d.unit
+    for suffix, unit in _SUFFIX_UNITS:
+        if name.endswith(suffix):
+            return unit
+    # a statistic of a signal under a name of its own: loss_scale_max_60s, util_max
+    best = max((n for n in VOCABULARY if name.startswith(n + "_")), key=len, default=None)
+    return VOCABULARY[best].unit if best is not None else None
+
+
+def evidence_label(name: str) -> str:
+    if name in _LABELS:
+        return _LABELS[name]
+    for suffix, _ in _SUFFIX_UNITS:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    return name.replace("_", " ")
+
+
+def _num(v: float, digits: int = 3) -> str:
+    """A plain number with about ``digits`` significant digits, never in e-notation."""
+    if v == 0 or not math.isfinite(v):
+        return "0" if v == 0 else str(v)
+    if float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):d}"
+    mag = math.floor(math.log10(abs(v)))
+    return f"{v:.{max(0, digits - 1 - mag)}f}"
+
+
+def percent(v: float) -> str:
+    p = v * 100.0
+    # whole percent in the middle; a tenth near the ends, where 0.4 % vs 0 % or 97.5 %
+    # vs 99.9 % full is the point
+    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < 90:
+        return f"{p:.0f} %"
+    return f"{p:.1f} %"
+
+
+def duration(v: float) -> str:
+    a = abs(v)
+    if a == 0:
+        return "0 s"
+    if a < 1e-3:
+        return f"{v * 1e6:.0f} µs"
+    if a < 1:
+        ms = v * 1e3
+        return f"{ms:.1f} ms" if abs(ms) < 100 else f"{ms:.0f} ms"
+    if a < 60:
+        return f"{v:.1f} s" if a < 10 else f"{v:.0f} s"
+    if a < 3600:
+        return f"{v / 60:.1f} min"
+    return f"{v / 3600:.1f} h"
+
+
+def rate_bytes(v: float) -> str:
+    for unit, size in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if abs(v) >= size:
+            return f"{v / size:.1f} {unit}"
+    return f"{v:.0f} B/s"
+
+
+def evidence_value(name: str, v: Any) -> str:
+    """One evidence value with its unit, at a precision a person reads."""
+    from gpuwatch.advisor.rules import human_bytes
+
+    if v is None:
+        return "?"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        return str(v)
+    unit = evidence_unit(name)
+    if unit == "ratio":
+        return percent(v)
+    if unit == "seconds":
+        return duration(v)
+    if unit == "bytes":
+        return human_bytes(v)
+    if unit == "bytes/s":
+        return rate_bytes(v)
+    if unit == "cores":
+        return f"{v:.1f} cores"
+    if unit in ("count", "samples", "rows", "batches"):
+        return f"{v:.0f}" if abs(v - round(v)) < 0.05 else f"{v:.1f}"
+    if unit in ("bool", "0/1"):
+        if v in (0, 1):
+            return "yes" if v else "no"
+        return f"{percent(v)} of the time"  # the window's mean of a 0/1 signal
+    if unit == "major.minor":
+        return f"{v:.1f}"
+    if unit == "watts":
+        return f"{v:.0f} W"
+    if unit == "celsius":
+        return f"{v:.0f} °C"
+    if unit == "MHz":
+        return f"{v:.0f} MHz"
+    if unit == "0-15":
+        return f"P{v:.0f}"
+    if unit in ("steps/s", "samples/s"):
+        return f"{_num(v)} {unit}"
+    if unit == "joules":
+        return f"{v / 1e3:.1f} kJ" if abs(v) >= 1e4 else f"{v:.0f} J"
+    return _num(v)
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -116,16 +287,8 @@ def _source_line(report: dict[str, Any]) -> str:
     return str(kind or "unknown source")
 
 
-def _evidence_text(ev: dict[str, float]) -> str:
-    parts = []
-    for k, v in ev.items():
-        if k.endswith("_bytes"):
-            from gpuwatch.advisor.rules import human_bytes
-
-            parts.append(f"{k}={human_bytes(v)}")
-        else:
-            parts.append(f"{k}={v:g}")
-    return ", ".join(parts)
+def _evidence_text(ev: dict[str, Any]) -> str:
+    return ", ".join(f"{evidence_label(k)} {evidence_value(k, v)}" for k, v in ev.items())
 
 
 def render_text(report: dict[str, Any], width: int | None = None) -> str:
@@ -142,7 +305,7 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
     if not advice:
         lines.append("No advice: nothing in this data calls for a change.")
     else:
-        lines.append(f"{len(advice)} piece(s) of advice, most valuable first:")
+        lines.append(f"{_pieces(len(advice))}, {_order_text(advice)}:")
     wrap = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="    ")
     for i, a in enumerate(advice, 1):
         where = "host" if a.get("gpu") is None else f"GPU {a['gpu']}"
@@ -190,7 +353,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines += [f"**Expected gain:** {a['expected_gain_text']}", ""]
         if a.get("evidence"):
             lines += ["| evidence | value |", "| --- | --- |"]
-            lines += [f"| `{k}` | {v:g} |" for k, v in a["evidence"].items()]
+            lines += [f"| `{k}` | {evidence_value(k, v)} |" for k, v in a["evidence"].items()]
             lines.append("")
         if a.get("hook_would_add"):
             lines += [f"*With the hook:* {a['hook_would_add']}", ""]
