@@ -166,3 +166,31 @@ def test_stop_ends_the_thread():
     time.sleep(0.3)
     advisor.stop()
     assert advisor._thread is None
+
+
+def test_a_daemon_without_nvml_says_the_gpu_was_not_judged():
+    """This machine has no NVIDIA driver: the daemon's /api/advice and `advise --url` say
+    that the GPU and training rules could not be judged, never that all is well."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0",
+         "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env=env)
+    try:
+        line = ""
+        for _ in range(50):
+            line = daemon.stderr.readline()
+            if "serving" in line or not line:
+                break
+        assert "serving" in line, line
+        url = line.split()[2].rsplit("/metrics", 1)[0]
+        report = json.loads(run_cli("advise", "--url", url, "--format", "json").stdout)
+        if report["judged"]["gpu"]:
+            pytest.skip("this host has an NVIDIA GPU")
+        assert report["judged"]["gpu"] is False
+        assert "NVML is not available" in report["judged"]["reason"]
+        text = run_cli("advise", "--url", url).stdout
+        assert "could not be judged" in text and "nothing in this data" not in text
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=10)

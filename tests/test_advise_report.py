@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
-from test_advise_support import DATA, run_cli
+from test_advise_support import DATA, ROOT, load, run_cli, write
+
+TRAIN = ROOT / "tests" / "scripts" / "train_cpu.py"
 
 RECORDINGS = sorted(p.name for p in DATA.glob("*.jsonl"))
 # what a report must never print: e-notation, "(s)" plurals; nor, in its evidence,
@@ -118,3 +121,61 @@ def test_advice_ordered_by_time_won_back(tmp_path):
     assert f"{len(order)} pieces of advice" in text
     heads = [ln for ln in text.splitlines() if re.match(r"^\d+\. \[", ln)]
     assert [re.search(r"\] (\S+)", h).group(1) for h in heads] == order
+
+
+# -- what was judged -----------------------------------------------------------------------
+NOTHING = "nothing in this data calls for a change"
+
+
+def test_a_real_cpu_only_job_says_the_gpu_was_not_judged(tmp_path):
+    """`gpuwatch run --record` around a real torch job on this GPU-less machine: the report
+    says the GPU and training rules could not be judged, and why."""
+    rec = tmp_path / "cpu.jsonl"
+    proc = run_cli("run", "--web.listen-address", "127.0.0.1:0", "--quiet", "--record",
+                   str(rec), "--", sys.executable, str(TRAIN), "--steps", "20",
+                   "--workers", "1", "--step-ms", "5")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(x) for x in rec.read_text().splitlines() if x.strip()]
+    assert not any(d.get("kind") == "gpu" for d in lines)  # the premise: no GPU here
+    rep = json.loads(advise(rec, "json"))
+    assert rep["judged"]["gpu"] is False and rep["judged"]["training"] is False
+    assert "no GPU" in rep["judged"]["reason"]
+    for fmt in ("text", "markdown"):
+        out = advise(rec, fmt)
+        assert "could not be judged" in out and "CPU-only" in out, out
+        assert NOTHING not in out
+        assert "comes from NVML" not in out  # the hook note is about GPU advice
+
+
+def test_an_idle_gpu_is_not_called_a_fine_training_run():
+    text = advise(DATA / "idle.jsonl")
+    assert "no training job ran on a GPU" in text and NOTHING not in text
+
+
+@pytest.mark.parametrize("name", ["tuned", "h200_tuned_b128", "h200_tf32"])
+def test_a_busy_run_says_what_it_judged(name):
+    rep = json.loads(advise(DATA / f"{name}.jsonl", "json"))
+    g = rep["judged"]["gpus"][0]
+    assert rep["judged"]["training"] is True and g["busy_signal"] == "sm_active"
+    assert g["busy_ratio"] >= 0.7 and g["training_seconds"] >= 20
+    text = advise(DATA / f"{name}.jsonl")
+    if not rep["advice"]:
+        assert NOTHING in text and "busy (SM active) over the" in text
+
+
+def test_an_underused_training_gpu_is_never_called_fine(tmp_path):
+    """The tuned run with SM active scaled to 0.6x of itself (~52 %): whether or not a rule
+    names the cause, the report must not say that nothing calls for a change."""
+    lines = load("tuned")
+    for d in lines[1:]:
+        if d["kind"] == "gpu" and d.get("sm_active") is not None:
+            d["sm_active"] = round(d["sm_active"] * 0.6, 4)
+    path = write(tmp_path / "half.jsonl", lines)
+    rep = json.loads(advise(path, "json"))
+    g = rep["judged"]["gpus"][0]
+    assert 0.45 < g["busy_ratio"] < 0.6
+    for fmt in ("text", "markdown"):
+        out = advise(path, fmt)
+        assert NOTHING not in out
+        if not rep["advice"]:
+            assert "not used fully" in out and "52 % busy" in out

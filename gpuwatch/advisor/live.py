@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpuwatch.advisor.engine import Engine, Finding
-from gpuwatch.advisor.report import build_report
+from gpuwatch.advisor.report import RunTally, build_report
 from gpuwatch.advisor.rules import RuleSet, load_rules
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,12 @@ log = logging.getLogger(__name__)
 # samples newer than this are left for the next evaluation: the hook's step datagrams
 # can arrive a little after the tick that covers them
 LAG_SECONDS = 2.0
+# what /api/advice says it judged (how long a job trained, how busy its GPU was): the
+# recent past, as long as the training rules' longest windows
+TALLY_SECONDS = 120.0
+NO_NVML = ("NVML is not available on this host (no NVIDIA driver, or it failed to load), "
+           "so the daemon samples the host only")
+NO_GPU = "NVML found no GPU on this host"
 
 
 class AdviceCollector:
@@ -80,6 +86,7 @@ class LiveAdvisor:
         self._fed_until: float | None = None
         self._fed_at_edge: set[int] = set()
         self._infos_seen: tuple[Any, ...] = ()
+        self.tally = RunTally(window=TALLY_SECONDS)
         self.last_evaluation: float | None = None
 
     # -- life cycle --------------------------------------------------------------------
@@ -136,6 +143,7 @@ class LiveAdvisor:
                         t == self._fed_until and id(s) in self._fed_at_edge)):
                     continue
                 feed(s)
+                self.tally.feed(s)
                 if t == horizon:
                     edge.add(id(s))
             self._fed_at_edge = edge
@@ -167,4 +175,6 @@ class LiveAdvisor:
             source = {"kind": "live", "evaluated_until": self.engine.evaluated_until,
                       "start": frame.t_first, "end": frame.t_last,
                       "resolution_seconds": self.engine.res}
-            return build_report([(self.engine, self.engine.active(), None)], source)
+            nvml = bool(getattr(self.store.latest(), "nvml_available", True))
+            return build_report([(self.engine, self.engine.active(), None)], source,
+                                tally=self.tally, no_gpu_reason=NO_GPU if nvml else NO_NVML)
