@@ -264,6 +264,8 @@ class Daemon:
             return
         try:
             advisor = advisor_cls(self.store, self.config)
+            if hasattr(self.source, "on_loop") and hasattr(advisor, "new_segment"):
+                self.source.on_loop = advisor.new_segment  # a replay: judge each pass alone
             advisor.start()
         except UserError:
             raise  # a bad rule file is the user's to fix, not to hide
