@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
-from gpuwatch.advisor.signals import VOCABULARY, Frame, Subject, window_stat
+from gpuwatch.advisor.signals import (
+    ATTRIBUTION_SIGNALS,
+    VOCABULARY,
+    Frame,
+    Subject,
+    window_stat,
+)
 
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
 _MISSING = object()
@@ -27,6 +33,8 @@ REFRESH_SECONDS = 10.0
 # a gauge's last value older than this is "not measured" (a source that stopped)
 STALE_SECONDS = 30.0
 # counters' increases and "newest value" need no full window: a new error counts at once
+# a bare attribution signal (``share_data``) reads the share over this window
+ATTRIBUTION_LAST_SECONDS = 15.0
 _PARTIAL_OK = frozenset({"delta", "increase", "rate", "last", "count"})
 _TABLE_OF = {name: d.table for name, d in VOCABULARY.items()}
 
@@ -55,6 +63,10 @@ class _Ctx:
         return v
 
     def _window(self, fn: str, name: str, seconds: float) -> Any:
+        if name in ATTRIBUTION_SIGNALS:
+            # the attribution is a quantity of a whole window, whatever the function
+            a = self.frame.attribution(self.subj, self.end, max(1, round(seconds / self.res)))
+            return a.value(name) if a is not None else None
         table_kind = _TABLE_OF[name]
         if table_kind == "config":
             return self.frame.config_value(self.subj, name)
@@ -81,6 +93,10 @@ class _Ctx:
         key = ("last", name, 0.0)
         v = self.cache.get(key, _MISSING)
         if v is not _MISSING:
+            return v
+        if name in ATTRIBUTION_SIGNALS:
+            v = self.window("last", name, ATTRIBUTION_LAST_SECONDS)
+            self.cache[key] = v
             return v
         table_kind = _TABLE_OF[name]
         if table_kind == "config":
