@@ -170,6 +170,9 @@ class Engine:
         self.on_end = on_end
         self.evaluated_until: float | None = None
         self.ticks = 0
+        # the report's step-time attribution: over the whole run (None, a recording) or
+        # over the last this many seconds (the live daemon)
+        self.jobs_window: float | None = None
         # each subject is judged by the rules of its scope, in the rule set's order
         self._gpu_rules = [r for r in self.rules if r.scope != "host"]
         self._host_rules = [r for r in self.rules if r.scope == "host"]
@@ -330,6 +333,15 @@ class Engine:
         ctx.locals = {}
 
     # -- reading -------------------------------------------------------------------------
+    def jobs(self) -> list[dict[str, Any]]:
+        """Step-time attribution per job and rank (the report's ``jobs``)."""
+        if self.jobs_window is None:
+            return self.frame.jobs()
+        if self.evaluated_until is None:
+            return []
+        end = round(self.evaluated_until / self.res)
+        return self.frame.jobs(end, max(1, round(self.jobs_window / self.res)))
+
     def active(self) -> list[Finding]:
         return [s.finding for s in self.states.values()
                 if s.finding is not None and s.finding.active]

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 # samples newer than this are left for the next evaluation: the hook's step datagrams
 # can arrive a little after the tick that covers them
 LAG_SECONDS = 2.0
+# the live step-time attribution (/api/advice jobs, gpuwatch_train_time_share_ratio) covers
+# this much recent time
+JOBS_WINDOW_SECONDS = 30.0
 
 
 class AdviceCollector:
@@ -61,6 +64,14 @@ class AdviceCollector:
             start.add_metric(labels, f.start)
         yield active
         yield start
+        from gpuwatch.exporter import time_share_families
+
+        try:
+            jobs = self._advisor.jobs()
+        except Exception:  # the attribution must not fail the scrape either
+            log.exception("reading the step-time attribution failed")
+            jobs = []
+        yield from time_share_families(jobs)
 
 
 class LiveAdvisor:
@@ -74,6 +85,7 @@ class LiveAdvisor:
         self.ruleset = ruleset if ruleset is not None else load_rules(dirs)
         self.engine = Engine(self.ruleset, res=res, on_start=self._started,
                              on_end=self._ended)
+        self.engine.jobs_window = JOBS_WINDOW_SECONDS
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -156,6 +168,10 @@ class LiveAdvisor:
     def active(self) -> list[Finding]:
         with self._lock:
             return list(self.engine.active())
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self.engine.jobs()
 
     def collector(self) -> AdviceCollector:
         return AdviceCollector(self)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # NVML clock event reason bits (nvmlClocksEventReason* in nvml.h)
@@ -635,6 +635,8 @@ class Subject:
         self.job_rank: int | None = None
         self.job_first: int | None = None
         self.job_last: int | None = None  # the bucket of its newest step
+        self.job_t0: float | None = None  # when its first step began (Unix seconds)
+        self.job_t1: float | None = None  # when its newest step ended
         self.span = _SpanTotals()  # the attribution's inputs summed since the first step
         self.span_at_last_step: JobWindow | None = None
 
@@ -824,6 +826,10 @@ class Frame:
         if subj.job_first is None or begun < subj.job_first:
             subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
         subj.job_last = self.idx
+        t_end = get("t")
+        if subj.job_t0 is None or t_end - (ss0 or 0.0) < subj.job_t0:
+            subj.job_t0 = t_end - (ss0 or 0.0)
+        subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
         job = subj.job
         job.ever = True
         acc = job.acc
@@ -980,7 +986,7 @@ class Frame:
             if pw is not None and pl:
                 tab.push(idx, "power_ratio", pw / pl)
             acc.clear()
-        no_hook = not self.host.job.ever
+        no_hook = not self.hook_steps
         for subj in self.subjects.values():
             if subj.job_first is not None and idx >= subj.job_first:
                 w = self.job_window(subj, idx + 1, 1)
@@ -1122,12 +1128,22 @@ class Frame:
             out.update(attribute_group(members))
         return out
 
+    @staticmethod
+    def _whole_run(subj: Subject) -> JobWindow | None:
+        w = subj.span_at_last_step
+        if w is None or not w.hook or subj.job_t0 is None or subj.job_t1 is None:
+            return w
+        # buckets round the run out to whole seconds at both ends: the steps' own clock
+        # says how long it trained
+        wall = min(w.wall, max(subj.job_t1 - subj.job_t0, 1e-3))
+        return replace(w, wall=wall, step_total=min(w.step_total, wall))
+
     def jobs(self, end: int | None = None, n: int | None = None) -> list[dict[str, Any]]:
         """One entry per job and rank: ``pid``, ``rank``, ``gpu``, ``time_share``. Over the
         ``n`` buckets before ``end``, or (``n`` None) the whole run from each job's first
         step to its last."""
         if n is None:
-            got = self._attribute_all(lambda s: s.span_at_last_step)
+            got = self._attribute_all(self._whole_run)
         else:
             e = end if end is not None else (self.idx or 0)
             got = self._attribute_all(lambda s: self.job_window(s, e, n))
