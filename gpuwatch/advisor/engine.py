@@ -19,9 +19,11 @@ from typing import Any
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
 from gpuwatch.advisor.signals import (
     ATTRIBUTION_SIGNALS,
+    GROWTH_SIGNALS,
     VOCABULARY,
     Frame,
     Subject,
+    growth,
     window_stat,
 )
 
@@ -33,6 +35,8 @@ REFRESH_SECONDS = 10.0
 # a gauge's last value older than this is "not measured" (a source that stopped)
 STALE_SECONDS = 30.0
 # counters' increases and "newest value" need no full window: a new error counts at once
+# training time (buckets) a window of a hook-reported job needs before it is judged
+MIN_TRAIN_BUCKETS = 5
 # a bare attribution signal (``share_data``) reads the share over this window
 ATTRIBUTION_LAST_SECONDS = 15.0
 _PARTIAL_OK = frozenset({"delta", "increase", "rate", "last", "count"})
@@ -64,9 +68,24 @@ class _Ctx:
 
     def _window(self, fn: str, name: str, seconds: float) -> Any:
         if name in ATTRIBUTION_SIGNALS:
-            # the attribution is a quantity of a whole window, whatever the function
-            a = self.frame.attribution(self.subj, self.end, max(1, round(seconds / self.res)))
+            # the attribution is a quantity of a whole window, whatever the function; rules
+            # read it from the end of the first step on (start-up is not judged), once
+            # a few seconds of training are in
+            n = max(1, round(seconds / self.res))
+            warm = self.frame.train_start(self.subj)
+            if warm is not None:
+                if self.end - warm < min(MIN_TRAIN_BUCKETS, n):
+                    return None
+                n = min(n, self.end - warm)
+            a = self.frame.attribution(self.subj, self.end, n)
             return a.value(name) if a is not None else None
+        if name in GROWTH_SIGNALS:
+            table = self.frame.lookup_table(self.subj, "mem_allocated_bytes")
+            ring = table.rings.get("mem_allocated_bytes") if table is not None else None
+            got = growth(ring, self.end, max(1, round(seconds / self.res)), self.res)
+            if got is None:
+                return None
+            return got[0] if name == "mem_allocated_growth_bytes_per_second" else got[1]
         table_kind = _TABLE_OF[name]
         if table_kind == "config":
             return self.frame.config_value(self.subj, name)
@@ -79,10 +98,19 @@ class _Ctx:
         if ring is None:
             return None
         n = max(1, round(seconds / self.res))
-        # a window reaching back before the GPU was first seen is incomplete: say nothing
-        # rather than judge a few seconds as if they were the whole window
-        if self.end - self.subj.first < n and fn not in _PARTIAL_OK:
-            return None
+        if fn not in _PARTIAL_OK:
+            warm = self.frame.train_start(self.subj) if table_kind != "job" else None
+            if warm is not None and self.end - warm < n:
+                # a job the hook reports: its GPU and host are judged from its first step
+                # on, so a window reaching back into start-up reads only training time;
+                # a few seconds of it already count (warnings within 20 s of the start)
+                n = self.end - warm
+                if n < min(MIN_TRAIN_BUCKETS, round(seconds / self.res)):
+                    return None
+            # a window reaching back before the GPU was first seen is incomplete: say
+            # nothing rather than judge a few seconds as if they were the whole window
+            elif self.end - self.subj.first < n:
+                return None
         if fn == "mean":  # most windows: straight to the prefix sums
             return ring.mean(self.end, n)
         return window_stat(ring, fn, self.end, n, self.res)
@@ -94,7 +122,7 @@ class _Ctx:
         v = self.cache.get(key, _MISSING)
         if v is not _MISSING:
             return v
-        if name in ATTRIBUTION_SIGNALS:
+        if name in ATTRIBUTION_SIGNALS or name in GROWTH_SIGNALS:
             v = self.window("last", name, ATTRIBUTION_LAST_SECONDS)
             self.cache[key] = v
             return v

@@ -141,6 +141,17 @@ def _defs() -> dict[str, SignalDef]:
          "(max_mem_allocated - allocated at step end) / batch_size"), True),
         ("mem_reserved_ratio", "job", "ratio", "mean", "mem_reserved_bytes / mem_total_bytes",
          True),
+        ("first_batch_wait_ratio", "job", "ratio", "mean", ("share of step time spent waiting "
+         "for the first batch of a new DataLoader iterator (step lines' first_batch)"), True),
+        ("first_batch_wait_seconds", "job", "seconds", "mean", ("data wait of a new "
+         "iterator's first batch (window mean: per new iterator)"), True),
+        ("iterator_rate", "job", "1/s", "mean", ("new DataLoader iterators (epochs) started "
+         "per second"), True),
+        ("mem_allocated_growth_bytes_per_second", "job", "bytes/s", "mean", ("torch "
+         "allocated at step end: its least-squares slope over the window, per second"),
+         True),
+        ("mem_allocated_growth_r2", "job", "ratio", "mean", ("how straight that rise is "
+         "(R^2 of the fit: 1 = a steady rate)"), True),
         # hook: config facts (current value; windows don't apply)
         ("num_workers", "config", "count", "last", "DataLoader num_workers", False),
         ("pin_memory", "config", "bool", "last", "DataLoader pin_memory", False),
@@ -155,6 +166,10 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
         ("world_size", "config", "count", "last", "distributed world size", False),
+        ("uses_dataloader", "config", "bool", "last", ("the job iterates a torch DataLoader "
+         "(false: the hook saw none)"), False),
+        ("step_source", "config", "text", "last", ("what the hook counts as a step: "
+         "'optimizer' (optimizer.step) or 'backward' (loops without torch.optim)"), False),
         ("autocast", "config", "bool", "last", "autocast to a 16-bit type is on", True),
         # step-time attribution (docs/advice.md): each is a share of the window's wall time
         # since the job's first step, and the five always sum to 1; any window function
@@ -568,6 +583,32 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
     return out
 
 
+GROWTH_SIGNALS = frozenset({"mem_allocated_growth_bytes_per_second",
+                            "mem_allocated_growth_r2"})
+
+
+def growth(ring: Ring | None, end: int, n: int, res: float) -> tuple[float, float] | None:
+    """Least-squares slope (per second) and R^2 of a ring's values over a window; None with
+    fewer than 5 values (a leak is a rise sustained over many steps)."""
+    if ring is None:
+        return None
+    s, e = ring.span(end, n)
+    pts = [(i, v) for i, v in enumerate(ring.vals[s:e]) if v is not None]
+    if len(pts) < 5:
+        return None
+    k = len(pts)
+    mx = sum(p[0] for p in pts) / k
+    my = sum(p[1] for p in pts) / k
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
+    syy = sum((p[1] - my) ** 2 for p in pts)
+    if sxx <= 0:
+        return None
+    slope = sxy / sxx
+    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+    return slope / res, r2
+
+
 def _ring_sums(ring: Ring | None, s: int, e: int) -> tuple[float, float]:
     """Sum of value x weight and of weights over absolute buckets [s, e)."""
     if ring is None:
@@ -636,6 +677,9 @@ class Subject:
         self.job_first: int | None = None
         self.job_last: int | None = None  # the bucket of its newest step
         self.job_t0: float | None = None  # when its first step began (Unix seconds)
+        # the bucket after its first step ended: GPU and host windows of a job the hook
+        # reports start here, so start-up (imports, CUDA init, compiling) is not judged
+        self.job_warm: int | None = None
         self.job_t1: float | None = None  # when its newest step ended
         self.span = _SpanTotals()  # the attribution's inputs summed since the first step
         self.span_at_last_step: JobWindow | None = None
@@ -826,6 +870,8 @@ class Frame:
         if subj.job_first is None or begun < subj.job_first:
             subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
         subj.job_last = self.idx
+        if subj.job_warm is None and self.idx is not None:
+            subj.job_warm = self.idx + 1
         t_end = get("t")
         if subj.job_t0 is None or t_end - (ss0 or 0.0) < subj.job_t0:
             subj.job_t0 = t_end - (ss0 or 0.0)
@@ -847,6 +893,11 @@ class Frame:
             v = get(f)
             if v is not None:
                 acc.add(f, float(v))
+        first = get("first_batch")
+        if first is not None:
+            acc.add("_fb_known", 1.0)
+            if first:
+                acc.add("_fb_dw", float(dw or 0.0))
         scale = get("loss_scale")
         skipped = get("skipped")
         fell = False
@@ -1031,6 +1082,15 @@ class Frame:
                 job.push(idx, name, acc.last[name])
         if "loss" in acc.n:
             job.push(idx, "loss", acc.mean("loss"))
+        if "_fb_known" in acc.n:
+            fb = acc.s.get("_fb_dw", 0.0)
+            n_fb = acc.n.get("_fb_dw", 0.0)
+            ss_all = acc.s.get("step_seconds", 0.0)
+            if ss_all > 0:
+                job.push(idx, "first_batch_wait_ratio", min(1.0, fb / ss_all), ss_all)
+            job.push(idx, "iterator_rate", n_fb / self.res)
+            if n_fb:
+                job.push(idx, "first_batch_wait_seconds", fb / n_fb, n_fb)
         if "_skip" in acc.n:
             job.push(idx, "skipped_ratio", acc.mean("_skip"), acc.n["_skip"])
         bs = acc.last.get("batch_size")
@@ -1097,6 +1157,12 @@ class Frame:
                          step_total=min(step_total, wall),
                          data_total=dw if dw_steps > 0 else None, busy=busy, util=util,
                          main=main, workers_busy=wb, workers=workers)
+
+    def train_start(self, subj: Subject) -> int | None:
+        """The bucket from which ``subj``'s job is in training (after its first step), or
+        None without the hook's steps."""
+        _, owner = self._job_table(subj)
+        return owner.job_warm if owner.job.ever else None
 
     def _group_key(self, subj: Subject) -> Any:
         """Which ranks are one job: one process per GPU with a rank and the same world
@@ -1281,6 +1347,7 @@ def arch_supports(cc: float | None) -> dict[str, bool | None]:
 
 __all__ = [
     "ATTRIBUTION_SIGNALS",
+    "GROWTH_SIGNALS",
     "CONFIG_KEYS",
     "SHARE_CATEGORIES",
     "Attribution",
