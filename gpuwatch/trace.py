@@ -249,7 +249,8 @@ _STEP: dict[str, Check] = {
     "step": _any_int, "step_seconds": _nonneg, "data_wait_seconds": _nonneg,
     "batch_size": _count, "loss_scale": _nonneg, "mem_allocated_bytes": _count,
     "mem_reserved_bytes": _count, "max_mem_allocated_bytes": _count, "loss": _anynum,
-    "skipped": _boolean, "pid": _count, "rank": _count, "gpu": _count,
+    "skipped": _boolean, "first_batch": _boolean, "pid": _count, "rank": _count,
+    "gpu": _count,
 }
 _CONFIG: dict[str, Check] = {"pid": _count, "rank": _count}
 _META: dict[str, Check] = {

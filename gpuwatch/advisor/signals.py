@@ -1040,7 +1040,7 @@ class Frame:
         no_hook = not self.hook_steps
         for subj in self.subjects.values():
             if subj.job_first is not None and idx >= subj.job_first:
-                w = self.job_window(subj, idx + 1, 1)
+                w = self.job_window(subj, idx + 1, 1, clamp=False)
                 if w is not None:
                     subj.span.add(w)
                     if subj.job_last == idx:
@@ -1119,7 +1119,8 @@ class Frame:
             return self.host.job, self.host  # steps no GPU was named for: the only GPU's
         return None, subj
 
-    def job_window(self, subj: Subject, end: int, n: int) -> JobWindow | None:
+    def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True
+                   ) -> JobWindow | None:
         """The attribution's inputs for ``subj`` over the ``n`` buckets before ``end``,
         from its job's first step on (None: nothing to attribute)."""
         if subj.gpu is None:
@@ -1153,8 +1154,10 @@ class Frame:
         step_total, _ = _ring_sums(rings.get("step_seconds"), start, end)
         rate_sum, _ = _ring_sums(rings.get("step_rate"), start, end)
         dw, dw_steps = _ring_sums(rings.get("data_wait_ratio"), start, end)
+        # a step that began before the window still counts whole in it; a window's own
+        # total is clamped (``clamp``), a run's is summed from unclamped buckets
         return JobWindow(wall=wall, hook=True, steps=rate_sum * self.res,
-                         step_total=min(step_total, wall),
+                         step_total=min(step_total, wall) if clamp else step_total,
                          data_total=dw if dw_steps > 0 else None, busy=busy, util=util,
                          main=main, workers_busy=wb, workers=workers)
 
