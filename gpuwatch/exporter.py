@@ -32,7 +32,7 @@ of docs/metrics.md. A sample of the exposition output (one H200 under load)::
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -397,6 +397,25 @@ def _train_families(snap: Snapshot) -> list[Metric]:
             if value is not None:
                 fam.add_metric(labels, float(value))
     return [steps, skipped] + [fam for fam, _ in gauges]
+
+
+def time_share_families(jobs: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """``gpuwatch_train_time_share_ratio{pid,rank,gpu,category}``: each job's (rank's) wall
+    time split into data, sync, gpu, host and other (the advisor's attribution over its
+    last window; docs/advice.md). The categories of one job sum to 1. Example::
+
+        gpuwatch_train_time_share_ratio{category="data",gpu="0",pid="4242",rank="0"} 0.72
+    """
+    fam = GaugeMetricFamily("gpuwatch_train_time_share_ratio",
+                            "Share of a training job's wall time by category (data, sync, gpu, "
+                            "host, other; they sum to 1).", labels=[*TRAIN_LABELS, "category"])
+    for j in jobs:
+        shares = j.get("time_share") or {}
+        base = [_label(j.get("pid")), _label(j.get("rank")), _label(j.get("gpu"))]
+        for category, value in shares.items():
+            if isinstance(value, (int, float)):
+                fam.add_metric([*base, str(category)], float(value))
+    return [fam]
 
 
 def _self_families(snap: Snapshot | None, collect_errors: dict[str, int]) -> list[Metric]:
