@@ -45,7 +45,9 @@ HOST = 'instance=~"$instance"'
 GPU = 'instance=~"$instance", gpu=~"$gpu"'
 JOB = 'instance=~"$instance", gpu=~"$gpu", rank=~"$rank"'
 LEGEND_GPU = "{{instance}} GPU {{gpu}}"
-LEGEND_JOB = "{{instance}} pid {{pid}} rank {{rank}} GPU {{gpu}}"
+# pid tells ranks apart (one process each); an empty rank (a job without
+# torch.distributed) would only leave a dangling "rank" in every legend
+LEGEND_JOB = "{{instance}} GPU {{gpu}} pid {{pid}}"
 
 # instance_gpu:gpuwatch_gpu_clock_event_reason:worst codes (prometheus/recording.yml)
 THROTTLE_CODES: tuple[tuple[str, str, str], ...] = (
@@ -54,6 +56,8 @@ THROTTLE_CODES: tuple[tuple[str, str, str], ...] = (
     ("5", "SW power cap", "yellow"), ("6", "SW thermal", "orange"),
     ("7", "HW slowdown", "red"), ("8", "HW thermal", "red"), ("9", "HW power brake", "red"),
 )
+PSTATES = {str(n): (f"P{n}", "green" if n == 0 else "blue" if n < 8 else "text")
+           for n in range(16)}
 SEVERITY_COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
 
 
@@ -79,18 +83,21 @@ def mapping(options: dict[str, tuple[str, str]]) -> dm.ValueMap:
 
 def series(title: str, unit: str, queries: Sequence[tuple[str, str]], *, desc: str,
            span: int = 8, height: int = 8, lo: float | None = None, hi: float | None = None,
-           stacked: bool = False, log: bool = False) -> timeseries.Panel:
+           stacked: bool = False, log: bool = False, legend: bool = True,
+           decimals: int | None = None) -> timeseries.Panel:
     panel = (timeseries.Panel().title(title).description(desc).datasource(DS).unit(unit)
              .span(span).height(height).line_width(1).fill_opacity(10 if not stacked else 60)
              .show_points(cm.VisibilityMode.NEVER)
              .legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST)
-                     .placement(cm.LegendPlacement.BOTTOM).show_legend(True))
+                     .placement(cm.LegendPlacement.BOTTOM).show_legend(legend))
              .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
                       .sort(cm.SortOrder.DESCENDING)))
     if lo is not None:
         panel = panel.min(lo)
     if hi is not None:
         panel = panel.max(hi)
+    if decimals is not None:
+        panel = panel.decimals(decimals)
     if stacked:
         panel = panel.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
     if log:
@@ -105,7 +112,7 @@ def ratio(title: str, queries: Sequence[tuple[str, str]], *, desc: str, **kw: An
     return series(title, "percentunit", queries, desc=desc, lo=0, hi=1, **kw)
 
 
-def single(title: str, unit: str, expr: str, *, desc: str, span: int = 4,
+def single(title: str, unit: str, expr: str, *, desc: str, span: int = 3,
            thresholds: Sequence[tuple[float | None, str]] = ((None, "green"),)
            ) -> stat.Panel:
     steps = [dm.Threshold(value=value, color=color) for value, color in thresholds]
@@ -180,6 +187,8 @@ def fleet() -> db.Dashboard:
     b = dashboard("gpuwatch-fleet", "gpuwatch / Fleet",
                   "Every host and GPU that Prometheus scrapes gpuwatch on, at a glance.")
     b = (b.with_row(db.Row("Fleet"))
+         .with_panel(single("Hosts reporting", "none", f"count(gpuwatch_up{{{HOST}}} == 1)",
+                            desc="gpuwatch daemons Prometheus scrapes now."))
          .with_panel(single("GPUs answering", "none",
                             f"count(gpuwatch_gpu_up{{{GPU}}} == 1)",
                             desc="GPUs whose NVML reads succeed (gpuwatch_gpu_up == 1)."))
@@ -190,6 +199,10 @@ def fleet() -> db.Dashboard:
          .with_panel(single("Mean GPU utilization", "percentunit",
                             f"avg(instance:gpuwatch_gpu_utilization_ratio:avg{{{HOST}}})",
                             desc="Mean over hosts of each host's mean NVML utilization."))
+         .with_panel(single("Mean SM active", "percentunit",
+                            f"avg(instance:gpuwatch_gpu_sm_active_ratio:avg{{{HOST}}})",
+                            desc="Mean over hosts of each host's mean GPM SM activity: how "
+                                 "much of the utilization did work."))
          .with_panel(single("Power, all GPUs", "watt",
                             f"sum(instance:gpuwatch_gpu_power_watts:sum{{{HOST}}})",
                             desc="Power drawn by every selected host's GPUs together."))
@@ -242,13 +255,13 @@ def fleet() -> db.Dashboard:
                             desc="1 while NVML answers for the GPU, 0 once it is lost."))
          .with_panel(series("XID errors (5 min)", "none",
                             [(f"instance_gpu_xid:gpuwatch_gpu_xid_errors:increase5m{{{GPU}}}",
-                              LEGEND_GPU + " XID {{xid}}")], lo=0,
+                              LEGEND_GPU + " XID {{xid}}")], lo=0, decimals=0,
                             desc="XID errors per code over the last 5 minutes. 48, 63, 64, "
                                  "74, 79, 92, 94, 95 point at hardware; 13, 31, 43 mostly "
                                  "at the application."))
          .with_panel(series("ECC errors (5 min)", "none",
                             [(f"instance_gpu_type:gpuwatch_gpu_ecc_errors:increase5m{{{GPU}}}",
-                              LEGEND_GPU + " {{type}}")], lo=0,
+                              LEGEND_GPU + " {{type}}")], lo=0, decimals=0,
                             desc="Volatile ECC errors over the last 5 minutes; any "
                                  "uncorrected one corrupts what was running."))
          .with_panel(series("Remapped rows", "none",
@@ -257,7 +270,7 @@ def fleet() -> db.Dashboard:
                              (f"gpuwatch_gpu_remapped_rows_pending{{{GPU}}}",
                               LEGEND_GPU + " pending"),
                              (f"gpuwatch_gpu_remapped_rows_failure{{{GPU}}}",
-                              LEGEND_GPU + " failed")], lo=0,
+                              LEGEND_GPU + " failed")], lo=0, decimals=0,
                             desc="Rows remapped in device memory; pending (1) waits for a "
                                  "GPU reset, failed (1) means the GPU needs service.")))
     b = (b.with_row(db.Row("Advice"))
@@ -328,22 +341,26 @@ def node() -> db.Dashboard:
                               LEGEND_GPU + " memory")], lo=0,
                             desc="SM and memory clocks; an SM clock that drops under load "
                                  "is throttled (see the reasons)."))
-         .with_panel(states("Clock event reasons",
-                            [(f'gpuwatch_gpu_clock_event_reason{{{GPU}, reason!="gpu_idle"}}',
-                              LEGEND_GPU + " {{reason}}")], reasons, span=16, height=10,
-                            desc="Each clock event (throttle) reason over time, per GPU."))
-         .with_panel(series("Performance state", "none",
-                            [(f"gpuwatch_gpu_pstate{{{GPU}}}", LEGEND_GPU)], lo=0, hi=15,
-                            span=8, height=10,
-                            desc="P-state: 0 (P0) is the fastest; idle GPUs drop to P8.")))
+         .with_panel(states("Clock event reasons (those active in the range)",
+                            [(f"gpuwatch_gpu_clock_event_reason{{{GPU}}} and on (instance, gpu, "
+                              f"reason) max_over_time(gpuwatch_gpu_clock_event_reason{{{GPU}}}"
+                              f"[$__range]) == 1", LEGEND_GPU + " {{reason}}")],
+                            reasons, span=16,
+                            desc="Each clock event (throttle) reason that was active at some "
+                                 "time in the range, per GPU; the fleet dashboard shows the "
+                                 "worst one."))
+         .with_panel(states("Performance state",
+                            [(f"gpuwatch_gpu_pstate{{{GPU}}}", LEGEND_GPU)], PSTATES, span=8,
+                            desc="P-state: P0 is the fastest; an idle GPU drops to P8.")))
     b = (b.with_row(db.Row("Host"))
          .with_panel(ratio("Host CPU", [(f"gpuwatch_host_cpu_utilization_ratio{{{HOST}}}",
                                          "{{instance}} all cores")],
                            desc="Host CPU busy over all cores."))
          .with_panel(ratio("Host CPU per core",
                            [(f"gpuwatch_host_cpu_core_utilization_ratio{{{HOST}}}",
-                             "{{instance}} core {{core}}")],
-                           desc="Each core; one pegged core beside idle ones is a "
+                             "{{instance}} core {{core}}")], legend=False,
+                           desc="Each core (no legend: there can be hundreds; hover for "
+                                "names). One pegged core beside idle ones is a "
                                 "single-threaded bottleneck."))
          .with_panel(series("Load average", "none",
                             [(f"gpuwatch_host_load1{{{HOST}}}", "{{instance}} 1 min"),
@@ -357,10 +374,13 @@ def node() -> db.Dashboard:
                              (f"gpuwatch_host_swap_used_bytes{{{HOST}}}",
                               "{{instance}} swap used")], lo=0,
                             desc="Host memory and swap in use.", span=12))
-         .with_panel(series("gpuwatch itself", "s",
-                            [(f"gpuwatch_tick_duration_seconds{{{HOST}}}",
-                              "{{instance}} tick duration")], lo=0, span=12,
-                            desc="How long the daemon's last sampling tick took.")))
+         .with_panel(series("gpuwatch itself", "suffix: /s",
+                            [(f"rate(gpuwatch_ticks_total{{{HOST}}}[$__rate_interval])",
+                              "{{instance}} sampling ticks"),
+                             (f"sum by (instance) (rate(gpuwatch_errors_total{{{HOST}}}"
+                              f"[$__rate_interval]))", "{{instance}} errors")], lo=0, span=12,
+                            desc="The daemon's sampling ticks and errors per second: ticks "
+                                 "at 1/interval and no errors when it keeps up.")))
     b = (b.with_row(db.Row("Advice"))
          .with_panel(advice_panel(GPU, desc="Advice in force on these GPUs.")))
     return b
