@@ -251,14 +251,16 @@ class PrometheusServer:
 def prometheus(tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[Callable[..., PrometheusServer]]:
     """Factory: ``prometheus(["127.0.0.1:PORT", ...], scrape_interval="500ms")`` starts a
-    real Prometheus (storage in a temp dir, a free port) scraping those targets; it waits
-    until Prometheus is ready, and kills it at the end of the test."""
+    real Prometheus (storage in a temp dir, a free port) scraping those targets, with
+    ``rule_files`` loaded if given; it waits until Prometheus is ready, and kills it at the
+    end of the test."""
     if PROMETHEUS is None:
         pytest.skip("prometheus is not installed (apt-get install prometheus)")
     started: list[subprocess.Popen] = []
 
     def start(targets: list[str], scrape_interval: str = "500ms", job: str = "gpuwatch",
-              extra_args: tuple[str, ...] = ()) -> PrometheusServer:
+              extra_args: tuple[str, ...] = (), rule_files: tuple[str | Path, ...] = ()
+              ) -> PrometheusServer:
         root = tmp_path_factory.mktemp("prometheus")
         config = root / "prometheus.yml"
         # scrape_timeout may not exceed the interval; 400ms fits the 500ms default
@@ -267,6 +269,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory
                        "scrape_timeout": "400ms" if scrape_interval == "500ms" else
                        scrape_interval},
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
+            "rule_files": [str(Path(f).resolve()) for f in rule_files],
         }))
         port = free_port()
         log_path = root / "prometheus.log"
