@@ -98,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="extra directory of rule files (repeatable)")
     adv.add_argument("--config.file", dest="config_file", metavar="FILE")
     adv.add_argument("--window", type=float, default=None, metavar="SECONDS",
-                     help="with --prometheus or --url: how far back to judge (default 600)")
+                     help="with --prometheus: how far back to judge (default 600)")
+    adv.add_argument("--match", default=None, metavar="SELECTOR",
+                     help="with --prometheus: only series matching these label matchers, "
+                     "e.g. 'instance=~\"gpu-1.*\"'")
     return parser
 
 
