@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from gpuwatch.advisor import endings
 from gpuwatch.advisor.engine import Engine, Finding, sort_key
 from gpuwatch.advisor.signals import arch_supports, cc_text
 
@@ -62,7 +63,9 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
     advice: list[dict[str, Any]] = []
     steps = config = False
     host_cpus = None
+    ended: list[dict[str, Any]] = []
     for engine, findings, instance in parts:
+        ended += getattr(engine.frame, "job_ends", [])
         gpus += gpu_entries(engine, instance)
         advice += findings_json(findings, instance)
         steps = steps or engine.frame.hook_steps
@@ -84,6 +87,7 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         "host": {"cpus": int(host_cpus) if host_cpus else None},
         "gpus": gpus,
         "advice": advice,
+        "job_ends": endings.entries(ended),
         "notes": notes,
     }
 
@@ -138,6 +142,11 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
         lines.append(_gpu_line(g))
     if report.get("gpus"):
         lines.append("")
+    for end in report.get("job_ends", []):
+        lines += textwrap.wrap("Ended: " + end["summary"] + ".", width=width,
+                               subsequent_indent="    ")
+    if report.get("job_ends"):
+        lines.append("")
     advice = report.get("advice", [])
     if not advice:
         lines.append("No advice: nothing in this data calls for a change.")
@@ -177,6 +186,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {where} | {g.get('name') or '?'} | {g.get('compute_capability') or '?'}"
                      f" | {_yes(s['bf16'])} | {_yes(s['tf32'])} | {_yes(s['fp8'])} "
                      f"| {_yes(g['gpm'])} |")
+    if report.get("job_ends"):
+        lines += ["", "## Job ends", ""]
+        lines += [f"- {end['summary']}." for end in report["job_ends"]]
     lines += ["", "## Advice", ""]
     advice = report.get("advice", [])
     if not advice:
