@@ -31,6 +31,9 @@ TALLY_SECONDS = 120.0
 NO_NVML = ("NVML is not available on this host (no NVIDIA driver, or it failed to load), "
            "so the daemon samples the host only")
 NO_GPU = "NVML found no GPU on this host"
+# the live step-time attribution (/api/advice jobs, gpuwatch_train_time_share_ratio) covers
+# this much recent time
+JOBS_WINDOW_SECONDS = 30.0
 
 
 class AdviceCollector:
@@ -68,6 +71,14 @@ class AdviceCollector:
             start.add_metric(labels, f.start)
         yield active
         yield start
+        from gpuwatch.exporter import time_share_families
+
+        try:
+            jobs = self._advisor.jobs()
+        except Exception:  # the attribution must not fail the scrape either
+            log.exception("reading the step-time attribution failed")
+            jobs = []
+        yield from time_share_families(jobs)
 
 
 class LiveAdvisor:
@@ -126,7 +137,10 @@ class LiveAdvisor:
         self._boundaries.append(float(t))
 
     def _new_engine(self) -> Engine:
-        return Engine(self.ruleset, res=self.res, on_start=self._started, on_end=self._ended)
+        engine = Engine(self.ruleset, res=self.res, on_start=self._started,
+                        on_end=self._ended)
+        engine.jobs_window = JOBS_WINDOW_SECONDS
+        return engine
 
     def _restart(self, t: float, configs: list[Any]) -> None:
         old = self.engine
@@ -218,6 +232,10 @@ class LiveAdvisor:
             return list(now)
         keys = {(f.rule.id, f.gpu) for f in now}
         return list(now) + [f for k, f in self._held.items() if k not in keys]
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self.engine.jobs()
 
     def collector(self) -> AdviceCollector:
         return AdviceCollector(self)

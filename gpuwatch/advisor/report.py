@@ -230,11 +230,14 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
     """
     gpus: list[dict[str, Any]] = []
     advice: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
     steps = config = False
     host_cpus = None
     for engine, findings, instance in parts:
         gpus += gpu_entries(engine, instance)
         advice += findings_json(findings, instance)
+        for job in engine.jobs():
+            jobs.append(dict(job, instance=instance) if instance is not None else job)
         steps = steps or engine.frame.hook_steps
         config = config or engine.frame.hook_config
         host_cpus = host_cpus or engine.frame.facts.get("host_cpus")
@@ -255,6 +258,7 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         "host": {"cpus": int(host_cpus) if host_cpus else None},
         "gpus": gpus,
         "judged": seen,
+        "jobs": jobs,
         "advice": advice,
         "notes": notes,
     }
@@ -484,6 +488,29 @@ def no_advice_text(report: dict[str, Any]) -> str:
     return "No advice: nothing in this data calls for a change."
 
 
+_CATEGORY_NAMES = {"data": "data wait", "sync": "waiting on peers", "gpu": "GPU work",
+                   "host": "host", "other": "other"}
+
+
+def job_line(j: dict[str, Any]) -> str:
+    """One job's (rank's) step-time breakdown: where its wall time went."""
+    where = f"{j['instance']} " if j.get("instance") else ""
+    who = [f"pid {j['pid']}"] if j.get("pid") is not None else []
+    if j.get("rank") is not None and (j.get("ranks") or 1) > 1:
+        who.append(f"rank {j['rank']}")
+    shares = j.get("time_share", {})
+    parts = ", ".join(f"{_CATEGORY_NAMES.get(c, c)} {100 * v:.0f} %"
+                      for c, v in sorted(shares.items(), key=lambda kv: -kv[1]))
+    tail = []
+    if j.get("step_seconds"):
+        tail.append(f"step {1000 * j['step_seconds']:.1f} ms")
+    if j.get("source") == "nvml":
+        tail.append("estimated without the hook")
+    who_txt = f" ({', '.join(who)})" if who else ""
+    tail_txt = f" ({', '.join(tail)})" if tail else ""
+    return f"{where}GPU {j['gpu']}{who_txt} time: {parts}{tail_txt}"
+
+
 def render_text(report: dict[str, Any], width: int | None = None) -> str:
     width = width or min(100, max(60, shutil.get_terminal_size((100, 24)).columns))
     hook = report.get("hook", {})
@@ -492,6 +519,8 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
     lines = [f"gpuwatch advice: {_source_line(report)} (torch hook data: {hook_txt})", ""]
     for g in report.get("gpus", []):
         lines.append(_gpu_line(g))
+    for j in report.get("jobs", []):
+        lines.append(job_line(j))
     if report.get("gpus"):
         lines.append("")
     advice = report.get("advice", [])
