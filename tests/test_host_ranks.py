@@ -78,18 +78,18 @@ def stub_for(tree: Tree, launcher_context: bool) -> NvmlStub:
 
 
 def tick_until_measured(sampler: Sampler, tree: Tree) -> dict[int, object]:
-    """Ticks until every rank's CPU has been measured over a while; the jobs by pid."""
-    jobs: dict[int, object] = {}
+    """The jobs by pid, their CPU measured over a whole second once every process of the
+    tree is running (a worker's own start-up would read as busy)."""
 
     def ready() -> bool:
         time.sleep(0.3)
-        snap = sampler.tick()
-        jobs.clear()
-        jobs.update({j.pid: j for j in snap.host.jobs})
-        return all(r in jobs and jobs[r].cpu_cores > 0.2 for r in tree.ranks)
+        jobs = {j.pid: j for j in sampler.tick().host.jobs}
+        return all(r in jobs and jobs[r].processes == 3 and jobs[r].cpu_cores > 0.05
+                   for r in tree.ranks)
 
-    wait_for(ready, "both ranks' CPU measured", timeout=30)
-    return jobs
+    wait_for(ready, "both ranks and their workers seen", timeout=30)
+    time.sleep(1.0)
+    return {j.pid: j for j in sampler.tick().host.jobs}
 
 
 @pytest.mark.parametrize("launcher_context", [False, True])
@@ -106,8 +106,9 @@ def test_each_gpu_has_its_own_rank_and_workers(ddp_tree: Tree, launcher_context:
     assert r0.gpus == (0,) and r1.gpus == (1,)
     assert r0.processes == 3 and r1.processes == 3  # each rank with its own 2 workers
     # rank 1's own workers are pegged while its main process waits; rank 0 the reverse
-    assert r1.workers_cpu_cores > r1.main_cpu_cores and r1.workers_cpu_cores > 0.3
-    assert r0.main_cpu_cores > r0.workers_cpu_cores and r0.workers_cpu_cores < 0.2
+    # (the machine may be shared: spinning processes get what the scheduler gives them)
+    assert r1.workers_cpu_cores > r1.main_cpu_cores + 0.1, r1
+    assert r0.main_cpu_cores > r0.workers_cpu_cores + 0.1 and r0.workers_cpu_cores < 0.2, r0
     if launcher_context:
         launcher = jobs[ddp_tree.launcher]
         assert launcher.processes == 1 and launcher.gpus == (0,)  # a job of its own
