@@ -218,9 +218,16 @@ def _xids(name: str, v: Any) -> Any:
 
 _PROCESS: dict[str, Check] = {"pid": _count, "mem_used_bytes": _count, "sm_util": _ratio,
                               "name": _string, "user": _string}
+def _indices(name: str, v: Any) -> Any:
+    if not isinstance(v, list):
+        raise _Bad(f"field '{name}' must be a list of GPU indices, got {_show(v)}")
+    return tuple(_count(f"{name}[{i}]", x) for i, x in enumerate(v))
+
+
 _JOB: dict[str, Check] = {"pid": _count, "name": _string, "user": _string,
                           "cpu_cores": _nonneg, "main_cpu_cores": _nonneg,
-                          "workers_cpu_cores": _nonneg, "processes": _count, "rss_bytes": _count}
+                          "workers_cpu_cores": _nonneg, "processes": _count, "rss_bytes": _count,
+                          "gpus": _indices}
 
 _GPU: dict[str, Check] = {
     "gpu": _count, "uuid": _string, "lost": _boolean,
