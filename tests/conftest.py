@@ -259,17 +259,22 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory
     started: list[subprocess.Popen] = []
 
     def start(targets: list[str], scrape_interval: str = "500ms", job: str = "gpuwatch",
-              extra_args: tuple[str, ...] = (), rule_files: tuple[str | Path, ...] = ()
-              ) -> PrometheusServer:
+              extra_args: tuple[str, ...] = (), rule_files: tuple[str | Path, ...] = (),
+              target_labels: dict[str, dict[str, str]] | None = None) -> PrometheusServer:
+        """``rule_files`` are loaded (absolute paths); ``target_labels`` gives a target its
+        own labels, e.g. ``{"127.0.0.1:9442": {"instance": "gpu-1:9442"}}``."""
         root = tmp_path_factory.mktemp("prometheus")
         config = root / "prometheus.yml"
+        labels = target_labels or {}
+        static = [{"targets": [t], **({"labels": labels[t]} if t in labels else {})}
+                  for t in targets]
         # scrape_timeout may not exceed the interval; 400ms fits the 500ms default
         config.write_text(json.dumps({
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval,
                        "scrape_timeout": "400ms" if scrape_interval == "500ms" else
                        scrape_interval},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
-            "rule_files": [str(Path(f).resolve()) for f in rule_files],
+            "scrape_configs": [{"job_name": job, "static_configs": static}],
+            **({"rule_files": [str(Path(f).resolve()) for f in rule_files]} if rule_files else {}),
         }))
         port = free_port()
         log_path = root / "prometheus.log"

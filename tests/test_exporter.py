@@ -243,10 +243,16 @@ class _Broken:
 
 
 class Advice:
+    """What the live advisor's collector adds: active advice and the time attribution."""
+
     def collect(self):
+        from gpuwatch.exporter import time_share_families
+
         fam = GaugeMetricFamily("gpuwatch_advice_active", "x", labels=["rule", "gpu", "severity"])
         fam.add_metric(["small_batch", "0", "warning"], 1)
         yield fam
+        yield from time_share_families([{"pid": 7, "rank": 0, "gpu": 0, "time_share": {
+            "data": 0.5, "sync": 0.0, "gpu": 0.3, "host": 0.1, "other": 0.1}}])
 
 
 def test_extra_collectors_join_the_scrape_and_fail_soft():
