@@ -251,8 +251,9 @@ class PrometheusServer:
 def prometheus(tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[Callable[..., PrometheusServer]]:
     """Factory: ``prometheus(["127.0.0.1:PORT", ...], scrape_interval="500ms")`` starts a
-    real Prometheus (storage in a temp dir, a free port) scraping those targets; it waits
-    until Prometheus is ready, and kills it at the end of the test."""
+    real Prometheus (storage in a temp dir, a free port) scraping those targets, with
+    ``rule_files`` loaded if given; it waits until Prometheus is ready, and kills it at the
+    end of the test."""
     if PROMETHEUS is None:
         pytest.skip("prometheus is not installed (apt-get install prometheus)")
     started: list[subprocess.Popen] = []
@@ -273,7 +274,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory
                        "scrape_timeout": "400ms" if scrape_interval == "500ms" else
                        scrape_interval},
             "scrape_configs": [{"job_name": job, "static_configs": static}],
-            **({"rule_files": [str(f) for f in rule_files]} if rule_files else {}),
+            **({"rule_files": [str(Path(f).resolve()) for f in rule_files]} if rule_files else {}),
         }))
         port = free_port()
         log_path = root / "prometheus.log"

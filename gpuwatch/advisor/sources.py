@@ -14,6 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gpuwatch.advisor.engine import Engine
@@ -72,8 +73,10 @@ def _line_t(line: bytes) -> float | None:
     return float(t) if isinstance(t, (int, float)) else None
 
 
-def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None) -> tuple[Engine, dict]:
-    """Judge a whole recording (streamed, bounded memory); returns the engine and meta."""
+def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
+                observe: Callable[[Any], None] | None = None) -> tuple[Engine, dict]:
+    """Judge a whole recording (streamed, bounded memory); returns the engine and meta.
+    ``observe`` sees every line the engine is fed (the report's tally of what it judged)."""
     from gpuwatch import trace
 
     if res is None:
@@ -86,9 +89,17 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None) -> tup
     engine.frame.set_meta(meta)
     for gpu, info in trace.meta_infos(meta).items():
         engine.frame.set_gpu_info(gpu, name=info.name, cc=info.compute_capability)
+    if observe is not None:
+        lines = _tee(lines, observe)
     engine.feed_all(lines)
     engine.finish()
     return engine, dict(meta)
+
+
+def _tee(lines: Iterable[Any], observe: Callable[[Any], None]) -> Iterator[Any]:
+    for line in lines:
+        observe(line)
+        yield line
 
 
 # -- a running daemon ------------------------------------------------------------------------
