@@ -36,6 +36,8 @@ class Config:
     rules_dirs: tuple[str, ...] = ()  # extra rule directories, after the built-in rules
     hook_socket: str | None = None  # the torch hook's datagram socket; None: chosen at start
     record: str | None = None  # also record what is sampled to this trace file
+    # TLS and basic auth for the HTTP server, exporter-toolkit format (docs/security.md)
+    web_config_file: str | None = None
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:
@@ -125,6 +127,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "rules_dirs": _path_list,
     "hook_socket": _socket_path,
     "record": _optional_path,
+    "web_config_file": _optional_path,
 }
 assert set(_CHECKS) == {f.name for f in fields(Config)}
 
@@ -223,7 +226,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     overrides: dict[str, Any] = {}
     for key, attr in (("listen_address", "listen_address"), ("interval", "interval"),
                       ("record", "record"), ("hook_socket", "hook_socket"),
-                      ("slow_interval", "slow_interval")):
+                      ("slow_interval", "slow_interval"),
+                      ("web_config_file", "web_config_file")):
         value = getattr(args, attr, None)
         if value is not None:
             overrides[key] = value

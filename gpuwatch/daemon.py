@@ -30,6 +30,7 @@ from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.httpserver import HttpServer
 from gpuwatch.samples import Sample
 from gpuwatch.store import Store
+from gpuwatch.webconfig import WebConfigFile
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +125,11 @@ class Daemon:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         if self.serve_http:
+            web = WebConfigFile(self.config.web_config_file) \
+                if self.config.web_config_file else None  # a bad file fails the start
             self.http = HttpServer(self.config.listen_address, registry=registry,
                                    snapshot=self.store.latest, health=self.health,
-                                   description=self._description())
+                                   description=self._description(), web=web)
             # bind before starting anything, so a port in use fails fast and alone
             self.http.bind()
         self.store.subscribe(self._saw_sample)

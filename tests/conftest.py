@@ -29,7 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 RECORDINGS = sorted(DATA.glob("*.jsonl"))
-SERVING = re.compile(r"serving (http://\S+)/metrics")
+SERVING = re.compile(r"serving (https?://\S+)/metrics")
 
 
 # -- GPU availability ----------------------------------------------------------------
@@ -258,7 +258,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory
     started: list[subprocess.Popen] = []
 
     def start(targets: list[str], scrape_interval: str = "500ms", job: str = "gpuwatch",
-              extra_args: tuple[str, ...] = ()) -> PrometheusServer:
+              extra_args: tuple[str, ...] = (), scrape: dict[str, Any] | None = None
+              ) -> PrometheusServer:
         root = tmp_path_factory.mktemp("prometheus")
         config = root / "prometheus.yml"
         # scrape_timeout may not exceed the interval; 400ms fits the 500ms default
@@ -266,7 +267,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval,
                        "scrape_timeout": "400ms" if scrape_interval == "500ms" else
                        scrape_interval},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
+            # ``scrape`` adds to the job (scheme, tls_config, basic_auth, ...)
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}],
+                                **(scrape or {})}],
         }))
         port = free_port()
         log_path = root / "prometheus.log"
