@@ -359,3 +359,16 @@ def test_an_empty_web_config_serves_plain_http(tmp_path):
         wait_for(lambda: _get(server.url + "/metrics")[0] == 200, "a plain answer", 10)
     finally:
         server.stop()
+
+
+def test_the_example_in_docs_security_md_loads(pki, tmp_path):
+    doc = (REPO / "docs" / "security.md").read_text()
+    example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    for name, ours in (("tls.crt", "server.crt"), ("tls.key", "server.key"),
+                       ("scrapers-ca.crt", "ca.crt")):
+        example = example.replace(f"/etc/gpuwatch/{name}", str(pki / ours))
+    web = tmp_path / "web.yml"
+    web.write_text(example)
+    config = load_web_config(str(web))
+    assert config.tls is not None and config.client_allowed_sans == ("prometheus.example.org",)
+    assert config.check_basic_auth("Basic " + base64.b64encode(b"prometheus:example").decode())
