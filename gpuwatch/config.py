@@ -10,6 +10,7 @@ import argparse
 import difflib
 import ipaddress
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -22,6 +23,10 @@ from gpuwatch.privacy import Privacy
 DEFAULT_LISTEN = "127.0.0.1:9442"
 # AF_UNIX paths are limited to 108 bytes including the terminating NUL on Linux
 _MAX_SOCKET_PATH = 107
+
+# the command-line flag that sets each key, for messages about a bad value
+FLAGS = {"listen_address": "--web.listen-address", "rules_dirs": "--rules-dir",
+         "record": "--record", "interval": "--interval"}
 
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 60.0
 MAX_SLOW_INTERVAL = 3600.0
@@ -148,6 +153,13 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 assert set(_CHECKS) == {f.name for f in fields(Config)}
 
 
+def _missing_dirs(dirs: Any) -> list[str]:
+    """A problem per rule directory that is not there: said with the configuration's
+    other problems, not later when the advisor starts."""
+    return [f"{d} does not exist or is not a directory" for d in dirs
+            if isinstance(d, str) and d and not os.path.isdir(d)]
+
+
 def _show(value: Any) -> str:
     kind = {bool: "a boolean", list: "a list", dict: "a mapping", str: "a string",
             type(None): "nothing (null)"}.get(type(value))
@@ -168,6 +180,11 @@ def _cross_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
 
 def load_config(path: str) -> Config:
     """Read and validate a YAML configuration file; all problems in one FileFormatError."""
+    return _load(path)[0]
+
+
+def _load(path: str) -> tuple[Config, bool]:
+    """The file's Config, and whether it set ``slow_interval`` itself."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -181,7 +198,7 @@ def load_config(path: str) -> Config:
         # alone, so a key given twice is checked twice and reported where it is
         node = loader.get_single_node()
         if node is None:
-            return Config()
+            return Config(), False
         if not isinstance(node, yaml.MappingNode):
             whole = loader.construct_document(node)
             msg = f"expected a mapping of settings (key: value), got {_show(whole)}"
@@ -193,6 +210,8 @@ def load_config(path: str) -> Config:
         line = mark.line + 1 if mark is not None else None
         problem = getattr(err, "problem", None) or str(err)
         raise FileFormatError(path, [(line, f"not valid YAML: {problem}")]) from err
+    except RecursionError:
+        raise FileFormatError(path, [(None, "nested too deeply to read")]) from None
     finally:
         loader.dispose()
     lines: dict[str, int] = {}
@@ -217,6 +236,8 @@ def load_config(path: str) -> Config:
             values[key] = value
     for key, msg in _cross_problems(values):
         problems.append((lines.get(key), msg))
+    for missing in _missing_dirs(values.get("rules_dirs", ())):
+        problems.append((lines.get("rules_dirs"), f"rules_dirs: {missing}"))
     if problems:
         problems.sort(key=lambda p: (p[0] is None, p[0] or 0))
         raise FileFormatError(path, problems)
@@ -227,7 +248,8 @@ def load_config(path: str) -> Config:
     for key in ("interval", "slow_interval", "history_seconds"):
         if key in values:
             values[key] = float(values[key])
-    return _settle(Config(**values), "slow_interval" in values)
+    slow_given = "slow_interval" in values
+    return _settle(Config(**values), slow_given), slow_given
 
 
 def _settle(config: Config, slow_given: bool) -> Config:
@@ -240,7 +262,7 @@ def _settle(config: Config, slow_given: bool) -> Config:
 def config_from_args(args: argparse.Namespace) -> Config:
     """The configuration file (``--config.file``), then the flags given over it."""
     path = getattr(args, "config_file", None)
-    config = load_config(path) if path else Config()
+    config, slow_in_file = _load(path) if path else (Config(), False)
     overrides: dict[str, Any] = {}
     for key, attr in (("listen_address", "listen_address"), ("interval", "interval"),
                       ("record", "record"), ("hook_socket", "hook_socket"),
@@ -256,10 +278,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
     for key, value in overrides.items():
         check = _CHECKS[key](list(value) if key == "rules_dirs" else value)
         if check:
-            problems.append(f"--{key.replace('_', '-')}: {check}")
+            problems.append(f"{FLAGS.get(key, '--' + key.replace('_', '-'))}: {check}")
+    problems += [f"--rules-dir: {m}" for m in _missing_dirs(extra_rules or ())]
     merged = {f.name: getattr(config, f.name) for f in fields(Config)} | overrides
-    slow_given = "slow_interval" in overrides or (
-        path is not None and config.slow_interval != Config.slow_interval)
+    # a slow tier the file did not set follows the interval the flags chose
+    slow_given = "slow_interval" in overrides or slow_in_file
     if not slow_given:
         merged.pop("slow_interval")
     problems += [msg for _, msg in _cross_problems(merged)]
@@ -268,4 +291,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
     for key in ("interval", "slow_interval"):
         if key in overrides:
             overrides[key] = float(overrides[key])
+    if not slow_given:  # the default again, settled against the final interval
+        overrides["slow_interval"] = Config.slow_interval
     return _settle(replace(config, **overrides), slow_given)

@@ -96,7 +96,7 @@ class Daemon:
     """
 
     def __init__(self, config: Config, *, replay: str | None = None, serve_http: bool = True,
-                 hook_socket: str | None = None,
+                 hook_socket: str | None = None, hook_required: bool = True,
                  sampler_kwargs: dict[str, Any] | None = None) -> None:
         self.config = config
         self.replay = replay
@@ -105,6 +105,10 @@ class Daemon:
         self.url: str | None = None
         self.hook_socket: str | None = None
         self._wanted_socket = hook_socket or config.hook_socket
+        # False (the launcher): a hook socket that cannot be opened costs the training
+        # metrics only, said in ``hook_error``; metrics and the job go on
+        self._hook_required = hook_required
+        self.hook_error: str | None = None
         self._sampler_kwargs = dict(sampler_kwargs or {})
         self.source: Any = None  # the Sampler or the Replayer
         self.receiver: Any = None
@@ -242,6 +246,10 @@ class Daemon:
             receiver = receiver_cls(self.store, path)
             receiver.start()
         except (OSError, UserError) as err:
+            if self._wanted_socket and not self._hook_required:
+                self.hook_error = f"cannot open the hook socket {path}: {err}"
+                log.warning("%s; training metrics are off", self.hook_error)
+                return
             if self._wanted_socket:
                 raise UserError(f"cannot open the hook socket {path}: {err}") from err
             # the shared default is taken (another daemon): use one of our own
@@ -262,6 +270,8 @@ class Daemon:
             return
         try:
             advisor = advisor_cls(self.store, self.config)
+            if hasattr(self.source, "on_loop") and hasattr(advisor, "new_segment"):
+                self.source.on_loop = advisor.new_segment  # a replay: judge each pass alone
             advisor.start()
         except UserError:
             raise  # a bad rule file is the user's to fix, not to hide

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from gpuwatch import protocol
+from gpuwatch import logs, protocol
 from gpuwatch.errors import UserError
 from gpuwatch.samples import ConfigSample, JobStats, StepSample
 from gpuwatch.store import Store
@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 # how far ahead of this host's clock a step's time may be before it is taken as now
 MAX_CLOCK_AHEAD = 5.0  # seconds
+
+# processes known at once (alive, or dead and not yet forgotten): each is a set of training
+# series, so this caps what senders can add to a scrape; a new one past it is dropped and
+# counted (gpuwatch_hook_messages_dropped_total{reason="too_many_jobs"})
+MAX_JOBS = 1024
 
 SOCKET_MODE = 0o660
 SOCKET_GROUP = "gpuwatch"  # the systemd service's group (systemd/gpuwatch.sysusers)
@@ -118,8 +123,10 @@ class HookReceiver:
     """Receives the hook's datagrams on ``socket_path`` into ``store``."""
 
     def __init__(self, store: Store, socket_path: str, *, vanish_after: float = 5.0,
-                 forget_after: float = 600.0, group: str | None = SOCKET_GROUP) -> None:
+                 forget_after: float = 600.0, max_jobs: int = MAX_JOBS,
+                 group: str | None = SOCKET_GROUP) -> None:
         self.store = store
+        self.max_jobs = max_jobs
         self.socket_path = socket_path
         self.group = group  # who besides the owner may report (see _restrict)
         self.vanish_after = vanish_after
@@ -133,15 +140,23 @@ class HookReceiver:
         self._passcred = False
         self._gpu_by_uuid: dict[str, int] = {}
         self._last_sweep = 0.0
+        self._inode: int | None = None  # of the socket file we bound
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
             return
+        _check_stale(self.socket_path)
+        self._sock = self._bind()
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-hook-receiver",
+                                        daemon=True)
+        self._thread.start()
+        log.debug("hook receiver listening on %s", self.socket_path)
+
+    def _bind(self) -> socket.socket:
         path = self.socket_path
         directory = os.path.dirname(path) or "."
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        _check_stale(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(path)
@@ -156,14 +171,37 @@ class HookReceiver:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
             except OSError:
                 pass
+            self._inode = os.lstat(path).st_ino
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-hook-receiver",
-                                        daemon=True)
-        self._thread.start()
-        log.debug("hook receiver listening on %s", path)
+        return sock
+
+    def _check_socket(self) -> None:
+        """Bind again when the socket file was removed under us (a tmp cleaner, a careless
+        ``rm``): the jobs started from now on could not report otherwise."""
+        try:
+            if os.lstat(self.socket_path).st_ino == self._inode:
+                return
+            return  # another file now: not ours to remove
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        self.store.count_error("hook_socket")
+        try:
+            new = self._bind()
+        except OSError as err:
+            logs.once(log, "hook-socket-rebind", logging.ERROR,
+                      "the hook socket %s was removed and cannot be made again (%s); "
+                      "retrying", self.socket_path, err)
+            return
+        with self._recv_lock:
+            old, self._sock = self._sock, new
+        if old is not None:
+            old.close()
+        log.warning("the hook socket %s was removed; listening on a new one there (jobs that "
+                    "reported to the old one must start again to report)", self.socket_path)
 
     def stop(self) -> None:
         self._stop.set()
@@ -212,9 +250,10 @@ class HookReceiver:
 
     # -- the loop ------------------------------------------------------------------------
     def _run(self) -> None:
-        sock = self._sock
-        assert sock is not None
         while not self._stop.is_set():
+            sock = self._sock
+            if sock is None:
+                return
             try:
                 readable, _, _ = select.select([sock], [], [], 0.5)
             except (OSError, ValueError):
@@ -229,6 +268,7 @@ class HookReceiver:
                 if now - self._last_sweep >= 0.5:
                     self._last_sweep = now
                     self._sweep(now)
+                    self._check_socket()
             except Exception:  # the receiver must outlive any one datagram or job
                 log.exception("the hook receiver hit an error; carrying on")
                 time.sleep(0.1)
@@ -273,6 +313,15 @@ class HookReceiver:
                     and len(payload) >= _CREDS.size:
                 # trust the kernel over the message: right across pid namespaces, unforgeable
                 pid = _CREDS.unpack(payload[:_CREDS.size])[0] or pid
+        with self._lock:
+            full = pid not in self._jobs and len(self._jobs) >= self.max_jobs
+        if full:
+            self.store.count_hook_message(dropped_reason=protocol.TOO_MANY_JOBS)
+            logs.once(log, "hook-too-many-jobs", logging.WARNING,
+                      "the hook receiver knows %d processes already; reports from new ones "
+                      "are dropped until old ones are forgotten (counted, not logged again)",
+                      self.max_jobs)
+            return
         self.store.count_hook_message()
         try:
             self._apply(pid, report)
@@ -332,7 +381,9 @@ class HookReceiver:
         latest = time.time() + MAX_CLOCK_AHEAD
         steps = [StepSample(t=min(s.t, latest), step=s.step, step_seconds=s.step_seconds,
                             data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
-                            skipped=s.skipped, pid=pid, rank=r.rank, gpu=gpu)
+                            skipped=s.skipped, first_batch=s.first_batch,
+                            first_batch_wait_seconds=s.first_batch_wait_seconds, pid=pid,
+                            rank=r.rank, gpu=gpu)
                  for s in r.steps]
         if steps:
             # the scale and the allocator are read once per report: they belong to its end

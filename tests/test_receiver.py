@@ -292,7 +292,8 @@ def test_out_of_range_numbers_cost_only_their_datagram(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GpuwatchCollector(store.latest))
     text = generate_latest(registry).decode()
-    assert "gpuwatch_train_steps_total" in text and "export_train" not in text
+    assert "gpuwatch_train_steps_total" in text
+    assert 'gpuwatch_errors_total{source="export_train"} 0.0' in text
 
 
 def test_a_rate_over_a_denormal_duration_is_not_infinite(
