@@ -1,8 +1,8 @@
 """The daemon's end of the torch hook: a Unix datagram socket, validated reports, job stats.
 
-``HookReceiver(store, socket_path)`` binds the socket (mode 0660, so the members of the
-socket's group, e.g. ``gpuwatch``, may report), receives on a thread of its own, validates
-each datagram with :mod:`gpuwatch.protocol` and turns it into what the store holds:
+``HookReceiver(store, socket_path)`` binds the socket (mode 0660 in the group
+``gpuwatch`` where that group exists, so its members may report; else 0600), receives on a
+thread of its own, validates each datagram with :mod:`gpuwatch.protocol` and turns it into what the store holds:
 ``JobStats`` per process (``set_job``), per-step ``StepSample`` (``add_steps``) and
 ``ConfigSample`` (``set_config``). A bad datagram costs only itself: it is dropped and
 counted by reason (``count_hook_message(dropped_reason=...)``).
@@ -15,6 +15,7 @@ dead jobs are forgotten ``forget_after`` seconds later. This module never import
 from __future__ import annotations
 
 import errno
+import grp
 import logging
 import math
 import os
@@ -44,6 +45,7 @@ MAX_CLOCK_AHEAD = 5.0  # seconds
 MAX_JOBS = 1024
 
 SOCKET_MODE = 0o660
+SOCKET_GROUP = "gpuwatch"  # the systemd service's group (systemd/gpuwatch.sysusers)
 _RECV_BUFFER = 256 * 1024  # bigger than MAX_DATAGRAM_BYTES, so oversize is seen, not cut
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -104,14 +106,40 @@ def _check_stale(path: str) -> None:
     raise UserError(f"another receiver is listening on {path}")
 
 
+def _restrict(path: str, group: str | None) -> None:
+    """Who may send to the socket: its owner, and the members of ``group`` if it exists.
+
+    Sending to a Unix socket needs write permission on it. With the group (the systemd
+    service's ``gpuwatch``, which users join to report from their jobs) the socket is 0660
+    in that group; without it, 0600: the daemon's primary group may be a shared one.
+    """
+    gid = None
+    if group:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            gid = None
+    if gid is not None and os.stat(path).st_gid != gid:
+        try:
+            os.chown(path, -1, gid)  # allowed to root, or to a member of the group
+        except OSError as err:
+            log.info("hook socket %s stays private to its owner: cannot give it to group "
+                     "%s (%s)", path, group, err.strerror)
+            gid = None
+    # the umask decided the mode at bind time; this sets ours
+    os.chmod(path, SOCKET_MODE if gid is not None else SOCKET_MODE & 0o700)
+
+
 class HookReceiver:
     """Receives the hook's datagrams on ``socket_path`` into ``store``."""
 
     def __init__(self, store: Store, socket_path: str, *, vanish_after: float = 5.0,
-                 forget_after: float = 600.0, max_jobs: int = MAX_JOBS) -> None:
+                 forget_after: float = 600.0, max_jobs: int = MAX_JOBS,
+                 group: str | None = SOCKET_GROUP) -> None:
         self.store = store
         self.max_jobs = max_jobs
         self.socket_path = socket_path
+        self.group = group  # who besides the owner may report (see _restrict)
         self.vanish_after = vanish_after
         self.forget_after = forget_after
         self._sock: socket.socket | None = None
@@ -143,8 +171,7 @@ class HookReceiver:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(path)
-            # the umask decides the mode at bind time; this sets ours (no wider than 0660)
-            os.chmod(path, SOCKET_MODE)
+            _restrict(path, self.group)
             try:
                 # the kernel then tells us each sender's real pid (in our pid namespace)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
