@@ -23,6 +23,10 @@ DEFAULT_LISTEN = "127.0.0.1:9442"
 # AF_UNIX paths are limited to 108 bytes including the terminating NUL on Linux
 _MAX_SOCKET_PATH = 107
 
+# the command-line flag that sets each key, for messages about a bad value
+FLAGS = {"listen_address": "--web.listen-address", "rules_dirs": "--rules-dir",
+         "record": "--record", "interval": "--interval"}
+
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 60.0
 MAX_SLOW_INTERVAL = 3600.0
 MIN_HISTORY, MAX_HISTORY = 10.0, 7 * 86400.0
@@ -157,6 +161,11 @@ def _cross_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
 
 def load_config(path: str) -> Config:
     """Read and validate a YAML configuration file; all problems in one FileFormatError."""
+    return _load(path)[0]
+
+
+def _load(path: str) -> tuple[Config, bool]:
+    """The file's Config, and whether it set ``slow_interval`` itself."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -174,7 +183,7 @@ def load_config(path: str) -> Config:
         # alone, so a key given twice is checked twice and reported where it is
         node = loader.get_single_node()
         if node is None:
-            return Config()
+            return Config(), False
         if not isinstance(node, yaml.MappingNode):
             whole = loader.construct_document(node)
             msg = f"expected a mapping of settings (key: value), got {_show(whole)}"
@@ -225,7 +234,8 @@ def load_config(path: str) -> Config:
     for key in ("interval", "slow_interval", "history_seconds"):
         if key in values:
             values[key] = float(values[key])
-    return _settle(Config(**values), "slow_interval" in values)
+    slow_given = "slow_interval" in values
+    return _settle(Config(**values), slow_given), slow_given
 
 
 def _settle(config: Config, slow_given: bool) -> Config:
@@ -238,7 +248,7 @@ def _settle(config: Config, slow_given: bool) -> Config:
 def config_from_args(args: argparse.Namespace) -> Config:
     """The configuration file (``--config.file``), then the flags given over it."""
     path = getattr(args, "config_file", None)
-    config = load_config(path) if path else Config()
+    config, slow_in_file = _load(path) if path else (Config(), False)
     overrides: dict[str, Any] = {}
     for key, attr in (("listen_address", "listen_address"), ("interval", "interval"),
                       ("record", "record"), ("hook_socket", "hook_socket"),
@@ -253,11 +263,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
     for key, value in overrides.items():
         check = _CHECKS[key](list(value) if key == "rules_dirs" else value)
         if check:
-            problems.append(f"--{key.replace('_', '-')}: {check}")
+            problems.append(f"{FLAGS.get(key, '--' + key.replace('_', '-'))}: {check}")
     problems += [f"--rules-dir: {m}" for m in _missing_dirs(extra_rules or ())]
     merged = {f.name: getattr(config, f.name) for f in fields(Config)} | overrides
-    slow_given = "slow_interval" in overrides or (
-        path is not None and config.slow_interval != Config.slow_interval)
+    # a slow tier the file did not set follows the interval the flags chose
+    slow_given = "slow_interval" in overrides or slow_in_file
     if not slow_given:
         merged.pop("slow_interval")
     problems += [msg for _, msg in _cross_problems(merged)]
@@ -266,4 +276,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
     for key in ("interval", "slow_interval"):
         if key in overrides:
             overrides[key] = float(overrides[key])
+    if not slow_given:  # the default again, settled against the final interval
+        overrides["slow_interval"] = Config.slow_interval
     return _settle(replace(config, **overrides), slow_given)

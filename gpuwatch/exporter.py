@@ -31,15 +31,16 @@ of docs/metrics.md. A sample of the exposition output (one H200 under load)::
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwatch import __version__, logs
 from gpuwatch.protocol import DROP_REASONS
-from gpuwatch.samples import GpuInfo, GpuSample, HostSample, JobStats, Snapshot
+from gpuwatch.samples import GpuInfo, GpuSample, Health, HostSample, JobStats, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -186,11 +187,38 @@ class GpuwatchCollector:
                           "collector %s failed (%r); its series are left out", name, err)
                 self._count_error(f"collector_{name}")
         families.extend(_self_families(snap, self._collect_errors))
-        # a family with no samples is only noise (HELP/TYPE lines for nothing)
-        yield from (f for f in families if f.samples)
+        yield from _with_declarations(families)
 
     def _count_error(self, source: str) -> None:
         self._collect_errors[source] = self._collect_errors.get(source, 0) + 1
+
+
+def _with_declarations(families: list[Metric]) -> Iterator[Metric]:
+    """The families with samples, then every other family gpuwatch exports, HELP and TYPE
+    only: a series not sampled yet (no GPU, no job, no tick, no advice) is still declared,
+    so Prometheus' metadata and dashboard checks know every name from the first scrape."""
+    seen: set[str] = set()
+    for fam in families:
+        if fam.samples and fam.name not in seen:
+            seen.add(fam.name)
+            yield fam
+    for fam in (*families, *_declared_families()):
+        if fam.name not in seen:
+            seen.add(fam.name)
+            yield Metric(fam.name, fam.documentation, fam.type, fam.unit)
+
+
+@functools.cache
+def _declared_families() -> tuple[Metric, ...]:
+    # the builders run over a snapshot with every part present but no readings, so each
+    # family's HELP text stays written in one place, next to the code that fills it
+    template = Snapshot(t=1.0, host=HostSample(t=1.0),
+                        health=Health(tick_seconds=0.0, last_success_time=1.0))
+    families: list[Metric] = []
+    for build in (_gpu_families, _process_families, _host_families, _train_families):
+        families.extend(build(template))
+    families.extend(_self_families(template, {}))
+    return tuple(families)
 
 
 def _gpu_families(snap: Snapshot) -> list[Metric]:
@@ -397,6 +425,25 @@ def _train_families(snap: Snapshot) -> list[Metric]:
             if value is not None:
                 fam.add_metric(labels, float(value))
     return [steps, skipped] + [fam for fam, _ in gauges]
+
+
+def time_share_families(jobs: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """``gpuwatch_train_time_share_ratio{pid,rank,gpu,category}``: each job's (rank's) wall
+    time split into data, sync, gpu, host and other (the advisor's attribution over its
+    last window; docs/advice.md). The categories of one job sum to 1. Example::
+
+        gpuwatch_train_time_share_ratio{category="data",gpu="0",pid="4242",rank="0"} 0.72
+    """
+    fam = GaugeMetricFamily("gpuwatch_train_time_share_ratio",
+                            "Share of a training job's wall time by category (data, sync, gpu, "
+                            "host, other; they sum to 1).", labels=[*TRAIN_LABELS, "category"])
+    for j in jobs:
+        shares = j.get("time_share") or {}
+        base = [_label(j.get("pid")), _label(j.get("rank")), _label(j.get("gpu"))]
+        for category, value in shares.items():
+            if isinstance(value, (int, float)):
+                fam.add_metric([*base, str(category)], float(value))
+    return [fam]
 
 
 def _self_families(snap: Snapshot | None, collect_errors: dict[str, int]) -> list[Metric]:

@@ -354,7 +354,9 @@ class HookReceiver:
         latest = time.time() + MAX_CLOCK_AHEAD
         steps = [StepSample(t=min(s.t, latest), step=s.step, step_seconds=s.step_seconds,
                             data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
-                            skipped=s.skipped, pid=pid, rank=r.rank, gpu=gpu)
+                            skipped=s.skipped, first_batch=s.first_batch,
+                            first_batch_wait_seconds=s.first_batch_wait_seconds, pid=pid,
+                            rank=r.rank, gpu=gpu)
                  for s in r.steps]
         if steps:
             # the scale and the allocator are read once per report: they belong to its end

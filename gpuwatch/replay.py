@@ -12,7 +12,9 @@ Every ``t`` is shifted so the recording's first line happens now: a sample recor
 ``t0 + d`` is published at (and stamped with) ``start + d / speed``. Durations inside
 samples (``step_seconds``) are not scaled. At the end, with ``loop``, it starts over one
 sample period after the last line: time keeps increasing, counters keep rising, and step
-numbers continue where the last pass ended rather than starting at 0 again.
+numbers continue where the last pass ended rather than starting at 0 again. ``on_loop``
+hears where each new pass begins, so the live advisor judges each pass on its own (the
+end of one pass and the start-up of the next are no one run).
 
 Jobs are keyed by the ``pid`` of their step lines. A recording whose step lines carry no
 pid (those of FORMAT v1 may not) has its steps credited to the one process seen on a GPU in
@@ -139,6 +141,9 @@ class Replayer:
         self._thread: threading.Thread | None = None
         self._jobs: dict[int, _Job] = {}
         self._errors: dict[str, int] = {}
+        # called with the (wall) time each new pass starts at: a consumer that judges
+        # windows of history (the live advisor) must not let one reach across it
+        self.on_loop: Callable[[float], None] | None = None
         self._scan()
 
     # -- set-up: one pass to validate and learn the shape of the recording --------------
@@ -216,6 +221,11 @@ class Replayer:
                 for job in self._jobs.values():
                     job.next_pass()
                 base += (self.last_t - self.first_t + self.period) / self.speed
+                if self.on_loop is not None:
+                    try:
+                        self.on_loop(base)
+                    except Exception:  # the replay goes on whatever a listener does
+                        log.exception("a loop listener failed")
         except GpuwatchError as err:  # the file changed under us since the scan
             self._errors["replay"] = self._errors.get("replay", 0) + 1
             log.error("replay stopped: %s", err)

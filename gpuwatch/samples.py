@@ -133,6 +133,8 @@ class StepSample:
     max_mem_allocated_bytes: int | None = None
     loss: float | None = None
     skipped: bool | None = None
+    first_batch: bool | None = None  # its data wait included a new DataLoader iterator's first
+    first_batch_wait_seconds: float | None = None  # that part of its data wait
     pid: int | None = None
     rank: int | None = None
     gpu: int | None = None

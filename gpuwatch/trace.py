@@ -21,6 +21,7 @@ Files ending in ``.gz`` (or starting with the gzip magic) are read and written c
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -249,7 +250,9 @@ _STEP: dict[str, Check] = {
     "step": _any_int, "step_seconds": _nonneg, "data_wait_seconds": _nonneg,
     "batch_size": _count, "loss_scale": _nonneg, "mem_allocated_bytes": _count,
     "mem_reserved_bytes": _count, "max_mem_allocated_bytes": _count, "loss": _anynum,
-    "skipped": _boolean, "pid": _count, "rank": _count, "gpu": _count,
+    "skipped": _boolean, "first_batch": _boolean, "first_batch_wait_seconds": _nonneg,
+    "pid": _count, "rank": _count,
+    "gpu": _count,
 }
 _CONFIG: dict[str, Check] = {"pid": _count, "rank": _count}
 _META: dict[str, Check] = {
@@ -777,7 +780,14 @@ class TraceWriter:
                 self._out = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
         except OSError as err:
             raise UserError(f"cannot write trace {path}: {err.strerror or err}") from err
-        self._write(dict(meta))
+        try:
+            self._write(dict(meta))
+        except BaseException:
+            # a meta line that can't be written (disk full, a value JSON can't hold):
+            # nobody will close what the caller never got
+            with contextlib.suppress(OSError):
+                self.close()
+            raise
 
     def write(self, sample: Sample) -> None:
         self._write(sample_to_line(sample))

@@ -54,10 +54,37 @@ def run_quiet(*command: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("script", "code"), [
-    ("exit 0", 0), ("exit 3", 3), ("kill -KILL $$", 128 + 9), ("kill -TERM $$", 128 + 15),
+    ("exit 0", 0), ("exit 3", 3), ("kill -KILL $$", -9), ("kill -TERM $$", -15),
+    ("kill -QUIT $$", -3),
 ])
 def test_exit_code_is_the_jobs(script: str, code: int) -> None:
+    # a job killed by signal N kills the launcher by signal N (subprocess: -N), as `env` and
+    # `timeout` do: a shell sees 128 + N and knows a signal ended it
     assert run_quiet("sh", "-c", script).returncode == code
+
+
+def test_a_shell_sees_128_plus_n_and_no_core_file(tmp_path: Path) -> None:
+    quoted = " ".join(f"'{a}'" for a in RUN)
+    # the job itself leaves no core (ulimit -c 0); the launcher may, unless it sees to it
+    run = subprocess.run(["sh", "-c", f"ulimit -c unlimited; {quoted} --quiet -- sh -c "
+                          "'ulimit -c 0; kill -QUIT $$'; echo status=$?"], check=False,
+                         env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert "status=131" in run.stdout, run.stderr
+    assert not list(tmp_path.glob("core*"))
+
+
+def test_a_script_without_a_shebang_runs_with_sh(tmp_path: Path) -> None:
+    script = tmp_path / "job"
+    script.write_text('echo "ran with $# args: $1"\nexit 4\n')
+    script.chmod(0o755)
+    run = run_quiet(str(script), "first")
+    assert run.returncode == 4, run.stderr
+    assert run.stdout == "ran with 1 args: first\n"
+    with_path = subprocess.run([*RUN, "--quiet", "--", "job"], check=False, cwd=REPO,
+                               env=clean_env(PATH=f"{tmp_path}:{os.environ['PATH']}"),
+                               capture_output=True, text=True, timeout=120)
+    assert with_path.returncode == 4 and with_path.stdout == "ran with 0 args: \n"
 
 
 def test_missing_command_exits_127() -> None:

@@ -112,9 +112,12 @@ def format_value(v: Any, spec: str = "") -> str:
             return str(int(v))
         return f"{v:.3g}"
     try:
-        return format(v, spec)
+        out = format(v, spec)
     except (ValueError, TypeError):
         return str(v)
+    if "e+" in out and abs(v) < 1e15:
+        return f"{v:.0f}"  # a person reads 16384, not 1.64e+04
+    return out
 
 
 def human_bytes(v: float) -> str:
