@@ -25,6 +25,16 @@ def _interval(text: str) -> float:
     return value
 
 
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
+def _add_log_level(p: argparse.ArgumentParser, default: object) -> None:
+    # accepted before and after the subcommand; a subcommand's own default must not
+    # overwrite a value given before it, hence SUPPRESS there
+    p.add_argument("--log.level", dest="log_level", default=default, choices=LOG_LEVELS,
+                   help="how much to log on stderr (default info)")
+
+
 def _add_daemon_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config.file", dest="config_file", metavar="FILE",
                    help="YAML configuration file (flags given here override it)")
@@ -49,8 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         "`gpuwatch run -- python train.py ARGS` also starts the job with the torch hook injected.",
     )
     _add_daemon_flags(run)
+    _add_log_level(run, argparse.SUPPRESS)
     run.add_argument("--web.listen-address", dest="listen_address", default=None, metavar="ADDR",
                      help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN}; ':9442' for all interfaces)")
+    run.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
+                     help="TLS and basic auth for the HTTP server (Prometheus exporter-toolkit "
+                     "format, see docs/security.md)")
     run.add_argument("--replay", metavar="FILE",
                      help="serve a gpuwatch-trace/1 recording as if live, looping at its end")
     run.add_argument("--demo", action="store_true",
@@ -67,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("record", help="record what the daemon samples to a trace file",
                          description="Sample like `gpuwatch run` and write gpuwatch-trace/1 lines to FILE.")
     _add_daemon_flags(rec)
+    _add_log_level(rec, argparse.SUPPRESS)
     rec.add_argument("file", metavar="FILE", help="output file ('-' for stdout)")
     rec.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                      help="stop after this long (default: until interrupted)")
@@ -80,12 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--replay", metavar="FILE", help="judge a gpuwatch-trace/1 recording")
     src.add_argument("--demo", action="store_true", help="judge the bundled recording")
     src.add_argument("--prometheus", metavar="URL", help="fleet-wide, from a Prometheus server")
+    _add_log_level(adv, argparse.SUPPRESS)
     adv.add_argument("--format", choices=["text", "json", "markdown"], default="text")
     adv.add_argument("--rules-dir", action="append", default=[], metavar="DIR",
                      help="extra directory of rule files (repeatable)")
     adv.add_argument("--config.file", dest="config_file", metavar="FILE")
     adv.add_argument("--window", type=float, default=None, metavar="SECONDS",
-                     help="with --prometheus or --url: how far back to judge (default 600)")
+                     help="with --prometheus: how far back to judge (default 600)")
+    adv.add_argument("--match", default=None, metavar="SELECTOR",
+                     help="with --prometheus: only series matching these label matchers, "
+                     "e.g. 'instance=~\"gpu-1.*\"'")
     return parser
 
 

@@ -56,6 +56,8 @@ WINDOW_FIELDS = ("steps", "skipped", "timed", "step_seconds", "data_wait_seconds
 OVERSIZED = "oversized"
 MALFORMED = "malformed"
 BAD_VERSION = "version"
+TOO_MANY_JOBS = "too_many_jobs"  # a new process beyond the receiver's cap on jobs
+DROP_REASONS = (OVERSIZED, MALFORMED, BAD_VERSION, TOO_MANY_JOBS)
 
 
 class ProtocolError(ValueError):

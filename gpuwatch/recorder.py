@@ -20,6 +20,7 @@ import argparse
 import heapq
 import itertools
 import logging
+import os
 import queue
 import signal
 import threading
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 
 _STOP = object()
 MAX_HELD = 10_000  # samples in the reorder buffer at most
+# samples waiting for the writer at most: a writer stuck on a full pipe nobody reads must
+# not grow memory without bound (samples beyond are dropped and counted)
+MAX_QUEUED = 100_000
+STOP_TIMEOUT = 5.0  # seconds stop() waits for the writer to write out what it holds
 
 
 class Recorder:
@@ -56,6 +61,9 @@ class Recorder:
         self.late_samples = 0
         self.bad_samples = 0  # samples that could not be written (e.g. a non-finite value)
         self.failed: str | None = None  # why recording stopped early (a write error)
+        self.broken_pipe = False  # the reader of the output went away (`record - | head`)
+        self.unfinished = False  # stop() gave up waiting for the writer (a stuck pipe)
+        self.dropped_samples = 0  # not written: the writer was too far behind
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._writer: TraceWriter | None = None
         self._thread: threading.Thread | None = None
@@ -74,16 +82,32 @@ class Recorder:
             raise UserError(f"cannot write trace {self.path}: {err.strerror or err}") from err
         self._thread = threading.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
         self._thread.start()
-        self.store.subscribe(self._queue.put)
+        self.store.subscribe(self._offer)
 
-    def stop(self) -> None:
-        """Write out everything received so far and close the file."""
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Write out everything received so far and close the file.
+
+        Waits at most ``timeout`` seconds: a writer blocked on a pipe nobody reads is left
+        behind (``unfinished``), and the caller goes on."""
         if self._thread is None:
             return
-        self.store.unsubscribe(self._queue.put)
+        self.store.unsubscribe(self._offer)
         self._queue.put(_STOP)
-        self._thread.join()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.unfinished = True
+            log.error("the recording to %s could not be finished within %g s (is anything "
+                      "reading it?); giving up", self.path, timeout)
         self._thread = None
+
+    def _offer(self, sample: Sample) -> None:
+        if self._queue.qsize() >= MAX_QUEUED:
+            self.dropped_samples += 1
+            if self.dropped_samples == 1:
+                log.warning("the recording to %s is %d samples behind; dropping samples "
+                            "until it catches up", self.path, MAX_QUEUED)
+            return
+        self._queue.put(sample)
 
     # -- the writer thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -100,17 +124,35 @@ class Recorder:
                 # everything after it: the buffer stays small whatever the times say
                 while len(self._heap) > MAX_HELD:
                     self._release(self._heap[0][0])
+        except BrokenPipeError:
+            # the reader went away (`gpuwatch record - | head`): the end, not an error
+            self.broken_pipe = True
+            self.failed = f"the reader of {self.path} went away; recording stopped"
+            log.debug("recording stopped: broken pipe")
+            if self.path == "-":
+                _silence_stdout()
         except OSError as err:
-            self.failed = f"cannot write {self.path}: {err.strerror or err}"
-            log.error("recording stopped: %s", self.failed)
+            # what was written stays a readable trace (a cut last line is skipped on
+            # replay); say where it ends, so a reader knows what is missing
+            lines = self._writer.lines_written
+            end = (f"; the recording ends at line {lines} (t={self._last_written:.3f})"
+                   if self._last_written > float("-inf") else "")
+            self.failed = f"cannot write {self.path}: {err.strerror or err}{end}"
+            self.store.count_error("recorder")
+            log.error("recording stopped: %s; the daemon goes on without it", self.failed)
         except Exception as err:  # noqa: BLE001 - say so, rather than die silently
             self.failed = f"recording {self.path} failed: {err!r}"
+            self.store.count_error("recorder")
             log.exception("recording stopped")
         finally:
             # nobody reads the queue any more: stop filling it
-            self.store.unsubscribe(self._queue.put)
+            self.store.unsubscribe(self._offer)
             try:
                 self._writer.close()
+            except BrokenPipeError:
+                self.broken_pipe = True
+                if self.path == "-":
+                    _silence_stdout()
             except OSError as err:
                 log.error("closing %s failed: %s", self.path, err)
 
@@ -139,6 +181,17 @@ class Recorder:
                 continue
             self._last_written = sample.t
             self.samples_written += 1
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null: what is still buffered for a reader that went away must not
+    raise again when the interpreter flushes stdout at exit."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    os.dup2(null, 1)
+    os.close(null)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -175,7 +228,7 @@ def main(args: argparse.Namespace) -> int:
                      f" for {duration:g} s" if duration else " until interrupted")
         deadline = None if duration is None else time.monotonic() + duration
         # short waits: the signal handler runs between them on the main thread
-        while not stop.is_set():
+        while not stop.is_set() and not (recorder is not None and recorder.failed):
             left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
             if left <= 0:
                 break
@@ -184,6 +237,12 @@ def main(args: argparse.Namespace) -> int:
         daemon.stop()  # the recorder last: it writes out the last of the samples
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if recorder is not None and recorder.broken_pipe:
+        # the reader has all it wanted (`| head`): end as other tools do there, by SIGPIPE,
+        # quietly (and without the interpreter flushing into the broken pipe at exit)
+        from gpuwatch.launcher import die_by_signal
+
+        die_by_signal(signal.SIGPIPE)
     if recorder is not None and recorder.failed:
         raise UserError(recorder.failed)
     return 0

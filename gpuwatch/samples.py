@@ -95,6 +95,7 @@ class JobTree:
     workers_cpu_cores: float = 0.0  # its descendants
     processes: int = 1
     rss_bytes: int = 0  # summed RSS (forked pages count once per process)
+    gpus: tuple[int, ...] = ()  # the GPUs NVML lists the root on (its rank's GPU)
 
 
 @dataclass(frozen=True, slots=True)

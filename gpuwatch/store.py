@@ -45,6 +45,9 @@ class Store:
         self._listeners: list[Listener] = []
         self._hook_messages = 0
         self._hook_dropped: dict[str, int] = {}
+        # errors of parts that are not the sampler (the hook receiver, the recorder); merged
+        # into the snapshot's errors_total on read
+        self._errors: dict[str, int] = {}
 
     # -- writers -------------------------------------------------------------------
     def publish(self, snapshot: Snapshot) -> None:
@@ -129,6 +132,12 @@ class Store:
                 self._hook_dropped[dropped_reason] = self._hook_dropped.get(dropped_reason, 0) + 1
             self._latest = None
 
+    def count_error(self, source: str) -> None:
+        """Count one error of ``source`` (gpuwatch_errors_total{source})."""
+        with self._lock:
+            self._errors[source] = self._errors.get(source, 0) + 1
+            self._latest = None
+
     def subscribe(self, fn: Listener) -> None:
         """Call ``fn`` with every new sample (the recorder); it must not block."""
         with self._lock:
@@ -157,7 +166,13 @@ class Store:
             return snap
         with self._lock:
             pub = self._published
-            health = replace(pub.health, hook_messages_total=self._hook_messages,
+            errors = pub.health.errors_total
+            if self._errors:
+                errors = dict(errors)
+                for source, count in self._errors.items():
+                    errors[source] = errors.get(source, 0) + count
+            health = replace(pub.health, errors_total=errors,
+                             hook_messages_total=self._hook_messages,
                              hook_messages_dropped_total=dict(self._hook_dropped))
             snap = replace(pub, jobs=tuple(self._jobs.values()), health=health)
             self._latest = snap

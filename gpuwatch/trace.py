@@ -21,6 +21,7 @@ Files ending in ``.gz`` (or starting with the gzip magic) are read and written c
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -217,9 +218,16 @@ def _xids(name: str, v: Any) -> Any:
 
 _PROCESS: dict[str, Check] = {"pid": _count, "mem_used_bytes": _count, "sm_util": _ratio,
                               "name": _string, "user": _string}
+def _indices(name: str, v: Any) -> Any:
+    if not isinstance(v, list):
+        raise _Bad(f"field '{name}' must be a list of GPU indices, got {_show(v)}")
+    return tuple(_count(f"{name}[{i}]", x) for i, x in enumerate(v))
+
+
 _JOB: dict[str, Check] = {"pid": _count, "name": _string, "user": _string,
                           "cpu_cores": _nonneg, "main_cpu_cores": _nonneg,
-                          "workers_cpu_cores": _nonneg, "processes": _count, "rss_bytes": _count}
+                          "workers_cpu_cores": _nonneg, "processes": _count, "rss_bytes": _count,
+                          "gpus": _indices}
 
 _GPU: dict[str, Check] = {
     "gpu": _count, "uuid": _string, "lost": _boolean,
@@ -787,7 +795,14 @@ class TraceWriter:
                 self._out = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
         except OSError as err:
             raise UserError(f"cannot write trace {path}: {err.strerror or err}") from err
-        self._write(dict(meta))
+        try:
+            self._write(dict(meta))
+        except BaseException:
+            # a meta line that can't be written (disk full, a value JSON can't hold):
+            # nobody will close what the caller never got
+            with contextlib.suppress(OSError):
+                self.close()
+            raise
 
     def write(self, sample: Sample) -> None:
         self._write(sample_to_line(sample))
