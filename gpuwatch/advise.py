@@ -1,9 +1,11 @@
 """`gpuwatch advise`: judge a run and say what to change, with the evidence.
 
 From a recording (``--replay FILE``, ``--demo``), a running daemon (``--url``, its
-/api/advice) or a Prometheus server (``--prometheus URL``, every instance and GPU over
-``--window`` seconds). Prints text, Markdown or JSON; exits 0 whether or not there is
-advice, 2 on bad input (a bad file, bad rules, nothing listening).
+/api/advice) or a Prometheus server (``--prometheus URL``: the fleet report, every
+instance and GPU over ``--window`` seconds, narrowed by ``--match SELECTOR``, grouped per
+host with the jobs and ranks the hook reported). Prints text, Markdown or JSON; exits 0
+whether or not there is advice, 2 on bad input (a bad file, bad rules, a bad selector,
+nothing listening).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from gpuwatch.errors import UserError
 
 DEFAULT_URL = "http://127.0.0.1:9442"
 DEFAULT_WINDOW = 600.0
+NO_GPU_IN_RECORDING = ("the recording holds no GPU lines (it was made where NVML found no "
+                       "GPU: a CPU-only job, or a host without the NVIDIA driver)")
 
 
 def _ruleset(args: argparse.Namespace) -> Any:
@@ -33,17 +37,28 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     from gpuwatch.advisor import report, sources
 
     window = getattr(args, "window", None)
+    match = getattr(args, "match", None)
+    prometheus = getattr(args, "prometheus", None)
     if window is not None and not window > 0:
         raise UserError(f"--window must be a positive number of seconds, got {window:g}")
+    # flags that only a Prometheus source can honour are refused elsewhere, never ignored
+    if not prometheus:
+        for flag, value in (("--window", window), ("--match", match)):
+            if value is not None:
+                other = ("a recording is judged whole" if getattr(args, "replay", None)
+                         or getattr(args, "demo", False) else
+                         "the daemon judges over its own live history")
+                raise UserError(f"{flag} applies to --prometheus only ({other})")
     if getattr(args, "replay", None) or getattr(args, "demo", False):
         ruleset = _ruleset(args)
+        tally = report.RunTally()
         if args.demo:
             resource = importlib.resources.files("gpuwatch.data") / "demo.jsonl"
             with importlib.resources.as_file(resource) as path:
-                engine, meta = sources.judge_trace(str(path), ruleset)
+                engine, meta = sources.judge_trace(str(path), ruleset, observe=tally.feed)
             shown = "demo (bundled recording)"
         else:
-            engine, meta = sources.judge_trace(args.replay, ruleset)
+            engine, meta = sources.judge_trace(args.replay, ruleset, observe=tally.feed)
             shown = args.replay
         frame = engine.frame
         src = {"kind": "replay", "path": shown, "scenario": meta.get("scenario"),
@@ -51,18 +66,24 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                "duration_seconds": (frame.t_last - frame.t_first)
                if frame.t_first is not None and frame.t_last is not None else None,
                "resolution_seconds": engine.res}
-        return report.build_report([(engine, engine.summary(), None)], src)
-    if getattr(args, "prometheus", None):
+        return report.build_report([(engine, engine.summary(), None)], src, tally=tally,
+                                   no_gpu_reason=NO_GPU_IN_RECORDING)
+    if prometheus:
+        selector = sources.parse_selector(match) if match is not None else ""
         ruleset = _ruleset(args)
         win = window or DEFAULT_WINDOW
-        engines = sources.judge_prometheus(args.prometheus, ruleset, window=win)
+        engines = sources.judge_prometheus(prometheus, ruleset, window=win, selector=selector)
         if not engines:
-            raise UserError(f"Prometheus at {args.prometheus} has no gpuwatch_* series in the "
-                            f"last {win:g} s (is it scraping gpuwatch?)")
+            narrowed = f" matching {{{selector}}}" if selector else ""
+            raise UserError(f"Prometheus at {prometheus} has no gpuwatch_* series{narrowed} in "
+                            f"the last {win:g} s (is it scraping gpuwatch?)")
         parts = [(e, e.summary(), inst) for inst, (e, _) in engines.items()]
-        src = {"kind": "prometheus", "url": args.prometheus, "window_seconds": win,
-               "instances": sorted(engines)}
-        return report.build_report(parts, src)
+        src = {"kind": "prometheus", "url": prometheus, "window_seconds": win,
+               "selector": selector or None, "instances": sorted(engines)}
+        rep = report.build_report(parts, src)
+        rep["hosts"] = fleet_hosts(rep, {inst: facts for inst, (_, facts) in engines.items()})
+        rep["ranks"] = fleet_ranks(rep["hosts"])
+        return rep
     url = getattr(args, "url", None) or DEFAULT_URL
     if getattr(args, "rules_dir", None):
         raise UserError("--rules-dir does not apply to --url: the daemon judges with its "
@@ -72,17 +93,208 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     return got
 
 
+# -- the fleet report (--prometheus) --------------------------------------------------------
+def fleet_hosts(rep: dict[str, Any], facts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The report grouped per host: its GPUs (also those seen only as lost), the jobs and
+    ranks the hook reported there, and its own advice."""
+    hosts = []
+    for inst in sorted(facts):
+        f = facts[inst]
+        entries = {g["gpu"]: g for g in rep.get("gpus", []) if g.get("instance") == inst}
+        gpus = []
+        for gpu in sorted(set(entries) | set(f.get("gpu_up", {})) | set(f.get("gpus", {}))):
+            entry = dict(entries.get(gpu) or {"gpu": gpu, "instance": inst,
+                                              "name": f.get("gpus", {}).get(gpu, {}).get("name")})
+            entry["up"] = f.get("gpu_up", {}).get(gpu)
+            gpus.append(entry)
+        hosts.append({"instance": inst, "gpus": gpus, "jobs": f.get("jobs", []),
+                      "advice": [a for a in rep.get("advice", []) if a.get("instance") == inst]})
+    return hosts
+
+
+# a rank whose own time per step is this much slower than the fastest rank's sets the
+# job's pace (nvidia-resiliency-ext's straggler score: best median / own median < 0.75);
+# the same threshold as the straggler-rank rule, which compares ranks on one host
+STRAGGLER_SCORE = 0.75
+
+
+def fleet_ranks(hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Compare the ranks the hook reported across hosts, as ranks of one job.
+
+    Synchronous data-parallel ranks share one step time (each waits for the slowest in
+    the collectives), so a rank's own time per step is its step time less the share it
+    spent waiting on peers (``sync`` of gpuwatch_train_time_share_ratio, where the daemon
+    exports it). Without that share only the DataLoader wait tells ranks apart. The
+    selection must hold one job: two ranks with the same number mean several jobs (narrow
+    with --match), and the comparison is left out with a note saying so."""
+    ranks = [{"instance": h["instance"], **j} for h in hosts for j in h["jobs"]
+             if j.get("rank") is not None and j.get("step_seconds")]
+    if len({r["instance"] for r in ranks}) < 2:
+        return None  # one host: the straggler-rank rule of its own engine compares them
+    numbers = [r["rank"] for r in ranks]
+    if len(set(numbers)) != len(numbers):
+        return {"ranks": ranks, "straggler": None,
+                "note": "ranks with the same number on several hosts: these are several "
+                        "jobs; narrow with --match to one job's hosts to compare its ranks"}
+    for r in ranks:
+        sync = (r.get("time_share") or {}).get("sync")
+        r["own_seconds"] = round(r["step_seconds"] * (1.0 - sync), 6) if sync is not None \
+            else None
+    ranks.sort(key=lambda r: r["rank"])
+    straggler = None
+    note = None
+    if all(r["own_seconds"] for r in ranks):
+        best = min(r["own_seconds"] for r in ranks)
+        for r in ranks:
+            r["rank_score"] = round(best / r["own_seconds"], 3)
+        slow = min(ranks, key=lambda r: r["rank_score"])
+        if slow["rank_score"] < STRAGGLER_SCORE:
+            others = sorted(r["own_seconds"] for r in ranks if r is not slow)
+            median = others[len(others) // 2]
+            straggler = {"instance": slow["instance"], "rank": slow["rank"],
+                         "pid": slow["pid"], "gpu": slow["gpu"],
+                         "rank_score": slow["rank_score"],
+                         "own_seconds": slow["own_seconds"],
+                         "data_wait_ratio": slow.get("data_wait_ratio"),
+                         "speedup_at_median_pace": round(slow["own_seconds"] / median, 2)}
+    else:
+        note = ("no per-rank wait share (gpuwatch_train_time_share_ratio) from these daemons: "
+                "ranks compared by step time and data wait only")
+        waits = [r["data_wait_ratio"] for r in ranks if r.get("data_wait_ratio") is not None]
+        if len(waits) == len(ranks):
+            slow = max(ranks, key=lambda r: r["data_wait_ratio"])
+            rest = sorted(r["data_wait_ratio"] for r in ranks if r is not slow)
+            if slow["data_wait_ratio"] - rest[len(rest) // 2] > 1.0 - STRAGGLER_SCORE:
+                straggler = {"instance": slow["instance"], "rank": slow["rank"],
+                             "pid": slow["pid"], "gpu": slow["gpu"], "rank_score": None,
+                             "own_seconds": None, "data_wait_ratio": slow["data_wait_ratio"],
+                             "speedup_at_median_pace": None}
+    return {"ranks": ranks, "straggler": straggler, "note": note}
+
+
+def _ranks_text(block: dict[str, Any] | None) -> list[str]:
+    if not block:
+        return []
+    lines = [f"Ranks across hosts ({len(block['ranks'])}):"]
+    for r in block["ranks"]:
+        own = f", own {r['own_seconds'] * 1000:.0f} ms" if r.get("own_seconds") else ""
+        score = f", score {r['rank_score']:.2f}" if r.get("rank_score") is not None else ""
+        wait = (f", data wait {r['data_wait_ratio']:.0%}"
+                if r.get("data_wait_ratio") is not None else "")
+        lines.append(f"  rank {r['rank']} on {r['instance']} GPU {r['gpu']}: step "
+                     f"{r['step_seconds'] * 1000:.0f} ms{own}{wait}{score}")
+    s = block.get("straggler")
+    if s:
+        why = (f"its own time per step is {1 / s['rank_score']:.2f}x the fastest rank's; at the "
+               f"other ranks' median pace the job would go {s['speedup_at_median_pace']:.2f}x "
+               "faster" if s.get("rank_score") else
+               f"it waits for data {s['data_wait_ratio']:.0%} of each step, far more than the "
+               "other ranks, which then wait for it in the collectives")
+        lines.append(f"  Straggler: rank {s['rank']} on {s['instance']} (GPU {s['gpu']}): {why}. "
+                     "Look at that host's advice and its input pipeline.")
+    if block.get("note"):
+        lines.append(f"  Note: {block['note']}")
+    return lines
+
+
+def _job_text(j: dict[str, Any]) -> str:
+    parts = [f"pid {j['pid']}" if j.get("pid") is not None else "a job"]
+    if j.get("rank") is not None:
+        parts.append(f"rank {j['rank']}")
+    if j.get("gpu") is not None:
+        parts.append(f"GPU {j['gpu']}")
+    facts = []
+    if j.get("step_seconds") is not None:
+        facts.append(f"step {j['step_seconds'] * 1000:.0f} ms")
+    if j.get("data_wait_ratio") is not None:
+        facts.append(f"data wait {j['data_wait_ratio']:.0%}")
+    if j.get("samples_per_second") is not None:
+        facts.append(f"{j['samples_per_second']:.0f} samples/s")
+    if j.get("time_share"):
+        facts.append("time: " + ", ".join(f"{k} {v:.0%}" for k, v in
+                                          sorted(j["time_share"].items(), key=lambda kv: -kv[1])))
+    return " ".join(parts) + (f" ({'; '.join(facts)})" if facts else "")
+
+
+def _host_report(rep: dict[str, Any], host: dict[str, Any]) -> dict[str, Any]:
+    """The fleet report cut down to one host, for the single-host renderers."""
+    sub = dict(rep)
+    sub["gpus"] = [g for g in rep.get("gpus", []) if g.get("instance") == host["instance"]]
+    sub["advice"] = host["advice"]
+    sub["notes"] = []
+    return sub
+
+
+def _fleet_header(rep: dict[str, Any]) -> str:
+    src = rep.get("source", {})
+    hosts = rep.get("hosts", [])
+    n_gpus = sum(len(h["gpus"]) for h in hosts)
+    sel = f", selector {{{src['selector']}}}" if src.get("selector") else ""
+    return (f"Prometheus {src.get('url')}, last {src.get('window_seconds', 0):.0f} s{sel}: "
+            f"{len(hosts)} host(s), {n_gpus} GPU(s), {len(rep.get('advice', []))} piece(s) "
+            "of advice")
+
+
+def _host_heading(host: dict[str, Any]) -> str:
+    lost = [g["gpu"] for g in host["gpus"] if g.get("up") is False]
+    text = f"{host['instance']}: {len(host['gpus'])} GPU(s)"
+    if lost:
+        text += ", lost: " + ", ".join(f"GPU {g}" for g in lost)
+    return text
+
+
+def render_fleet_text(rep: dict[str, Any]) -> str:
+    from gpuwatch.advisor import report
+
+    lines = [f"gpuwatch fleet advice: {_fleet_header(rep)}"]
+    for host in rep.get("hosts", []):
+        lines += ["", f"== {_host_heading(host)} =="]
+        lines += [f"job {_job_text(j)}" for j in host["jobs"]]
+        body = report.render_text(_host_report(rep, host)).splitlines()
+        if body and body[0].startswith("gpuwatch advice:"):
+            body = body[1:]  # the fleet header said where the data came from
+        lines += body
+    ranks = _ranks_text(rep.get("ranks"))
+    if ranks:
+        lines += [""] + ranks
+    for note in rep.get("notes", []):
+        lines += ["", f"Note: {note}"]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_fleet_markdown(rep: dict[str, Any]) -> str:
+    from gpuwatch.advisor import report
+
+    lines = [f"# gpuwatch fleet advice: {_fleet_header(rep)}"]
+    for host in rep.get("hosts", []):
+        lines += ["", f"## {_host_heading(host)}", ""]
+        lines += [f"- job {_job_text(j)}" for j in host["jobs"]]
+        body = report.render_markdown(_host_report(rep, host)).splitlines()
+        if body and body[0].startswith("# gpuwatch advice:"):
+            body = body[1:]
+        # one level down: the host is the section
+        lines += [("#" + ln) if ln.startswith("#") else ln for ln in body]
+    ranks = _ranks_text(rep.get("ranks"))
+    if ranks:
+        lines += ["", "## " + ranks[0].rstrip(":"), "", "```", *[ln.strip() for ln in ranks[1:]],
+                  "```"]
+    for note in rep.get("notes", []):
+        lines += ["", f"> {note}"]
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def main(args: argparse.Namespace) -> int:
     from gpuwatch.advisor import report
 
     rep = build(args)
     fmt = getattr(args, "format", "text") or "text"
+    fleet = rep.get("source", {}).get("kind") == "prometheus" and "hosts" in rep
     if fmt == "json":
         out = json.dumps(rep, indent=2) + "\n"
     elif fmt == "markdown":
-        out = report.render_markdown(rep)
+        out = render_fleet_markdown(rep) if fleet else report.render_markdown(rep)
     else:
-        out = report.render_text(rep)
+        out = render_fleet_text(rep) if fleet else report.render_text(rep)
     sys.stdout.write(out)
     sys.stdout.flush()
     return 0

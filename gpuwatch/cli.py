@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_level(run, argparse.SUPPRESS)
     run.add_argument("--web.listen-address", dest="listen_address", default=None, metavar="ADDR",
                      help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN}; ':9442' for all interfaces)")
+    run.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
+                     help="TLS and basic auth for the HTTP server (Prometheus exporter-toolkit "
+                     "format, see docs/security.md)")
     run.add_argument("--replay", metavar="FILE",
                      help="serve a gpuwatch-trace/1 recording as if live, looping at its end")
     run.add_argument("--demo", action="store_true",
@@ -98,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="extra directory of rule files (repeatable)")
     adv.add_argument("--config.file", dest="config_file", metavar="FILE")
     adv.add_argument("--window", type=float, default=None, metavar="SECONDS",
-                     help="with --prometheus or --url: how far back to judge (default 600)")
+                     help="with --prometheus: how far back to judge (default 600)")
+    adv.add_argument("--match", default=None, metavar="SELECTOR",
+                     help="with --prometheus: only series matching these label matchers, "
+                     "e.g. 'instance=~\"gpu-1.*\"'")
     return parser
 
 

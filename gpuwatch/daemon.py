@@ -17,18 +17,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from gpuwatch import sdnotify
 from gpuwatch.config import Config, config_from_args
 from gpuwatch.errors import UserError
 from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.httpserver import HttpServer
+from gpuwatch.privacy import redacting
 from gpuwatch.samples import Sample
 from gpuwatch.store import Store
+from gpuwatch.webconfig import WebConfigFile
 
 log = logging.getLogger(__name__)
 
@@ -118,17 +121,22 @@ class Daemon:
         self._start_time = 0.0
         self._last_sample = 0.0
         self.scenario: str | None = None  # for the meta line of a recording
+        self.on_stopping: Callable[[], Any] | None = None  # systemd's STOPPING=1
 
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> None:
         self._start_time = time.monotonic()
-        collector = GpuwatchCollector(self.store.latest)
+        # what is served over HTTP: without the names/users the config keeps private
+        published = redacting(self.store.latest, self.config.privacy)
+        collector = GpuwatchCollector(published)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         if self.serve_http:
+            web = WebConfigFile(self.config.web_config_file) \
+                if self.config.web_config_file else None  # a bad file fails the start
             self.http = HttpServer(self.config.listen_address, registry=registry,
-                                   snapshot=self.store.latest, health=self.health,
-                                   description=self._description())
+                                   snapshot=published, health=self.health,
+                                   description=self._description(), web=web)
             # bind before starting anything, so a port in use fails fast and alone
             self.http.bind()
         self.store.subscribe(self._saw_sample)
@@ -155,6 +163,8 @@ class Daemon:
             return
         self._stopped = True
         self._stop.set()
+        if self.on_stopping is not None:
+            self.on_stopping()
         if self.http is not None and self.http not in self._started:
             self.http.stop()  # bound but never started
         # stop serving first, then what produces samples, and the recorder last so that it
@@ -260,6 +270,8 @@ class Daemon:
             return
         try:
             advisor = advisor_cls(self.store, self.config)
+            if hasattr(self.source, "on_loop") and hasattr(advisor, "new_segment"):
+                self.source.on_loop = advisor.new_segment  # a replay: judge each pass alone
             advisor.start()
         except UserError:
             raise  # a bad rule file is the user's to fix, not to hide
@@ -297,6 +309,20 @@ def demo_recording() -> Iterator[str]:
         yield str(path)
 
 
+def _systemd_ready(daemon: Daemon, notifier: sdnotify.Notifier) -> sdnotify.Watchdog | None:
+    """Tell systemd we serve (Type=notify); ping its watchdog while sampling progresses."""
+    if not notifier.enabled:
+        return None
+    daemon.on_stopping = lambda: notifier.notify("STOPPING=1", "STATUS=stopping")
+    notifier.notify("READY=1", f"STATUS=serving {daemon.url}/metrics")
+    if notifier.watchdog_timeout is None:
+        return None
+    progress = sdnotify.SamplingProgress(daemon.store.latest, daemon.config.interval)
+    watchdog = sdnotify.Watchdog(notifier, progress.check)
+    watchdog.start()
+    return watchdog
+
+
 def main(args: argparse.Namespace) -> int:
     """`gpuwatch run` without a command: the daemon in the foreground."""
     config = config_from_args(args)
@@ -312,13 +338,21 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _serve(config: Config, replay: str | None, what: str | None) -> int:
+    # read (and unset) before anything starts, so no thread or child inherits it
+    notifier = sdnotify.Notifier.from_environ()
     daemon = Daemon(config, replay=replay)
     daemon.start()
     doing = f"replaying {what}" if replay else "sampling"
     hook = f"; hook socket {daemon.hook_socket}" if daemon.hook_socket else ""
     print(f"gpuwatch: serving {daemon.url}/metrics ({doing}); advice at {daemon.url}/api/advice"
           f"{hook}", file=sys.stderr, flush=True)
-    daemon.serve_forever()
+    watchdog = _systemd_ready(daemon, notifier)
+    try:
+        daemon.serve_forever()
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        notifier.close()
     failed = getattr(daemon.recorder, "failed", None)
     if failed:  # --record stopped early: the recording is incomplete
         raise UserError(failed)

@@ -31,14 +31,16 @@ of docs/metrics.md. A sample of the exposition output (one H200 under load)::
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwatch import __version__, logs
-from gpuwatch.samples import GpuInfo, GpuSample, HostSample, JobStats, Snapshot
+from gpuwatch.protocol import DROP_REASONS
+from gpuwatch.samples import GpuInfo, GpuSample, Health, HostSample, JobStats, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,22 @@ _HOST_GAUGES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# every source of gpuwatch_errors_total, exported at 0 from the first scrape on: a counter
+# that appears only with its first error hides that error from increase() and rate()
+ERROR_SOURCES: tuple[str, ...] = (
+    "nvml",         # NVML could not start, or had to be started again
+    "xid",          # waiting for XID events failed
+    "tick", "host", "store",
+    "snapshot", "export_gpu", "export_process", "export_host", "export_train",
+    "hook_socket",  # the hook socket vanished or could not be rebound
+    "recorder",     # the recording stopped (disk full, a write error)
+    "replay",       # a replayed recording's line could not be served
+)
+# per GPU, for each GPU the daemon knows: a failed call, the GPU lost, a read stuck in NVML
+GPU_ERROR_SOURCES: tuple[str, ...] = ("gpu{}", "gpu{}_lost", "gpu{}_stalled",
+                                      "gpu{}_slow_stalled")
+
+
 class Collector(Protocol):
     def collect(self) -> Iterable[Metric]: ...
 
@@ -170,11 +188,40 @@ class GpuwatchCollector:
                           "collector %s failed (%r); its series are left out", name, err)
                 self._count_error(f"collector_{name}")
         families.extend(_self_families(snap, self._collect_errors))
-        # a family with no samples is only noise (HELP/TYPE lines for nothing)
-        yield from (f for f in families if f.samples)
+        yield from _with_declarations(families)
 
     def _count_error(self, source: str) -> None:
         self._collect_errors[source] = self._collect_errors.get(source, 0) + 1
+
+
+def _with_declarations(families: list[Metric]) -> Iterator[Metric]:
+    """The families with samples, then every other family gpuwatch exports, HELP and TYPE
+    only: a series not sampled yet (no GPU, no job, no tick, no advice) is still declared,
+    so Prometheus' metadata and dashboard checks know every name from the first scrape."""
+    seen: set[str] = set()
+    for fam in families:
+        if fam.samples and fam.name not in seen:
+            seen.add(fam.name)
+            yield fam
+    for fam in (*families, *_declared_families()):
+        if fam.name not in seen:
+            seen.add(fam.name)
+            yield Metric(fam.name, fam.documentation, fam.type, fam.unit)
+
+
+@functools.cache
+def _declared_families() -> tuple[Metric, ...]:
+    # the builders run over a snapshot with every part present but no readings, so each
+    # family's HELP text stays written in one place, next to the code that fills it
+    template = Snapshot(t=1.0, host=HostSample(t=1.0),
+                        health=Health(tick_seconds=0.0, last_success_time=1.0))
+    families: list[Metric] = []
+    for build in (_gpu_families, _process_families, _host_families, _train_families):
+        families.extend(build(template))
+    # the step-time shares come from the advisor, which may not run; declared all the same
+    families.extend(time_share_families(()))
+    families.extend(_self_families(template, {}))
+    return tuple(families)
 
 
 def _gpu_families(snap: Snapshot) -> list[Metric]:
@@ -383,6 +430,25 @@ def _train_families(snap: Snapshot) -> list[Metric]:
     return [steps, skipped] + [fam for fam, _ in gauges]
 
 
+def time_share_families(jobs: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """``gpuwatch_train_time_share_ratio{pid,rank,gpu,category}``: each job's (rank's) wall
+    time split into data, sync, gpu, host and other (the advisor's attribution over its
+    last window; docs/advice.md). The categories of one job sum to 1. Example::
+
+        gpuwatch_train_time_share_ratio{category="data",gpu="0",pid="4242",rank="0"} 0.72
+    """
+    fam = GaugeMetricFamily("gpuwatch_train_time_share_ratio",
+                            "Share of a training job's wall time by category (data, sync, gpu, "
+                            "host, other; they sum to 1).", labels=[*TRAIN_LABELS, "category"])
+    for j in jobs:
+        shares = j.get("time_share") or {}
+        base = [_label(j.get("pid")), _label(j.get("rank")), _label(j.get("gpu"))]
+        for category, value in shares.items():
+            if isinstance(value, (int, float)):
+                fam.add_metric([*base, str(category)], float(value))
+    return [fam]
+
+
 def _self_families(snap: Snapshot | None, collect_errors: dict[str, int]) -> list[Metric]:
     up = GaugeMetricFamily("gpuwatch_up", "1 while the gpuwatch daemon serves metrics.")
     up.add_metric([], 1)
@@ -392,16 +458,49 @@ def _self_families(snap: Snapshot | None, collect_errors: dict[str, int]) -> lis
     out: list[Metric] = [up, build]
     errors = CounterMetricFamily("gpuwatch_errors", "Errors by source (a source failing "
                                  "costs its own readings only).", labels=["source"])
-    merged = dict(collect_errors)
+    merged = dict.fromkeys(ERROR_SOURCES, 0)
     if snap is not None:
-        for source, count in snap.health.errors_total.items():
+        for index in sorted({i.gpu for i in snap.infos} | {g.gpu for g in snap.gpus}):
+            merged.update(dict.fromkeys((f.format(index) for f in GPU_ERROR_SOURCES), 0))
+    for source, count in collect_errors.items():
+        merged[source] = merged.get(source, 0) + count
+    health = snap.health if snap is not None else None
+    if health is not None:
+        for source, count in health.errors_total.items():
             merged[source] = merged.get(source, 0) + count
     for source, count in sorted(merged.items()):
         errors.add_metric([source], float(count))
     out.append(errors)
+    # the hook's counters from the start too, every drop reason at 0
+    hook = CounterMetricFamily("gpuwatch_hook_messages", "Datagrams accepted from the hook.")
+    hook.add_metric([], float(health.hook_messages_total if health is not None else 0))
+    dropped = CounterMetricFamily("gpuwatch_hook_messages_dropped",
+                                  "Datagrams from the hook that were rejected, by reason.",
+                                  labels=["reason"])
+    drops = dict.fromkeys(DROP_REASONS, 0)
+    if health is not None:
+        drops.update(health.hook_messages_dropped_total)
+    for reason, count in sorted(drops.items()):
+        dropped.add_metric([reason], float(count))
+    out += [hook, dropped]
     # before the first tick there is nothing to say about NVML or ticks yet
-    if snap is None or snap.t == 0.0:
+    if snap is None or snap.t == 0.0 or health is None:
         return out
+    nvml = GaugeMetricFamily("gpuwatch_nvml_up", "1 when NVML initialised, 0 without it.")
+    nvml.add_metric([], 1 if snap.nvml_available else 0)
+    ticks = CounterMetricFamily("gpuwatch_ticks", "Sampling ticks completed.")
+    ticks.add_metric([], float(health.ticks_total))
+    out += [nvml, ticks]
+    if health.tick_seconds is not None:
+        dur = GaugeMetricFamily("gpuwatch_tick_duration_seconds", "Duration of the last tick.")
+        dur.add_metric([], float(health.tick_seconds))
+        out.append(dur)
+    if health.last_success_time is not None:
+        last = GaugeMetricFamily("gpuwatch_last_success_timestamp_seconds",
+                                 "When the last tick completed, Unix seconds.")
+        last.add_metric([], float(health.last_success_time))
+        out.append(last)
+    return out
     health = snap.health
     nvml = GaugeMetricFamily("gpuwatch_nvml_up", "1 when NVML initialised, 0 without it.")
     nvml.add_metric([], 1 if snap.nvml_available else 0)

@@ -6,8 +6,11 @@ twice a second over a Unix datagram socket (schema: :mod:`gpuwatch.protocol`):
 
 - an iteration ends at each optimizer step (torch's global optimizer step post hook), or,
   with an enabled ``GradScaler``, at ``scaler.update()``, so that a step the scaler skipped
-  (``optimizer.step()`` never ran) still counts, marked skipped;
-- time blocked in the DataLoader's ``__next__`` is the iteration's data wait;
+  (``optimizer.step()`` never ran) still counts, marked skipped; a loop that never steps an
+  optimizer (parameters updated by hand) ends its iterations at the end of each top-level
+  ``backward()`` instead (config fact ``step_source``);
+- time blocked in the DataLoader (creating an iterator, and its ``__next__``) is the
+  iteration's data wait; the first batch of each new iterator is marked;
 - the loss scale, the skip flags of fused optimizers (decided on the GPU) and the
   allocator's memory are read by the reporting thread, once per report, with an
   asynchronous copy and an event (never a device synchronization);
@@ -55,6 +58,13 @@ ENV_SOCKET = "GPUWATCH_SOCKET"  # one path, or several separated by os.pathsep
 SYSTEM_SOCKET = "/run/gpuwatch/hook.sock"
 REPORT_INTERVAL = 0.5  # seconds: at most two reports a second
 HEARTBEAT_INTERVAL = 2.0  # a report even without new steps, so silence means trouble
+# With an optimizer built but not stepped yet, backward() ends are held this long (or this
+# many) before they count as iterations: gradient accumulation and GANs call backward()
+# several times before the first step, and counting those too would count twice.
+BACKWARD_GRACE = 10.0  # seconds
+MAX_HELD_BACKWARDS = 10_000
+OPTIMIZER = "optimizer"  # step_source values
+BACKWARD = "backward"
 CONFIG_INTERVAL = 30.0  # the configuration again, for a daemon started after the job
 MAX_PENDING_STEPS = 100_000  # per-step records waiting for the reporter (older ones dropped)
 MAX_HOOK_ERRORS = 100  # after this many internal errors the hook stops measuring
@@ -114,8 +124,20 @@ class _Hook:
         self.iter_start: float | None = None  # perf_counter at the end of the last iteration
         self.wait = 0.0  # data wait in the current iteration
         self.samples: int | None = None  # samples fetched in the current iteration
+        self.firsts = 0  # new DataLoader iterators whose first batch came in this iteration
+        self.first_wait = 0.0  # their data wait (creating them included)
         self.loader: tuple[int | None, dict[str, Any]] | None = None  # last loader used
         self.loader_seen = False
+        self.loader_made = False  # a DataLoader iterator was created in this process
+        self.active = False  # built a model, an optimizer or a loader: a process that trains
+        self.source: str | None = None  # what ends an iteration: OPTIMIZER or BACKWARD
+        self.optimizer_made = False
+        self.depth = 0  # nested backward() calls (reentrant checkpointing runs one inside)
+        # backward() ends held while undecided: (end, and the iteration's wait, samples,
+        # firsts and first_wait so far)
+        self.held_backwards: list[tuple[float, float, int | None, int, float]] = []
+        self.convs: list[weakref.ref] = []  # a few conv modules, for channels_last
+        self.uses_conv = False
         self.scaler_mode = False  # an enabled GradScaler clocks iterations (at update())
         self.in_scaler_step = 0
         self.opt_stepped = False
@@ -144,6 +166,7 @@ class _Hook:
         self.gpu_ids: dict[int, tuple[int | None, str | None]] = {}
         self.sock: socket.socket | None = None
         self.thread: threading.Thread | None = None
+        self.role: str | None = None  # "worker" once known to be a DataLoader worker
         self.stop = threading.Event()
         self.report_lock = threading.Lock()
 
@@ -165,11 +188,54 @@ class _Hook:
             self.off = True
 
     # -- the training thread ---------------------------------------------------------------
-    def end_iteration(self, skipped: Any) -> None:
-        now = _perf()
+    def step_end(self, skipped: Any) -> None:
+        """An optimizer step (or scaler update) ended an iteration."""
+        if self.source is not OPTIMIZER:
+            was = self.source
+            self.source = OPTIMIZER  # from now on only steps count, never backward()
+            self.held_backwards = []
+            if was is BACKWARD:
+                # the backward() just before this step already counted this iteration
+                self.opt_stepped = False
+                return
+        self.end_iteration(skipped)
+
+    def backward_end(self) -> None:
+        """A top-level backward() returned; an iteration when no optimizer ever steps."""
+        if self.source is BACKWARD:
+            self.end_iteration(False)
+            return
+        if self.optimizer_made:
+            now = _perf()
+            held = self.held_backwards
+            held.append((now, self.wait, self.samples, self.firsts, self.first_wait))
+            if now - held[0][0] < BACKWARD_GRACE and len(held) < MAX_HELD_BACKWARDS:
+                return  # an optimizer exists: its first step may be on the way
+            # it never stepped (an optimizer built only for its learning rate?): count
+            # the held backward() ends as the iterations they were
+            self.held_backwards = []
+            base = (0.0, 0, 0, 0.0)
+            for end, wait, samples, firsts, first_wait in held:
+                self.wait, self.firsts = wait - base[0], firsts - base[2]
+                self.samples = None if samples is None else samples - base[1]
+                self.first_wait = first_wait - base[3]
+                self.end_iteration(False, end)
+                base = (wait, samples or 0, firsts, first_wait)
+            self.source = BACKWARD
+            return
+        self.source = BACKWARD
+        self.end_iteration(False)
+
+    def end_iteration(self, skipped: Any, now: float | None = None) -> None:
+        if now is None:
+            now = _perf()
         start = self.iter_start
+        first = None
+        if self.firsts:
+            first = (self.firsts, self.first_wait)
+            self.firsts, self.first_wait = 0, 0.0
         self.pending.append([self.n, now, None if start is None else now - start, self.wait,
-                             self.samples, skipped])
+                             self.samples, skipped, first])
         self.n += 1
         if skipped is True:
             self.skipped_known += 1
@@ -188,12 +254,16 @@ class _Hook:
             skipped, self.found_inf = self.found_inf, []
         else:
             skipped = not self.opt_stepped
-        self.end_iteration(skipped)
+        self.step_end(skipped)
 
     # -- reporting ---------------------------------------------------------------------------
     def start_reporting(self) -> None:
-        self.thread = threading.Thread(target=self._loop, name="gpuwatch-hook", daemon=True)
-        self.thread.start()
+        """Start the reporting thread: at the first sign that this process trains."""
+        self.active = True
+        if self.thread is None and not self.off:
+            self.thread = threading.Thread(target=self._loop, name="gpuwatch-hook",
+                                           daemon=True)
+            self.thread.start()
 
     def _loop(self) -> None:
         stop = self.stop
@@ -212,6 +282,8 @@ class _Hook:
             self.fault()
 
     def _report(self, final: bool) -> None:
+        if not final and not self.is_training_process():
+            return  # nothing yet says that this process trains (or it is a loader worker)
         pending = self.pending
         while pending:
             try:
@@ -238,9 +310,13 @@ class _Hook:
             return
         offset = now - _perf()  # perf_counter → Unix seconds, fresh each report
         window = {"steps": len(steps), "skipped": 0, "timed": 0, "step_seconds": 0.0,
-                  "data_wait_seconds": 0.0, "samples": 0, "sample_seconds": 0.0}
+                  "data_wait_seconds": 0.0, "samples": 0, "sample_seconds": 0.0,
+                  "iterators": 0, "first_batch_wait_seconds": 0.0}
         records = []
-        for n, end, dur, wait, batch, skipped in steps:
+        for n, end, dur, wait, batch, skipped, first in steps:
+            if first is not None:
+                window["iterators"] += first[0]
+                window["first_batch_wait_seconds"] += first[1]
             if skipped is True:
                 window["skipped"] += 1
             if dur is not None:
@@ -253,7 +329,8 @@ class _Hook:
             records.append(protocol.StepRecord(
                 step=n, t=end + offset, step_seconds=dur,
                 data_wait_seconds=wait if (dur is not None or wait) else None,
-                batch_size=batch, skipped=skipped))
+                batch_size=batch, skipped=skipped, first_batch=first is not None,
+                first_batch_wait_seconds=None if first is None else first[1]))
         rank, local_rank, world = self._rank()
         gpu, uuid = self._gpu()
         mem = self._memory()
@@ -447,17 +524,55 @@ class _Hook:
             cfg["foreach_optimizer"] = defaults.get("foreach")
         cfg["grad_scaler"] = self.scaler is not None
         cfg["gradient_checkpointing"] = self.checkpointing
+        cfg["uses_dataloader"] = self.loader_made
+        cfg["uses_conv"] = self.uses_conv
+        channels_last = self._channels_last()
+        if channels_last is not None:
+            cfg["channels_last"] = channels_last
+        if self.source is not None:
+            cfg["step_source"] = self.source
         dev = self._device()
         cfg["device"] = str(dev) if dev is not None else None
         cfg["torch_version"] = torch.__version__
         return cfg
 
+    def _channels_last(self) -> bool | None:
+        """Whether the conv weights are channels_last (the memory format a conv net gets
+        from ``model.to(memory_format=torch.channels_last)``), from the first 2-d conv
+        whose weight tells the formats apart; None when none does."""
+        for ref in self.convs:
+            conv = ref()
+            weight = getattr(conv, "weight", None) if conv is not None else None
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
+                continue
+            cl = weight.is_contiguous(memory_format=torch.channels_last)
+            if cl != weight.is_contiguous():  # 1x1 and depthwise kernels are both
+                return cl
+        return None
+
     # -- the end -----------------------------------------------------------------------------
     def is_training_process(self) -> bool:
-        """A process that trained (or tried to): never a DataLoader worker."""
-        if os.getpid() != self.pid or torch.utils.data.get_worker_info() is not None:
+        """A process that trains (or tried to): it built a model, an optimizer or a
+        DataLoader iterator, ran backward() or stepped, or died of OOM; never a DataLoader
+        worker. A process that only imports torch (torchrun's agent, a launcher's CLI, a
+        worker being spawned) sends nothing."""
+        if os.getpid() != self.pid or self.role == "worker":
             return False
-        return self.n > 0 or self.loader_seen or self.exit_reason == "oom"
+        if torch.utils.data.get_worker_info() is not None:
+            self.role = "worker"
+            return False
+        mp = sys.modules.get("multiprocessing")
+        if mp is not None and mp.parent_process() is not None:
+            # started by multiprocessing: a DataLoader worker (spawn, forkserver) has
+            # imported torch before its worker loop set get_worker_info(); its target says
+            target = getattr(mp.current_process(), "_target", None)
+            if target is None:
+                return False  # not bootstrapped yet: don't know
+            if target is torch.utils.data._utils.worker._worker_loop:
+                self.role = "worker"
+                return False
+        return self.active or self.n > 0 or self.loader_seen or self.exit_reason == "oom" \
+            or torch.cuda.is_initialized()
 
     def finish(self) -> None:
         """The last report: at exit, or right after an uncaught exception."""
@@ -506,7 +621,10 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
             h.primary = weakref.ref(optimizer)
         elif ref() is not optimizer:
             return  # several optimizers: the first one to step is the iteration clock
-        h.end_iteration(False)
+        if h.source is OPTIMIZER:
+            h.end_iteration(False)
+        else:
+            h.step_end(False)
     except Exception:
         h.fault()
 
@@ -567,6 +685,10 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
                     h.loader = info
                     if info[0] is not None:
                         h.samples = (h.samples or 0) + info[0]
+                    if info[2] is not None:  # this iterator's first batch
+                        h.firsts += 1
+                        h.first_wait += info[2] + (t1 - t0)
+                        info[2] = None
                 h.loader_seen = True
             except Exception:
                 h.fault()
@@ -576,22 +698,124 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        t0 = _perf()
         orig(self, loader, *args, **kwargs)
+        h = _hook
+        if h is None or h.off:
+            return
         try:
+            init = _perf() - t0
             batch = loader.batch_size
             if batch is None:
                 batch = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-            self._gpuwatch = (batch if isinstance(batch, int) else None, {
+            # [batch size, config facts, seconds spent creating it until its first batch
+            # (None after it), when its creation began]
+            self._gpuwatch = [batch if isinstance(batch, int) else None, {
                 "num_workers": loader.num_workers,
                 "pin_memory": bool(loader.pin_memory),
                 "persistent_workers": bool(loader.persistent_workers),
                 "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
                 "batch_size": batch if isinstance(batch, int) else None,
-            })
+            }, init, t0]
+            # starting the workers is waiting for data too: the cost that persistent
+            # workers save at each epoch
+            h.wait += init
+            if h.iter_start is None:
+                h.iter_start = t0
+            h.loader_made = True
+            if h.thread is None:
+                h.start_reporting()
         except Exception:
-            if _hook is not None:
-                _hook.fault()
+            h.fault()
     return __init__
+
+
+def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        h = _hook
+        if h is None or h.off:
+            return orig(*args, **kwargs)
+        h.depth += 1
+        try:
+            result = orig(*args, **kwargs)
+        finally:
+            h.depth -= 1
+        if not h.depth and h.source is not OPTIMIZER:
+            try:
+                if h.source is BACKWARD:
+                    h.end_iteration(False)
+                else:
+                    h.backward_end()
+            except Exception:
+                h.fault()
+        return result
+    return backward
+
+
+def _wrap_optimizer_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        h = _hook
+        if h is not None and not h.off:
+            h.optimizer_made = True
+            if h.thread is None:
+                h.start_reporting()
+    return __init__
+
+
+def _wrap_conv_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        h = _hook
+        if h is not None and not h.off:
+            try:
+                h.uses_conv = True
+                if len(h.convs) < 8 and isinstance(self, torch.nn.Conv2d):
+                    h.convs.append(weakref.ref(self))
+                if h.thread is None:
+                    h.start_reporting()
+            except Exception:
+                h.fault()
+    return __init__
+
+
+def _on_parameter(_module: Any, _name: str, _param: Any) -> None:
+    """A model is being built (a parameter registered): this process trains."""
+    h = _hook
+    if h is not None and not h.off and h.thread is None:
+        try:
+            h.start_reporting()
+        except Exception:
+            h.fault()
+
+
+def _wrap_get_iterator(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``DataLoader._get_iterator``: the whole of an iterator's creation, the subclass's
+    part included (``_MultiProcessingDataLoaderIter`` starts its workers after the base
+    class's ``__init__``, which alone is what ``_wrap_iter_init`` can time)."""
+    @functools.wraps(orig)
+    def _get_iterator(self: Any) -> Any:
+        t0 = _perf()
+        it = orig(self)
+        h = _hook
+        if h is None or h.off:
+            return it
+        try:
+            total = _perf() - t0
+            info = it.__dict__.get("_gpuwatch")
+            if info is not None and info[2] is not None:
+                h.wait += max(0.0, total - info[2])
+                info[2] = total
+                if h.iter_start == info[3]:
+                    h.iter_start = t0
+                info[3] = t0
+        except Exception:
+            h.fault()
+        return it
+    return _get_iterator
 
 
 def _wrap_autocast_enter(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -620,6 +844,7 @@ def _wrap_checkpoint(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 _scaler_update: Any = None
 _optimizer_hook_handle: Any = None
+_parameter_hook_handle: Any = None
 _prev_excepthook: Any = None
 _prev_threading_excepthook: Any = None
 
@@ -682,8 +907,30 @@ def attach(socket_path: str | None = None) -> bool:
     ``/run/gpuwatch/hook.sock``) is where reports go; several paths may be joined with
     ``os.pathsep``. Safe to call more than once, and from a process where no gpuwatch
     daemon runs (reports are then dropped and counted). Returns True once attached.
+    Reports (the configuration, and heartbeats until the first step) start at once.
     """
-    global _hook, _scaler_update, _optimizer_hook_handle
+    if not _attach(socket_path):
+        return False
+    h = _hook
+    if h is not None and h.thread is None:
+        try:
+            h.start_reporting()
+        except Exception:
+            h.fault()
+    return True
+
+
+def attach_when_training() -> bool:
+    """``attach()`` for ``gpuwatch run``'s injection into every Python process of a job:
+    reports start only once the process shows that it trains (it builds a model, an
+    optimizer or a DataLoader iterator, or runs backward()), so that a process that only
+    imports torch (torchrun's agent, a launcher's CLI, a DataLoader worker) sends nothing.
+    """
+    return _attach(None)
+
+
+def _attach(socket_path: str | None) -> bool:
+    global _hook, _scaler_update, _optimizer_hook_handle, _parameter_hook_handle
     global _prev_excepthook, _prev_threading_excepthook
     with _attach_lock:
         if _hook is not None:
@@ -693,11 +940,20 @@ def attach(socket_path: str | None = None) -> bool:
             _patch(torch.utils.data.dataloader._BaseDataLoaderIter, "__next__", _wrap_next)
             _patch(torch.utils.data.dataloader._BaseDataLoaderIter, "__init__",
                    _wrap_iter_init)
+            _patch(torch.utils.data.DataLoader, "_get_iterator", _wrap_get_iterator)
             _patch(GradScaler, "step", _wrap_scaler_step)
             _scaler_update = _patch(GradScaler, "update", _wrap_scaler_update)
             _patch(torch.autocast, "__enter__", _wrap_autocast_enter)
             _patch(torch.utils.checkpoint, "checkpoint", _wrap_checkpoint)
+            # Tensor.backward() calls torch.autograd.backward(): one wrapper sees both
+            _patch(torch.autograd, "backward", _wrap_backward)
+            _patch(torch.optim.Optimizer, "__init__", _wrap_optimizer_init)
+            _patch(torch.nn.modules.conv._ConvNd, "__init__", _wrap_conv_init)
             _optimizer_hook_handle = register_optimizer_step_post_hook(_on_optimizer_step)
+            register = getattr(torch.nn.modules.module,
+                               "register_module_parameter_registration_hook", None)
+            if register is not None:  # torch 2.0+
+                _parameter_hook_handle = register(_on_parameter)
             _prev_excepthook = sys.excepthook
             sys.excepthook = _excepthook
             _prev_threading_excepthook = threading.excepthook
@@ -711,7 +967,7 @@ def attach(socket_path: str | None = None) -> bool:
 
 
 def _undo_patches() -> None:
-    global _optimizer_hook_handle
+    global _optimizer_hook_handle, _parameter_hook_handle
     while _patches:
         owner, name, orig, wrapper = _patches.pop()
         if getattr(owner, name, None) is wrapper:
@@ -719,6 +975,9 @@ def _undo_patches() -> None:
     if _optimizer_hook_handle is not None:
         _optimizer_hook_handle.remove()
         _optimizer_hook_handle = None
+    if _parameter_hook_handle is not None:
+        _parameter_hook_handle.remove()
+        _parameter_hook_handle = None
 
 
 def detach() -> None:

@@ -10,12 +10,18 @@ import dataclasses
 import errno
 import gzip
 import html
+import http.client
 import json
 import logging
 import math
 import socket
+import ssl
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,6 +41,7 @@ from gpuwatch.samples import (
     JobTree,
     Snapshot,
 )
+from gpuwatch.webconfig import WebConfig, WebConfigFile
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +120,105 @@ _INDEX = """<!doctype html>
 """
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold: time per phase of a request, connections, header bytes.
+
+    A slow client (slowloris: one header byte every few seconds) is cut off at the
+    deadline of the phase it is in, however it trickles; when ``max_connections`` are
+    open, a new client takes the place of the oldest one that is not being answered.
+    """
+
+    max_connections: int = 64
+    # from a connection's start (or its TLS handshake) to the end of its first request's
+    # headers, and from a request's first byte to the end of its headers
+    header_timeout: float = 10.0
+    idle_timeout: float = 60.0  # a keep-alive connection waiting for its next request
+    write_timeout: float = 30.0  # answering one request, the writing included
+    max_header_bytes: int = 16 * 1024  # request line and headers together
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1 or self.max_header_bytes < 256:
+            raise ValueError(f"unusable HTTP limits: {self}")
+
+
+class _Conn:
+    """One open connection as the server's janitor sees it."""
+
+    __slots__ = ("sock", "state", "deadline", "since", "requests", "killed")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock  # replaced by its TLS socket once wrapped
+        self.state = "idle"  # idle | handshake | head | answer
+        self.deadline = deadline
+        self.since = time.monotonic()
+        self.requests = 0
+        self.killed = False
+
+    def enter(self, state: str, timeout: float) -> None:
+        self.state, self.deadline = state, time.monotonic() + timeout
+
+    def kill(self) -> None:
+        """Cut the connection under its thread, which then sees EOF and leaves."""
+        self.killed = True
+        try:
+            # socket.socket's own shutdown: SSLSocket.shutdown would drop its TLS state
+            # under the thread still using it
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _HeadTooLarge(http.client.LineTooLong):
+    """The request line and headers passed Limits.max_header_bytes (answered 431)."""
+
+
+class _HeadReader:
+    """The request's byte stream, with a budget for the request line and headers.
+
+    http.server reads those by ``readline``; a request is never read further (only GET and
+    HEAD are served), so the budget caps everything one request can make us buffer.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.budget = 0
+
+    def readline(self, limit: int = -1) -> bytes:
+        if self.budget < 0:
+            raise _HeadTooLarge("request headers")
+        want = self.budget + 1 if limit < 0 else min(limit, self.budget + 1)
+        line = self.raw.readline(want)
+        self.budget -= len(line)
+        if self.budget < 0:
+            raise _HeadTooLarge("request headers")
+        return line
+
+    def peek(self, n: int = 1) -> bytes:
+        return self.raw.peek(n)
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+_NO_ROOM = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: 24\r\nConnection: close\r\n\r\ntoo many connections now\n")
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a hung client must not keep the daemon from exiting
     allow_reuse_address = True
     app: HttpServer
+
+    def __init__(self, address: tuple[str, int], handler: type[_Handler],
+                 limits: Limits) -> None:
+        self.limits = limits
+        self.conns: dict[int, _Conn] = {}
+        self.conn_threads: set[threading.Thread] = set()
+        self.conns_lock = threading.Lock()
+        self.stopping = False
+        self.refused = 0  # connections turned away because every slot was being answered
+        super().__init__(address, handler)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves our own FQDN, which can stall for seconds on
@@ -131,14 +233,188 @@ class _Server(ThreadingHTTPServer):
         self.server_address = self.socket.getsockname()
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
+    # -- connections ----------------------------------------------------------------------
+    def process_request(self, request: Any, client_address: Any) -> None:
+        conn = _Conn(request, time.monotonic() + self.limits.header_timeout)
+        with self.conns_lock:
+            if self.stopping:
+                self.shutdown_request(request)
+                return
+            if len(self.conns) >= self.limits.max_connections:
+                waiting = [c for c in self.conns.values() if c.state != "answer"]
+                if not waiting:
+                    self.refused += 1
+                    _refuse(request)
+                    self.shutdown_request(request)
+                    return
+                # the oldest connection not being answered makes room: an attacker's idle
+                # or trickling connections can't keep a scrape out
+                oldest = min(waiting, key=lambda c: c.since)
+                del self.conns[id(oldest)]
+                oldest.kill()
+            self.conns[id(conn)] = conn
+            thread = threading.Thread(target=self._serve_conn, args=(conn, client_address),
+                                      name="gpuwatch-http-conn", daemon=True)
+            self.conn_threads.add(thread)
+        thread.start()
+
+    def _serve_conn(self, conn: _Conn, client_address: Any) -> None:
+        try:
+            self.RequestHandlerClass(conn, client_address, self)
+        except Exception:
+            self.handle_error(conn.sock, client_address)
+        finally:
+            with self.conns_lock:
+                self.conns.pop(id(conn), None)
+                self.conn_threads.discard(threading.current_thread())
+            self.shutdown_request(conn.sock)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback per failed connection; a client that resets,
+        # times out or fails its TLS handshake is not the daemon's problem
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError):
+            log.debug("connection from %s ended: %s", client_address[0], err)
+        else:
+            log.error("error serving %s: %r", client_address[0], err, exc_info=True)
+
+    def sweep(self) -> None:
+        """Cut connections past their phase's deadline (the janitor thread, or a test)."""
+        now = time.monotonic()
+        with self.conns_lock:
+            late = [c for c in self.conns.values() if c.deadline <= now]
+        for conn in late:
+            log.debug("closing a connection %s for %.0f s", conn.state, now - conn.since)
+            conn.kill()
+
+    def begin_stop(self) -> None:
+        """No new connections; connections waiting for a request see EOF at once."""
+        with self.conns_lock:
+            self.stopping = True
+            conns = list(self.conns.values())
+        for conn in conns:
+            try:
+                # reading side only: an answer being written still goes out whole
+                socket.socket.shutdown(conn.sock, socket.SHUT_RD)
+            except OSError:
+                pass
+
+    def wait_conns(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.conns_lock:
+            threads = list(self.conn_threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self.conns_lock:
+            left = list(self.conns.values())
+        for conn in left:  # still writing to a reader that does not read: cut it
+            conn.kill()
+
+
+def _refuse(sock: socket.socket) -> None:
+    try:
+        sock.setblocking(False)
+        sock.send(_NO_ROOM)
+    except OSError:
+        pass
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = f"gpuwatch/{__version__}"
     protocol_version = "HTTP/1.1"
-    # an idle keep-alive connection gives its thread back after this long
-    timeout = 120
+    # an unparsable request line still gets a status line (HTTP/0.9 answers have none)
+    default_request_version = "HTTP/1.0"
+    # each blocking socket call gives up after this long; the janitor's deadlines (Limits)
+    # bound whole phases, however a client trickles
+    timeout = 30
 
+    # -- connection and request framing ------------------------------------------------
+    def setup(self) -> None:
+        self.conn: _Conn = self.request  # _Server._serve_conn hands us its _Conn
+        self.request = self.conn.sock
+        self._response_started = False
+        # the web config as of this connection's start: a rotated certificate or a changed
+        # password applies from the next connection on
+        web = self.server.app.web
+        self.web: WebConfig | None = web.current() if web is not None else None
+        if self.web is not None and self.web.tls is not None:
+            self._handshake(self.web)
+        super().setup()
+        self.rfile = _HeadReader(self.rfile)  # type: ignore[assignment]
+
+    def _handshake(self, web: WebConfig) -> None:
+        """TLS on this thread (a slow handshake holds no one else), under the header deadline."""
+        assert web.tls is not None
+        self.conn.state = "handshake"
+        raw = self.request
+        raw.settimeout(self.timeout)
+        tls = web.tls.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+        self.conn.sock = self.request = tls
+        tls.do_handshake()
+        if not web.san_allowed(tls.getpeercert()):
+            raise ssl.SSLError("the client certificate names none of client_allowed_sans")
+
+    def handle_one_request(self) -> None:
+        server, conn = self.server, self.conn
+        limits = server.limits
+        self._response_started = False
+        # the first request has the header deadline from the connection's start
+        if conn.requests:
+            conn.enter("idle", limits.idle_timeout)
+        try:
+            if not self.rfile.peek(1) or conn.killed or server.stopping:
+                self.close_connection = True
+                return
+            if conn.requests:
+                conn.enter("head", limits.header_timeout)
+            else:
+                conn.state = "head"
+            self.rfile.budget = limits.max_header_bytes
+            try:
+                self.raw_requestline = self.rfile.readline(65537)
+            except _HeadTooLarge:
+                self.requestline = self.request_version = self.command = ""
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+                return
+            if not self.raw_requestline or conn.killed:
+                self.close_connection = True
+                return
+            if not self.parse_request():  # the stdlib answered 400, 431 or 505
+                self.close_connection = True
+                return
+            if conn.killed:
+                self.close_connection = True
+                return
+            conn.requests += 1
+            conn.enter("answer", limits.write_timeout)
+            if self.headers.get("Content-Length", "0") not in ("", "0") or \
+                    "Transfer-Encoding" in self.headers:
+                self.close_connection = True  # a body we won't read can't stay in the stream
+            if self.command not in ("GET", "HEAD"):
+                self._send_json(405, {"error": f"method {self.command} not allowed"},
+                                {"Allow": "GET, HEAD"})
+                self.close_connection = True
+                return
+            if self.web is not None and \
+                    self.web.check_basic_auth(self.headers.get("Authorization")) is None:
+                self._send_json(401, {"error": "unauthorized"},
+                                {"WWW-Authenticate": 'Basic realm="gpuwatch", charset="UTF-8"'})
+                return
+            self.do_GET()
+            self.wfile.flush()
+        except OSError as err:  # reset, broken pipe, a timeout: this connection is done
+            log.debug("connection from %s ended: %s", self.client_address[0], err)
+            self.close_connection = True
+        finally:
+            if server.stopping:
+                self.close_connection = True
+
+    def send_response_only(self, code: int, message: str | None = None) -> None:
+        self._response_started = True
+        super().send_response_only(code, message)
+
+    # -- the pages ---------------------------------------------------------------------------
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         app = self.server.app
@@ -159,14 +435,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, body.encode(), "text/html; charset=utf-8")
             else:
                 self._send_json(404, {"error": f"no such page: {path}"})
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client went away; nothing to answer
+        except OSError as err:  # the client went away or stopped reading; nothing to answer
+            log.debug("answering %s to %s: %s", path, self.client_address[0], err)
+            self.close_connection = True
         except Exception as err:  # one bad request must not kill the server
+            if self._response_started:
+                # part of an answer is out: a 500 now would read as the rest of it
+                log.error("error answering %s after the headers were sent; connection "
+                          "closed: %r", path, err)
+                self.close_connection = True
+                return
             log.exception("error answering %s", path)
-            try:
-                self._send_json(500, {"error": f"internal error: {err!r}"})
-            except OSError:
-                pass
+            self._send_json(500, {"error": f"internal error: {err!r}"})
 
     def _metrics(self, app: HttpServer) -> None:
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
@@ -189,9 +469,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send_json(200, dict(report))
 
-    def _send_json(self, status: int, data: Any) -> None:
+    def _send_json(self, status: int, data: Any,
+                   headers: Mapping[str, str] | None = None) -> None:
         body = json.dumps(_plain(data), allow_nan=False, default=str).encode()
-        self._send(status, body, "application/json")
+        self._send(status, body, "application/json", headers)
 
     def _send(self, status: int, body: bytes, content_type: str,
               headers: Mapping[str, str] | None = None) -> None:
@@ -200,6 +481,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
+        if self.web is not None:
+            for k, v in self.web.headers.items():
+                self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -222,15 +508,20 @@ class HttpServer:
                  snapshot: Callable[[], Snapshot] = lambda: Snapshot(t=0.0),
                  advice: AdviceSource | None = None,
                  health: HealthCheck | None = None,
-                 description: str = "") -> None:
+                 description: str = "", limits: Limits | None = None,
+                 web: WebConfigFile | None = None) -> None:
         self.listen_address = listen_address
         self.registry = registry
         self.snapshot = snapshot
         self.advice = advice
         self.health: HealthCheck = health or (lambda: (True, "ok"))
         self.description = description
+        self.limits = limits or Limits()
+        self.web = web  # TLS and basic auth (--web.config.file); None: plain HTTP
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._janitor: threading.Thread | None = None
+        self._stop = threading.Event()
 
     @property
     def url(self) -> str:
@@ -243,7 +534,8 @@ class HttpServer:
         elif host == "::":
             host = "::1" if self._server.address_family == socket.AF_INET6 and \
                 self._v6only() else "127.0.0.1"
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        scheme = "https" if self.web is not None and self.web.current().tls else "http"
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
     @property
     def port(self) -> int:
@@ -279,7 +571,7 @@ class HttpServer:
         for family, bind_host in candidates:
             server_cls = type("_BoundServer", (_Server,), {"address_family": family})
             try:
-                server = server_cls((bind_host, port), _Handler)
+                server = server_cls((bind_host, port), _Handler, self.limits)
             except OSError as err:
                 last = err
                 # a wildcard bind falls back to IPv4 only where IPv6 is missing, not when
@@ -298,18 +590,33 @@ class HttpServer:
     def start(self) -> None:
         if self._server is None:
             self.bind()
-        assert self._server is not None
-        self._thread = threading.Thread(target=self._server.serve_forever,
+        server = self._server
+        assert server is not None
+        self._stop.clear()
+        self._thread = threading.Thread(target=server.serve_forever,
                                         kwargs={"poll_interval": 0.2},
                                         name="gpuwatch-http", daemon=True)
         self._thread.start()
+        self._janitor = threading.Thread(target=self._sweep, args=(server,),
+                                         name="gpuwatch-http-janitor", daemon=True)
+        self._janitor.start()
+
+    def _sweep(self, server: _Server) -> None:
+        period = min(0.25, server.limits.header_timeout / 4)
+        while not self._stop.wait(period):
+            server.sweep()
 
     def stop(self) -> None:
+        """Stop accepting, end idle keep-alive connections, let answers in flight finish."""
         server, self._server = self._server, None
         if server is None:
             return
+        server.begin_stop()
         if self._thread is not None:
             server.shutdown()
             self._thread.join(timeout=5)
         server.server_close()
-
+        server.wait_conns(timeout=2.0)
+        self._stop.set()
+        if self._janitor is not None:
+            self._janitor.join(timeout=2)

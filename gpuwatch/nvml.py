@@ -41,7 +41,14 @@ _DEFAULT_CODES = {
     "GPU_IS_LOST": 15,
     "RESET_REQUIRED": 16,
     "NO_DATA": 24,
+    "UNINITIALIZED": 1,
+    "DRIVER_NOT_LOADED": 9,
+    "LIB_RM_VERSION_MISMATCH": 18,
 }
+
+# answers that say the library itself is gone, not one GPU: the driver was unloaded or
+# reloaded (an upgrade) under the daemon, and every handle from before is stale
+_LIBRARY_GONE = ("UNINITIALIZED", "DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH")
 
 # a GPU whose every call failed (with errors other than "not supported") on this many
 # fast reads in a row is treated as lost: it is not coming back without a reset
@@ -82,6 +89,14 @@ class GpuLost(Exception):
         self.gpu = gpu
         self.reason = reason
         super().__init__(f"GPU {gpu} is lost: {reason}")
+
+
+class NvmlGone(Exception):
+    """NVML stopped answering as a library (driver unloaded or reloaded): start it again."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"NVML stopped answering: {reason}")
 
 
 def load_module() -> Any:
@@ -139,8 +154,11 @@ class Nvml:
     so the daemon can carry on with host metrics.
     """
 
-    def __init__(self, module: Any = None, on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(self, module: Any = None, on_error: Callable[[str], None] | None = None,
+                 said_lost: set[int] | None = None) -> None:
         self._module = module
+        # GPUs whose loss was logged; shared by the sampler across NVML restarts
+        self.said_lost: set[int] = said_lost if said_lost is not None else set()
         self.nv: Any = None
         self.on_error = on_error or (lambda source: None)
         self.available = False
@@ -148,9 +166,15 @@ class Nvml:
         self.driver_version: str | None = None
         self.gpus: tuple[NvmlGpu, ...] = ()
         self._initialised = False
+        # False when trying again cannot help (the bindings are not installed)
+        self.retryable = True
 
     def code(self, name: str) -> int:
         return getattr(self.nv, "NVML_ERROR_" + name, _DEFAULT_CODES[name])
+
+    @property
+    def gone_codes(self) -> tuple[int, ...]:
+        return tuple(self.code(name) for name in _LIBRARY_GONE)
 
     def open(self) -> bool:
         """nvmlInit and enumerate GPUs (handles only: per-GPU reads belong on GPU threads)."""
@@ -158,6 +182,7 @@ class Nvml:
             self.nv = self._module if self._module is not None else load_module()
         except ImportError as err:
             self.reason = f"the NVML Python bindings (nvidia-ml-py) are not installed: {err}"
+            self.retryable = False
             return False
         try:
             self.nv.nvmlInit()
@@ -289,6 +314,8 @@ class NvmlGpu:
         if code in (nvml.code("NOT_FOUND"), nvml.code("NO_DATA")):
             self._read.ok = True  # the GPU answered; it just had nothing to say
             return
+        if code in nvml.gone_codes:
+            raise NvmlGone(f"{fn}: {err}") from err
         if code in (nvml.code("GPU_IS_LOST"), nvml.code("RESET_REQUIRED")):
             self.mark_lost(f"{fn}: {err}")
             raise GpuLost(self.index, f"{fn}: {err}") from err
@@ -305,8 +332,11 @@ class NvmlGpu:
             self.lost = True
             self.lost_reason = reason
         self.nvml.on_error(f"gpu{self.index}_lost")
-        log.warning("GPU %d is lost (%s): no more reads from it; the other GPUs carry on",
-                    self.index, reason)
+        said = self.nvml.said_lost
+        if self.index not in said:  # not again when NVML, started again, finds it lost still
+            said.add(self.index)
+            log.warning("GPU %d is lost (%s): no more reads from it; the other GPUs carry on",
+                        self.index, reason)
 
     # -- static facts ----------------------------------------------------------------
     def probe(self) -> GpuInfo:

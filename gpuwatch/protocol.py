@@ -10,9 +10,11 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
      "rank": 0, "local_rank": 0, "world_size": 2, "gpu": 0, "uuid": "GPU-…",
      "steps_total": 140, "skipped_total": 3,
      "window": {"steps": 20, "skipped": 1, "timed": 20, "step_seconds": 0.41,
-                "data_wait_seconds": 0.02, "samples": 1280, "sample_seconds": 0.41},
+                "data_wait_seconds": 0.02, "samples": 1280, "sample_seconds": 0.41,
+                "iterators": 1, "first_batch_wait_seconds": 0.015},
      "steps": {"step": [120, …], "t": […], "step_seconds": […],
-               "data_wait_seconds": […], "batch_size": […], "skipped": […]},
+               "data_wait_seconds": […], "batch_size": […], "skipped": […],
+               "first_batch": […], "first_batch_wait_seconds": […]},
      "steps_omitted": 0,
      "loss_scale": 32768.0, "mem_allocated_bytes": …, "mem_reserved_bytes": …,
      "max_mem_allocated_bytes": …,
@@ -45,14 +47,17 @@ MAX_CONFIG_KEYS = 64
 MAX_TEXT = 500  # characters in any string value (error text, config values)
 MAX_INT = 2**63 - 1  # integers beyond this can't be exported (float) or recorded faithfully
 KINDS = ("report", "exit")
-STEP_FIELDS = ("step", "t", "step_seconds", "data_wait_seconds", "batch_size", "skipped")
+STEP_FIELDS = ("step", "t", "step_seconds", "data_wait_seconds", "batch_size", "skipped",
+               "first_batch", "first_batch_wait_seconds")
 WINDOW_FIELDS = ("steps", "skipped", "timed", "step_seconds", "data_wait_seconds", "samples",
-                 "sample_seconds")
+                 "sample_seconds", "iterators", "first_batch_wait_seconds")
 
 # reasons a receiver drops a datagram (the label of gpuwatch_hook_messages_dropped_total)
 OVERSIZED = "oversized"
 MALFORMED = "malformed"
 BAD_VERSION = "version"
+TOO_MANY_JOBS = "too_many_jobs"  # a new process beyond the receiver's cap on jobs
+DROP_REASONS = (OVERSIZED, MALFORMED, BAD_VERSION, TOO_MANY_JOBS)
 
 
 class ProtocolError(ValueError):
@@ -63,7 +68,7 @@ class ProtocolError(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Window:
     """Sums over the steps finished since the previous datagram."""
 
@@ -74,9 +79,13 @@ class Window:
     data_wait_seconds: float = 0.0  # summed over the timed steps
     samples: int = 0  # summed batch sizes, over timed steps with a known batch size
     sample_seconds: float = 0.0  # the step time of those same steps
+    # DataLoader iterators whose first batch was fetched in these steps (a new epoch's, with
+    # persistent_workers=False a new set of workers), and the data wait of those batches
+    iterators: int = 0
+    first_batch_wait_seconds: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StepRecord:
     step: int
     t: float  # Unix seconds, end of the iteration
@@ -84,9 +93,12 @@ class StepRecord:
     data_wait_seconds: float | None = None
     batch_size: int | None = None
     skipped: bool | None = None
+    first_batch: bool | None = None  # its data wait included a new iterator's first batch
+    first_batch_wait_seconds: float | None = None  # that part of it (creating the iterator
+    # and fetching its first batch); None when first_batch is not true
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Report:
     """One validated datagram."""
 
@@ -131,6 +143,8 @@ def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
         "data_wait_seconds": [_finite(s.data_wait_seconds, 7) for s in steps],
         "batch_size": [s.batch_size for s in steps],
         "skipped": [s.skipped for s in steps],
+        "first_batch": [s.first_batch for s in steps],
+        "first_batch_wait_seconds": [_finite(s.first_batch_wait_seconds, 7) for s in steps],
     }
 
 
@@ -231,9 +245,11 @@ def _window(value: Any) -> Window:
         return Window()
     if not isinstance(value, dict):
         raise ProtocolError(MALFORMED, "window must be an object")
-    ints = {k: _int(value, k, default=0) for k in ("steps", "skipped", "timed", "samples")}
+    ints = {k: _int(value, k, default=0)
+            for k in ("steps", "skipped", "timed", "samples", "iterators")}
     floats = {k: _num(value.get(k), f"window.{k}") or 0.0
-              for k in ("step_seconds", "data_wait_seconds", "sample_seconds")}
+              for k in ("step_seconds", "data_wait_seconds", "sample_seconds",
+                        "first_batch_wait_seconds")}
     return Window(**ints, **floats)  # type: ignore[arg-type]
 
 
@@ -265,6 +281,9 @@ def _steps(value: Any) -> tuple[StepRecord, ...]:
         skipped = cols["skipped"][i]
         if skipped is not None and not isinstance(skipped, bool):
             raise ProtocolError(MALFORMED, f"steps.skipped[{i}] must be true, false or null")
+        first = cols["first_batch"][i]
+        if first is not None and not isinstance(first, bool):
+            raise ProtocolError(MALFORMED, f"steps.first_batch[{i}] must be true, false or null")
         t_value = _num(t, f"steps.t[{i}]")
         if t_value is None:
             raise ProtocolError(MALFORMED, f"steps.t[{i}] is missing")
@@ -272,7 +291,10 @@ def _steps(value: Any) -> tuple[StepRecord, ...]:
                               step_seconds=_num(cols["step_seconds"][i], "steps.step_seconds"),
                               data_wait_seconds=_num(cols["data_wait_seconds"][i],
                                                      "steps.data_wait_seconds"),
-                              batch_size=batch, skipped=skipped))
+                              batch_size=batch, skipped=skipped, first_batch=first,
+                              first_batch_wait_seconds=_num(
+                                  cols["first_batch_wait_seconds"][i],
+                                  "steps.first_batch_wait_seconds")))
     return tuple(out)
 
 

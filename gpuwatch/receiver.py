@@ -1,8 +1,8 @@
 """The daemon's end of the torch hook: a Unix datagram socket, validated reports, job stats.
 
-``HookReceiver(store, socket_path)`` binds the socket (mode 0660, so the members of the
-socket's group, e.g. ``gpuwatch``, may report), receives on a thread of its own, validates
-each datagram with :mod:`gpuwatch.protocol` and turns it into what the store holds:
+``HookReceiver(store, socket_path)`` binds the socket (mode 0660 in the group
+``gpuwatch`` where that group exists, so its members may report; else 0600), receives on a
+thread of its own, validates each datagram with :mod:`gpuwatch.protocol` and turns it into what the store holds:
 ``JobStats`` per process (``set_job``), per-step ``StepSample`` (``add_steps``) and
 ``ConfigSample`` (``set_config``). A bad datagram costs only itself: it is dropped and
 counted by reason (``count_hook_message(dropped_reason=...)``).
@@ -15,6 +15,7 @@ dead jobs are forgotten ``forget_after`` seconds later. This module never import
 from __future__ import annotations
 
 import errno
+import grp
 import logging
 import math
 import os
@@ -28,9 +29,9 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from gpuwatch import protocol
+from gpuwatch import logs, protocol
 from gpuwatch.errors import UserError
-from gpuwatch.samples import ConfigSample, JobStats, StepSample
+from gpuwatch.samples import ConfigSample, JobEnd, JobStats, StepSample
 from gpuwatch.store import Store
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,13 @@ log = logging.getLogger(__name__)
 # how far ahead of this host's clock a step's time may be before it is taken as now
 MAX_CLOCK_AHEAD = 5.0  # seconds
 
+# processes known at once (alive, or dead and not yet forgotten): each is a set of training
+# series, so this caps what senders can add to a scrape; a new one past it is dropped and
+# counted (gpuwatch_hook_messages_dropped_total{reason="too_many_jobs"})
+MAX_JOBS = 1024
+
 SOCKET_MODE = 0o660
+SOCKET_GROUP = "gpuwatch"  # the systemd service's group (systemd/gpuwatch.sysusers)
 _RECV_BUFFER = 256 * 1024  # bigger than MAX_DATAGRAM_BYTES, so oversize is seen, not cut
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -49,6 +56,17 @@ class _Job:
     last_seen: float  # monotonic
     seq: int = -1
     dead_since: float | None = None  # monotonic
+    first_step_t: float | None = None  # Unix seconds: the end of its first iteration
+    error: str | None = None  # the exit report's error text
+
+
+def _end(stats: JobStats, t: float, first_step_t: float | None, error: str | None) -> JobEnd:
+    return JobEnd(t=t, pid=stats.pid, exit_reason=stats.exit_reason or "exited",
+                  rank=stats.rank, gpu=stats.gpu, error=error, steps_total=stats.steps_total,
+                  first_step_t=first_step_t, last_report_t=stats.t or None,
+                  mem_allocated_bytes=stats.mem_allocated_bytes,
+                  mem_reserved_bytes=stats.mem_reserved_bytes,
+                  max_mem_allocated_bytes=stats.max_mem_allocated_bytes)
 
 
 def _pid_gone(pid: int) -> bool:
@@ -88,13 +106,40 @@ def _check_stale(path: str) -> None:
     raise UserError(f"another receiver is listening on {path}")
 
 
+def _restrict(path: str, group: str | None) -> None:
+    """Who may send to the socket: its owner, and the members of ``group`` if it exists.
+
+    Sending to a Unix socket needs write permission on it. With the group (the systemd
+    service's ``gpuwatch``, which users join to report from their jobs) the socket is 0660
+    in that group; without it, 0600: the daemon's primary group may be a shared one.
+    """
+    gid = None
+    if group:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            gid = None
+    if gid is not None and os.stat(path).st_gid != gid:
+        try:
+            os.chown(path, -1, gid)  # allowed to root, or to a member of the group
+        except OSError as err:
+            log.info("hook socket %s stays private to its owner: cannot give it to group "
+                     "%s (%s)", path, group, err.strerror)
+            gid = None
+    # the umask decided the mode at bind time; this sets ours
+    os.chmod(path, SOCKET_MODE if gid is not None else SOCKET_MODE & 0o700)
+
+
 class HookReceiver:
     """Receives the hook's datagrams on ``socket_path`` into ``store``."""
 
     def __init__(self, store: Store, socket_path: str, *, vanish_after: float = 5.0,
-                 forget_after: float = 600.0) -> None:
+                 forget_after: float = 600.0, max_jobs: int = MAX_JOBS,
+                 group: str | None = SOCKET_GROUP) -> None:
         self.store = store
+        self.max_jobs = max_jobs
         self.socket_path = socket_path
+        self.group = group  # who besides the owner may report (see _restrict)
         self.vanish_after = vanish_after
         self.forget_after = forget_after
         self._sock: socket.socket | None = None
@@ -106,20 +151,27 @@ class HookReceiver:
         self._passcred = False
         self._gpu_by_uuid: dict[str, int] = {}
         self._last_sweep = 0.0
+        self._inode: int | None = None  # of the socket file we bound
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
             return
+        _check_stale(self.socket_path)
+        self._sock = self._bind()
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-hook-receiver",
+                                        daemon=True)
+        self._thread.start()
+        log.debug("hook receiver listening on %s", self.socket_path)
+
+    def _bind(self) -> socket.socket:
         path = self.socket_path
         directory = os.path.dirname(path) or "."
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        _check_stale(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(path)
-            # the umask decides the mode at bind time; this sets ours (no wider than 0660)
-            os.chmod(path, SOCKET_MODE)
+            _restrict(path, self.group)
             try:
                 # the kernel then tells us each sender's real pid (in our pid namespace)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -130,14 +182,37 @@ class HookReceiver:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
             except OSError:
                 pass
+            self._inode = os.lstat(path).st_ino
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-hook-receiver",
-                                        daemon=True)
-        self._thread.start()
-        log.debug("hook receiver listening on %s", path)
+        return sock
+
+    def _check_socket(self) -> None:
+        """Bind again when the socket file was removed under us (a tmp cleaner, a careless
+        ``rm``): the jobs started from now on could not report otherwise."""
+        try:
+            if os.lstat(self.socket_path).st_ino == self._inode:
+                return
+            return  # another file now: not ours to remove
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        self.store.count_error("hook_socket")
+        try:
+            new = self._bind()
+        except OSError as err:
+            logs.once(log, "hook-socket-rebind", logging.ERROR,
+                      "the hook socket %s was removed and cannot be made again (%s); "
+                      "retrying", self.socket_path, err)
+            return
+        with self._recv_lock:
+            old, self._sock = self._sock, new
+        if old is not None:
+            old.close()
+        log.warning("the hook socket %s was removed; listening on a new one there (jobs that "
+                    "reported to the old one must start again to report)", self.socket_path)
 
     def stop(self) -> None:
         self._stop.set()
@@ -164,7 +239,9 @@ class HookReceiver:
             job.stats = replace(job.stats, alive=False, exit_reason=reason)
             job.dead_since = time.monotonic()
             stats = job.stats
+            end = _end(stats, time.time(), job.first_step_t, job.error)
         self.store.set_job(stats)
+        self.store.add_job_end(end)
 
     def jobs(self) -> list[JobStats]:
         with self._lock:
@@ -186,9 +263,10 @@ class HookReceiver:
 
     # -- the loop ------------------------------------------------------------------------
     def _run(self) -> None:
-        sock = self._sock
-        assert sock is not None
         while not self._stop.is_set():
+            sock = self._sock
+            if sock is None:
+                return
             try:
                 readable, _, _ = select.select([sock], [], [], 0.5)
             except (OSError, ValueError):
@@ -203,6 +281,7 @@ class HookReceiver:
                 if now - self._last_sweep >= 0.5:
                     self._last_sweep = now
                     self._sweep(now)
+                    self._check_socket()
             except Exception:  # the receiver must outlive any one datagram or job
                 log.exception("the hook receiver hit an error; carrying on")
                 time.sleep(0.1)
@@ -247,6 +326,15 @@ class HookReceiver:
                     and len(payload) >= _CREDS.size:
                 # trust the kernel over the message: right across pid namespaces, unforgeable
                 pid = _CREDS.unpack(payload[:_CREDS.size])[0] or pid
+        with self._lock:
+            full = pid not in self._jobs and len(self._jobs) >= self.max_jobs
+        if full:
+            self.store.count_hook_message(dropped_reason=protocol.TOO_MANY_JOBS)
+            logs.once(log, "hook-too-many-jobs", logging.WARNING,
+                      "the hook receiver knows %d processes already; reports from new ones "
+                      "are dropped until old ones are forgotten (counted, not logged again)",
+                      self.max_jobs)
+            return
         self.store.count_hook_message()
         try:
             self._apply(pid, report)
@@ -299,14 +387,23 @@ class HookReceiver:
             )
             if job is None or prev is None:
                 job = self._jobs[pid] = _Job(stats=stats, last_seen=now)
+            was_alive = job.dead_since is None
             job.stats, job.last_seen, job.seq = stats, now, r.seq
             job.dead_since = now if final else None
+            if job.first_step_t is None and r.steps:
+                job.first_step_t = r.steps[0].t
+            if r.error is not None:
+                job.error = r.error
+            end = _end(stats, r.t, job.first_step_t, job.error) if final and was_alive \
+                else None
         # the hook stamps steps with this host's clock; one stamped far ahead (a wrong
         # clock, a forged datagram) would make the store's time trim drop the history
         latest = time.time() + MAX_CLOCK_AHEAD
         steps = [StepSample(t=min(s.t, latest), step=s.step, step_seconds=s.step_seconds,
                             data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
-                            skipped=s.skipped, pid=pid, rank=r.rank, gpu=gpu)
+                            skipped=s.skipped, first_batch=s.first_batch,
+                            first_batch_wait_seconds=s.first_batch_wait_seconds, pid=pid,
+                            rank=r.rank, gpu=gpu)
                  for s in r.steps]
         if steps:
             # the scale and the allocator are read once per report: they belong to its end
@@ -318,11 +415,14 @@ class HookReceiver:
         if r.config is not None:
             self.store.set_config(ConfigSample(t=r.t, pid=pid, rank=r.rank, values=r.config))
         self.store.set_job(stats)
+        if end is not None:
+            self.store.add_job_end(end)
 
     def _sweep(self, now: float, vanish_after: float | None = None) -> None:
         """Mark silent jobs whose process is gone; forget long-dead ones."""
         silent = self.vanish_after if vanish_after is None else vanish_after
         vanished: list[JobStats] = []
+        ends: list[JobEnd] = []
         forget: list[int] = []
         with self._lock:
             for pid, job in list(self._jobs.items()):
@@ -331,13 +431,15 @@ class HookReceiver:
                         job.stats = replace(job.stats, alive=False, exit_reason="vanished")
                         job.dead_since = now
                         vanished.append(job.stats)
+                        ends.append(_end(job.stats, time.time(), job.first_step_t, job.error))
                 elif job.dead_since is not None and now - job.dead_since >= self.forget_after:
                     forget.append(pid)
                     del self._jobs[pid]
-        for stats in vanished:
+        for stats, end in zip(vanished, ends, strict=True):
             log.info("training process %d (rank %s) vanished without an exit report",
                      stats.pid, stats.rank)
             self.store.set_job(stats)
+            self.store.add_job_end(end)
         for pid in forget:
             self.store.drop_job(pid)
 

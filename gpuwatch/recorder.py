@@ -132,10 +132,17 @@ class Recorder:
             if self.path == "-":
                 _silence_stdout()
         except OSError as err:
-            self.failed = f"cannot write {self.path}: {err.strerror or err}"
-            log.error("recording stopped: %s", self.failed)
+            # what was written stays a readable trace (a cut last line is skipped on
+            # replay); say where it ends, so a reader knows what is missing
+            lines = self._writer.lines_written
+            end = (f"; the recording ends at line {lines} (t={self._last_written:.3f})"
+                   if self._last_written > float("-inf") else "")
+            self.failed = f"cannot write {self.path}: {err.strerror or err}{end}"
+            self.store.count_error("recorder")
+            log.error("recording stopped: %s; the daemon goes on without it", self.failed)
         except Exception as err:  # noqa: BLE001 - say so, rather than die silently
             self.failed = f"recording {self.path} failed: {err!r}"
+            self.store.count_error("recorder")
             log.exception("recording stopped")
         finally:
             # nobody reads the queue any more: stop filling it

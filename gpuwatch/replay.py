@@ -14,7 +14,9 @@ samples (``step_seconds``) are not scaled. At the end, with ``loop``, it starts 
 sample period after the last line: time keeps increasing, counters keep rising, and step
 numbers continue where the last pass ended rather than starting at 0 again. A file that
 grows during the replay (a recording still being written) is played up to where it ended
-when each pass began; what was appended joins the next pass.
+when each pass began; what was appended joins the next pass. ``on_loop``
+hears where each new pass begins, so the live advisor judges each pass on its own (the
+end of one pass and the start-up of the next are no one run).
 
 Jobs are keyed by the ``pid`` of their step lines. A recording whose step lines carry no
 pid (those of FORMAT v1 may not) has its steps credited to the one process seen on a GPU in
@@ -141,6 +143,9 @@ class Replayer:
         self._thread: threading.Thread | None = None
         self._jobs: dict[int, _Job] = {}
         self._errors: dict[str, int] = {}
+        # called with the (wall) time each new pass starts at: a consumer that judges
+        # windows of history (the live advisor) must not let one reach across it
+        self.on_loop: Callable[[float], None] | None = None
         self._scan()
 
     # -- set-up: one pass to validate and learn the shape of the recording --------------
@@ -223,6 +228,11 @@ class Replayer:
                     job.next_pass()
                 base += (end - self.first_t + self.period) / self.speed
                 self.last_t = max(end, grown)
+                if self.on_loop is not None:
+                    try:
+                        self.on_loop(base)
+                    except Exception:  # the replay goes on whatever a listener does
+                        log.exception("a loop listener failed")
         except GpuwatchError as err:  # the file changed under us since the scan
             self._errors["replay"] = self._errors.get("replay", 0) + 1
             log.error("replay stopped: %s", err)

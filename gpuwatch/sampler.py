@@ -31,12 +31,12 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 import psutil
 
-from gpuwatch.nvml import GpuLost, Nvml, NvmlGpu, XidWatcher
+from gpuwatch.nvml import GpuLost, Nvml, NvmlGone, NvmlGpu, XidWatcher
 from gpuwatch.samples import GpuInfo, GpuProcess, GpuSample, Health, HostSample, Snapshot
 from gpuwatch.store import Store
 
@@ -51,13 +51,19 @@ STOP_TIMEOUT = 3.0
 # how long before a tick's deadline the workers read: a read takes ~0.1 ms per GPU, so the
 # samples are ready when the tick publishes and it need not wait (or be woken) for them
 READ_LEAD = 0.005
+# NVML that failed to start, or stopped answering (the driver unloaded or reloaded), is
+# started again after this many seconds, doubling up to the second figure: a driver that
+# loads after the daemon is picked up without a restart
+NVML_RETRY = (1.0, 60.0)
 
 _LOST = "lost"  # a worker's answer for a GPU that just fell off
+_GONE = "gone"  # a worker's answer when NVML itself stopped answering
 _NOTHING: tuple[int, Any] = (-1, None)  # an answer not yet given
 
 
 class HostSource(Protocol):
-    def sample(self, t: float, gpu_pids: Collection[int]) -> HostSample: ...
+    def sample(self, t: float, gpu_pids: Collection[int] | Mapping[int, Collection[int]],
+               mains: Collection[int] = ()) -> HostSample: ...
 
 
 class _Bell:
@@ -109,6 +115,8 @@ class _FastWorker:
         self.names = _ProcessNames()
         self._procs_key: Any = None  # what the last processes tuple was built from
         self._procs: tuple[GpuProcess, ...] = ()
+        self.retired = False  # NVML is being started again: this worker's handle is stale
+        self.stalled_since: float | None = None  # monotonic; said once per stall
         self.thread = threading.Thread(target=self._run, name=f"gpuwatch-gpu{gpu.index}",
                                        daemon=True)
 
@@ -122,7 +130,7 @@ class _FastWorker:
         stop = s._stop
         clock = s._clock
         next_slot = 0
-        while not stop.is_set():
+        while not stop.is_set() and not self.retired:
             req = self.request
             if req is not None and self.answer[0] != req[0]:
                 self._serve(req)
@@ -160,6 +168,9 @@ class _FastWorker:
                 result = self.gpu.probe()
             except GpuLost:
                 result = _LOST
+            except NvmlGone as err:
+                self.sampler._nvml_gone(err.reason)
+                result = None
             except Exception:
                 self.sampler._count(f"gpu{self.index}")
                 log.exception("GPU %d: probe failed", self.index)
@@ -179,7 +190,11 @@ class _FastWorker:
             fast = self.gpu.read_fast()
             return self._build(t, fast)
         except GpuLost:
+            self.sampler._gpu_lost(self.gpu)
             return _LOST
+        except NvmlGone as err:
+            self.sampler._nvml_gone(err.reason)
+            return _GONE
         except Exception:
             self.sampler._count(f"gpu{self.index}")
             log.exception("GPU %d: read failed", self.index)
@@ -221,6 +236,7 @@ class _SlowWorker:
         self.on_error = on_error
         self.trigger = threading.Event()
         self.running = False
+        self.retired = False
         self.fields: dict[str, Any] = {}  # replaced whole, so readers never see half of it
         self.proc_util: dict[int, float] = {}
         self.thread = threading.Thread(target=self._run, name=f"gpuwatch-gpu{gpu.index}-slow",
@@ -232,13 +248,13 @@ class _SlowWorker:
             # running goes up before the trigger goes down: the tick must never see neither
             self.running = True
             self.trigger.clear()
-            if self.stop.is_set():
+            if self.stop.is_set() or self.retired:
                 return
             try:
                 fields = self.gpu.read_slow()
                 proc_util = self.gpu.read_process_utilization()
-            except GpuLost:
-                return
+            except (GpuLost, NvmlGone):
+                return  # the fast worker says so, once
             except Exception:
                 self.on_error(f"gpu{self.gpu.index}")
                 log.exception("GPU %d: slow read failed", self.gpu.index)
@@ -295,7 +311,8 @@ class Sampler:
 
     def __init__(self, store: Store, *, interval: float = 1.0, slow_interval: float = 30.0,
                  nvml_module: object | None = None, host: object | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 nvml_retry: tuple[float, float] = NVML_RETRY) -> None:
         if not MIN_INTERVAL <= interval <= MAX_INTERVAL:
             raise ValueError(f"interval must be {MIN_INTERVAL} to {MAX_INTERVAL} s, got {interval}")
         if slow_interval <= 0:
@@ -330,34 +347,36 @@ class Sampler:
         self.skipped_slots = 0  # ticks skipped because an earlier one overran
         self.host = self._make_host(host)
 
-        self._nvml = Nvml(nvml_module, on_error=self._count)
-        self.nvml_available = self._nvml.open()
+        self._nvml_module = nvml_module
+        self._nvml_retry = nvml_retry
+        self._retry_wait = nvml_retry[0]
+        self._reopen_due: float | None = None  # when to start NVML again (monotonic clock)
+        self._reopen_thread: threading.Thread | None = None
+        self._gone_lock = threading.Lock()
         self._fast: list[_FastWorker] = []
         self._slow: list[_SlowWorker] = []
         self._xid: XidWatcher | None = None
         self._xid_thread: threading.Thread | None = None
+        self._xid_stop = threading.Event()
         self.infos: tuple[GpuInfo, ...] = ()
+        self.nvml_restarts = 0  # times NVML was started again after it stopped answering
+        self._retired_threads: list[threading.Thread] = []
+        self._retired_nvml: Nvml | None = None
+        self._lost_said: set[int] = set()
+        self._nvml = Nvml(nvml_module, on_error=self._count, said_lost=self._lost_said)
+        self.nvml_available = self._nvml.open()
         if not self.nvml_available:
-            # once per daemon: the reason is the same on every tick
-            log.warning("no NVIDIA GPU/driver found (%s); sampling host metrics only",
-                        self._nvml.reason)
+            # once per daemon: the reason is the same on every tick; the retries say nothing
+            # until one succeeds
+            self._count("nvml")
+            retry = (f"; trying again every {self._nvml_retry[1]:g} s at most"
+                     if self._nvml.retryable else "")
+            log.warning("no NVIDIA GPU/driver found (%s); sampling host metrics only%s",
+                        self._nvml.reason, retry)
+            if self._nvml.retryable:
+                self._reopen_due = self._clock() + self._retry_wait
             return
-        if not self._nvml.gpus:
-            log.warning("NVML found no GPU; sampling host metrics only")
-        self.infos = tuple(gpu.info for gpu in self._nvml.gpus)
-        if self._nvml.gpus:
-            # before the workers: their samples read the XID totals
-            self._xid = XidWatcher(self._nvml)
-        for gpu in self._nvml.gpus:
-            self._slow.append(_SlowWorker(gpu, self._stop, self._count))
-            self._fast.append(_FastWorker(self, gpu, self._slow[-1]))
-        for w in (*self._fast, *self._slow):
-            w.thread.start()
-        self._probe()
-        if self._xid is not None:
-            self._xid_thread = threading.Thread(target=self._xid.run, args=(self._stop,),
-                                                name="gpuwatch-xid", daemon=True)
-            self._xid_thread.start()
+        self._attach()
 
     # -- public ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -370,14 +389,18 @@ class Sampler:
     def stop(self) -> None:
         """Stop every thread (promptly: none sleeps longer than a wait timeout) and NVML."""
         self._stop.set()
+        self._xid_stop.set()
         self._grid = None
         for w in self._fast:
             w.bell.ring()
         for s in self._slow:
             s.trigger.set()
         deadline = time.monotonic() + STOP_TIMEOUT
-        threads = [t for t in (self._loop, self._xid_thread) if t is not None]
-        threads += [w.thread for w in self._fast] + [s.thread for s in self._slow]
+        with self._gone_lock:  # no NVML restart adds workers from here on
+            threads = [t for t in (self._loop, self._reopen_thread, self._xid_thread)
+                       if t is not None]
+            threads += [w.thread for w in self._fast] + [s.thread for s in self._slow]
+            threads += self._retired_threads
         stuck = []
         for t in threads:
             if t is threading.current_thread() or t.ident is None:  # never started
@@ -414,6 +437,7 @@ class Sampler:
         slot = 0
         try:
             while not self._stop.is_set():
+                self._maybe_reopen()
                 try:
                     self._tick_slot(slot)
                 except Exception:  # never let one bad tick end the loop
@@ -462,8 +486,10 @@ class Sampler:
             if number == slot:
                 results[w.index] = result
                 read_ns = max(read_ns, took)
+                if w.stalled_since is not None:
+                    self._unstalled(w)
             elif w.reading is not None and w.reading < slot:
-                self._count(f"gpu{w.index}_stalled")  # stuck in an earlier read
+                self._stalled(w)  # stuck in an earlier read
             else:
                 late.append(w)
         if late:
@@ -485,14 +511,14 @@ class Sampler:
                     results[w.index] = result
                     read_ns = max(read_ns, took)
             for w in late:
-                self._count(f"gpu{w.index}_stalled")
+                self._stalled(w)
         # the tick's critical path: its slowest read, then the rest of the tick
         return self._assemble(t, results), read_ns / 1e9
 
     def _publish(self, t: float, gpus: tuple[GpuSample, ...], started: float,
                  read_seconds: float) -> Snapshot:
-        pids = sorted({p.pid for g in gpus for p in g.processes}) if gpus else []
-        host = self._sample_host(t, pids)
+        on_gpus, mains = gpu_processes(gpus)
+        host = self._sample_host(t, on_gpus, mains)
         self._ticks += 1
         errors = self._errors_view
         if self._error_count != self._errors_seen:  # errors since the last tick
@@ -513,6 +539,127 @@ class Sampler:
             log.exception("publishing a snapshot failed")
         return snapshot
 
+    # -- NVML starting, stopping answering, starting again -----------------------------------------
+    def _attach(self) -> None:
+        """Workers for the GPUs of the freshly opened ``self._nvml``; their static facts."""
+        nvml = self._nvml
+        if not nvml.gpus:
+            log.warning("NVML found no GPU; sampling host metrics only")
+        with self._gone_lock:
+            if self._stop.is_set():
+                return
+            self._xid_stop = threading.Event()
+            # before the workers: their samples read the XID totals
+            self._xid = XidWatcher(nvml) if nvml.gpus else None
+            slow = [_SlowWorker(gpu, self._stop, self._count) for gpu in nvml.gpus]
+            fast = [_FastWorker(self, gpu, sw) for gpu, sw in zip(nvml.gpus, slow, strict=True)]
+            for w in (*fast, *slow):
+                w.thread.start()
+            self._slow, self._fast = slow, fast
+            self.infos = tuple(gpu.info for gpu in nvml.gpus)
+            self.nvml_available = True
+        if self._grid is not None:
+            for w in fast:
+                w.bell.ring()
+        self._probe()
+        for w in fast:
+            if not w.gpu.lost:
+                self._lost_said.discard(w.index)
+        if self._xid is not None:
+            self._xid_thread = threading.Thread(target=self._xid.run, args=(self._xid_stop,),
+                                                name="gpuwatch-xid", daemon=True)
+            self._xid_thread.start()
+        self._check_all_lost()
+
+    def _nvml_gone(self, reason: str) -> None:
+        """NVML answered as if the driver went away: retire every worker, start it again."""
+        with self._gone_lock:
+            if self._reopen_due is not None or not self.nvml_available:
+                return  # already being dealt with (every GPU's worker says so)
+            self._count("nvml")
+            log.warning("NVML stopped answering (%s): the driver was unloaded or reloaded; "
+                        "starting NVML again (GPUs are reported down meanwhile)", reason)
+            self.nvml_available = False
+            self._retire()
+            self._retry_wait = self._nvml_retry[0]
+            self._reopen_due = self._clock()  # at once: a reload is usually over by now
+
+    def _gpu_lost(self, gpu: NvmlGpu) -> None:
+        """Once every GPU is lost, NVML is started again later (a GPU reset, or a driver
+        reload that answers GPU_IS_LOST, may bring them back)."""
+        self._check_all_lost()
+
+    def _check_all_lost(self) -> None:
+        with self._gone_lock:
+            fast = self._fast
+            if (fast and all(w.gpu.lost for w in fast) and self._reopen_due is None
+                    and self.nvml_available and not self._stop.is_set()):
+                self.nvml_available = False
+                self._retire()
+                # doubling from try to try: a GPU off the bus stays lost, and each try costs
+                # an nvmlInit
+                self._reopen_due = self._clock() + self._retry_wait
+                self._retry_wait = min(self._retry_wait * 2, self._nvml_retry[1])
+
+    def _retire(self) -> None:
+        """Stop the current workers (under _gone_lock); NVML is closed once they are out."""
+        self._xid_stop.set()
+        retired = [*self._fast, *self._slow]
+        for w in self._fast:
+            w.retired = True
+            w.bell.ring()
+        for sw in self._slow:
+            sw.retired = True
+            sw.trigger.set()
+        self._retired_threads = [w.thread for w in retired] + (
+            [self._xid_thread] if self._xid_thread is not None else [])
+        self._retired_nvml = self._nvml
+        # the GPUs stay known (infos), without samples: exported as down, not vanished
+        self._fast, self._slow, self._xid = [], [], None
+
+    def _maybe_reopen(self) -> None:
+        """On the loop: start NVML again when due, on a thread of its own (nvmlInit can hang)."""
+        due = self._reopen_due
+        if due is None or self._clock() < due:
+            return
+        running = self._reopen_thread
+        if running is not None and running.is_alive():
+            return
+        self._reopen_due = None
+        self._reopen_thread = threading.Thread(target=self._reopen, name="gpuwatch-nvml-open",
+                                               daemon=True)
+        self._reopen_thread.start()
+
+    def _reopen(self) -> None:
+        old = self._retired_nvml
+        if old is not None:
+            deadline = time.monotonic() + STOP_TIMEOUT
+            for t in self._retired_threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+            if any(t.is_alive() for t in self._retired_threads):
+                log.warning("threads still inside NVML; starting it again without shutting "
+                            "the old one down")
+            else:
+                old.close()
+            self._retired_nvml = None
+            self._retired_threads = []
+        if self._stop.is_set():
+            return
+        nvml = Nvml(self._nvml_module, on_error=self._count, said_lost=self._lost_said)
+        if not nvml.open():
+            log.debug("NVML still not available: %s", nvml.reason)
+            with self._gone_lock:
+                self._retry_wait = min(self._retry_wait * 2, self._nvml_retry[1])
+                self._reopen_due = self._clock() + self._retry_wait
+            return
+        self._nvml = nvml
+        self.nvml_restarts += 1
+        self._attach()
+        if self._stop.is_set():
+            return
+        log.info("NVML is up (driver %s): sampling %d GPU(s)", nvml.driver_version,
+                 len(nvml.gpus))
+
     # -- GPUs -----------------------------------------------------------------------------------
     def _hand(self, kind: str, t: float) -> tuple[int, list[_FastWorker]]:
         """Hand each free, present GPU's worker a request; the busy ones count as stalled."""
@@ -524,7 +671,7 @@ class Sampler:
             if w.gpu.lost:
                 continue
             if w.outstanding():  # still inside an earlier read: no more work until it is back
-                self._count(f"gpu{w.index}_stalled")
+                self._stalled(w)
                 continue
             w.request = (number, kind, t)
             w.bell.ring()
@@ -545,12 +692,28 @@ class Sampler:
 
     def _probe(self) -> None:
         number, handed = self._hand("probe", 0.0)
+        if not handed:
+            return
         answers = self._answers(number, handed, PROBE_TIMEOUT)
         for w in handed:
             if w.index not in answers:
                 self._count(f"gpu{w.index}_stalled")
                 log.warning("GPU %d: static facts did not come back within %.0f s; "
                             "it is left alone while NVML is stuck on it", w.index, PROBE_TIMEOUT)
+
+    def _stalled(self, w: _FastWorker) -> None:
+        """A tick without this GPU's read: counted every time, said once per stall."""
+        self._count(f"gpu{w.index}_stalled")
+        if w.stalled_since is None:
+            w.stalled_since = time.monotonic()
+            log.warning("GPU %d: an NVML call has not returned; its fields are left out "
+                        "until it does (counted in gpuwatch_errors_total{source=\"gpu%d_stalled\"})",
+                        w.index, w.index)
+
+    def _unstalled(self, w: _FastWorker) -> None:
+        since, w.stalled_since = w.stalled_since, None
+        if since is not None:
+            log.info("GPU %d answers again after %.1f s", w.index, time.monotonic() - since)
 
     def _info_changed(self) -> None:
         # a worker's probe answered (perhaps late, after being stuck at start)
@@ -563,7 +726,9 @@ class Sampler:
         results = self._answers(number, handed, self.read_deadline)
         for w in handed:
             if w.index not in results:
-                self._count(f"gpu{w.index}_stalled")
+                self._stalled(w)
+            elif w.stalled_since is not None:
+                self._unstalled(w)
         return self._assemble(t, results)
 
     def _assemble(self, t: float, results: dict[int, Any]) -> tuple[GpuSample, ...]:
@@ -611,11 +776,12 @@ class Sampler:
             log.warning("host metrics not available: %s", err)
             return None
 
-    def _sample_host(self, t: float, pids: Collection[int]) -> HostSample | None:
+    def _sample_host(self, t: float, pids: Mapping[int, Collection[int]],
+                     mains: Collection[int] = ()) -> HostSample | None:
         if self.host is None:
             return None
         try:
-            return self.host.sample(t, pids)
+            return self.host.sample(t, pids, mains)
         except Exception:
             self._count("host")
             log.exception("host sample failed")
@@ -627,4 +793,22 @@ class Sampler:
             self._error_count += 1
 
 
-__all__ = ["MAX_INTERVAL", "MIN_INTERVAL", "Sampler"]
+def gpu_processes(gpus: Iterable[GpuSample]) -> tuple[dict[int, list[int]], list[int]]:
+    """The processes NVML lists, each with the GPUs it is on; and each GPU's main process:
+    the one holding the most of its memory (its rank, not a launcher's or a worker's stray
+    CUDA context), which the host layer makes the root of its own job tree."""
+    on_gpus: dict[int, list[int]] = {}
+    mains: list[int] = []
+    for g in gpus:
+        best: tuple[int, int] | None = None
+        for p in g.processes:
+            on_gpus.setdefault(p.pid, []).append(g.gpu)
+            key = (p.mem_used_bytes or 0, -p.pid)
+            if best is None or key > best:
+                best = key
+        if best is not None and -best[1] not in mains:
+            mains.append(-best[1])
+    return on_gpus, mains
+
+
+__all__ = ["MAX_INTERVAL", "MIN_INTERVAL", "Sampler", "gpu_processes"]

@@ -91,8 +91,31 @@ def _advice_text(report: Any) -> str | None:
     return None
 
 
+_BOTTLENECK = {"data": "data wait", "sync": "waiting on a peer rank", "gpu": "GPU-bound",
+               "host": "host-bound", "other": "outside steps"}
+
+
+def bottleneck_text(report: Any) -> str | None:
+    """The top bottleneck from the advisor's report: the largest slice of the step-time
+    attribution over all jobs and ranks (``host-bound 84%``; with ranks, which one)."""
+    jobs = report.get("jobs") if isinstance(report, dict) else None
+    best: tuple[float, str] | None = None
+    for j in jobs or []:
+        shares = j.get("time_share") if isinstance(j, dict) else None
+        if not isinstance(shares, dict) or not shares:
+            continue
+        cat, share = max(shares.items(), key=lambda kv: kv[1])
+        if cat == "gpu" and len(jobs) > 1:
+            continue  # a GPU-bound rank is not what holds a multi-rank job back
+        where = f" on rank {j['rank']}" if j.get("rank") is not None and len(jobs) > 1 else ""
+        text = f"{_BOTTLENECK.get(cat, cat)} {_pct(share)}{where}"
+        if best is None or (cat != "gpu" and share > best[0]) or best[1].startswith("GPU"):
+            best = (share, text)
+    return best[1] if best else None
+
+
 def format_status(snapshot: Snapshot, jobs: list[JobStats], cpu_cores: float | None,
-                  advice: str | None = None) -> str:
+                  advice: str | None = None, bottleneck: str | None = None) -> str:
     """One status line (without the terminal controls)."""
     parts = ["gpuwatch"]
     alive = [j for j in jobs if j.alive] or jobs
@@ -140,6 +163,8 @@ def format_status(snapshot: Snapshot, jobs: list[JobStats], cpu_cores: float | N
         dead = [j for j in jobs if not j.alive]
         if dead and len(jobs) > 1:
             parts.append(f"{len(dead)} exited")
+    if bottleneck:
+        parts.append(f"time: {bottleneck}")
     if advice:
         parts.append(f"advice: {advice}")
     return " | ".join(parts)
@@ -202,14 +227,16 @@ class StatusLine:
                 self._write(last_line + "\n")
 
     def render(self) -> str:
-        advice = None
+        advice = bottleneck = None
         if self.advice is not None:
             try:
-                advice = _advice_text(self.advice())
+                report = self.advice()
+                advice = _advice_text(report)
+                bottleneck = bottleneck_text(report)
             except Exception:  # noqa: BLE001 - the status line goes on without advice
                 advice = None
         cores = self.cpu.cores() if self.cpu is not None else None
-        return format_status(self.snapshot(), self.jobs(), cores, advice)
+        return format_status(self.snapshot(), self.jobs(), cores, advice, bottleneck)
 
     def draw(self) -> None:
         text = self.render()

@@ -17,6 +17,7 @@ from gpuwatch.samples import (
     ConfigSample,
     GpuSample,
     HostSample,
+    JobEnd,
     JobStats,
     Sample,
     Snapshot,
@@ -40,9 +41,13 @@ class Store:
         self._steps: deque[StepSample] = deque(maxlen=max_records)
         self._configs: dict[tuple[int | None, int | None], ConfigSample] = {}
         self._jobs: dict[int, JobStats] = {}
+        self._ends: deque[JobEnd] = deque(maxlen=1000)
         self._listeners: list[Listener] = []
         self._hook_messages = 0
         self._hook_dropped: dict[str, int] = {}
+        # errors of parts that are not the sampler (the hook receiver, the recorder); merged
+        # into the snapshot's errors_total on read
+        self._errors: dict[str, int] = {}
 
     # -- writers -------------------------------------------------------------------
     def publish(self, snapshot: Snapshot) -> None:
@@ -97,6 +102,19 @@ class Store:
             self._jobs[stats.pid] = stats
             self._latest = None
 
+    def add_job_end(self, end: JobEnd) -> None:
+        """A training process ended: kept (the last 1000) and passed to the listeners (the
+        recorder writes it as a `job_end` line)."""
+        with self._lock:
+            self._ends.append(end)
+            listeners = list(self._listeners)
+        for fn in listeners:
+            fn(end)
+
+    def job_ends(self, since: float = 0.0) -> list[JobEnd]:
+        with self._lock:
+            return [e for e in self._ends if e.t >= since]
+
     def drop_job(self, pid: int) -> None:
         """Forget a job that ended long ago, and the configuration it reported."""
         with self._lock:
@@ -112,6 +130,12 @@ class Store:
                 self._hook_messages += 1
             else:
                 self._hook_dropped[dropped_reason] = self._hook_dropped.get(dropped_reason, 0) + 1
+            self._latest = None
+
+    def count_error(self, source: str) -> None:
+        """Count one error of ``source`` (gpuwatch_errors_total{source})."""
+        with self._lock:
+            self._errors[source] = self._errors.get(source, 0) + 1
             self._latest = None
 
     def subscribe(self, fn: Listener) -> None:
@@ -132,6 +156,7 @@ class Store:
             self._steps.clear()
             self._configs.clear()
             self._jobs.clear()
+            self._ends.clear()
             self._latest = None
 
     # -- readers -------------------------------------------------------------------
@@ -141,7 +166,13 @@ class Store:
             return snap
         with self._lock:
             pub = self._published
-            health = replace(pub.health, hook_messages_total=self._hook_messages,
+            errors = pub.health.errors_total
+            if self._errors:
+                errors = dict(errors)
+                for source, count in self._errors.items():
+                    errors[source] = errors.get(source, 0) + count
+            health = replace(pub.health, errors_total=errors,
+                             hook_messages_total=self._hook_messages,
                              hook_messages_dropped_total=dict(self._hook_dropped))
             snap = replace(pub, jobs=tuple(self._jobs.values()), health=health)
             self._latest = snap

@@ -29,7 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 RECORDINGS = sorted(DATA.glob("*.jsonl"))
-SERVING = re.compile(r"serving (http://\S+)/metrics")
+SERVING = re.compile(r"serving (https?://\S+)/metrics")
 
 
 # -- GPU availability ----------------------------------------------------------------
@@ -251,22 +251,32 @@ class PrometheusServer:
 def prometheus(tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[Callable[..., PrometheusServer]]:
     """Factory: ``prometheus(["127.0.0.1:PORT", ...], scrape_interval="500ms")`` starts a
-    real Prometheus (storage in a temp dir, a free port) scraping those targets; it waits
-    until Prometheus is ready, and kills it at the end of the test."""
+    real Prometheus (storage in a temp dir, a free port) scraping those targets, with
+    ``rule_files`` loaded if given; it waits until Prometheus is ready, and kills it at the
+    end of the test."""
     if PROMETHEUS is None:
         pytest.skip("prometheus is not installed (apt-get install prometheus)")
     started: list[subprocess.Popen] = []
 
     def start(targets: list[str], scrape_interval: str = "500ms", job: str = "gpuwatch",
-              extra_args: tuple[str, ...] = ()) -> PrometheusServer:
+              extra_args: tuple[str, ...] = (), rule_files: tuple[str | Path, ...] = (),
+              target_labels: dict[str, dict[str, str]] | None = None,
+              scrape: dict[str, Any] | None = None) -> PrometheusServer:
+        """``rule_files`` are loaded (absolute paths); ``target_labels`` gives a target its
+        own labels, e.g. ``{"127.0.0.1:9442": {"instance": "gpu-1:9442"}}``; ``scrape``
+        adds to the job (scheme, tls_config, basic_auth, ...)."""
         root = tmp_path_factory.mktemp("prometheus")
         config = root / "prometheus.yml"
+        labels = target_labels or {}
+        static = [{"targets": [t], **({"labels": labels[t]} if t in labels else {})}
+                  for t in targets]
         # scrape_timeout may not exceed the interval; 400ms fits the 500ms default
         config.write_text(json.dumps({
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval,
                        "scrape_timeout": "400ms" if scrape_interval == "500ms" else
                        scrape_interval},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [{"job_name": job, "static_configs": static, **(scrape or {})}],
+            **({"rule_files": [str(Path(f).resolve()) for f in rule_files]} if rule_files else {}),
         }))
         port = free_port()
         log_path = root / "prometheus.log"

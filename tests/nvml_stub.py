@@ -9,12 +9,15 @@ Each scenario is a device setting: ``not_supported`` (NVMLError_NotSupported), `
 (NVMLError_Unknown; ``"*"`` for every call), ``raises`` ({function: NVML error code}),
 ``lost_after`` (GPU_IS_LOST once that many
 utilization reads have answered), ``hang(fn)`` (the next call of ``fn`` blocks until
-``release()``), and the stub-wide ``init_error`` (nvmlInit fails) and ``missing``
-(FunctionNotFound).
+``release()``), and the stub-wide ``init_error`` (nvmlInit fails; set it to None later and
+the driver "appears"), ``missing`` (FunctionNotFound) and ``reload_driver()`` (the driver
+unloaded and loaded again under the process: the library state is gone, every handle from
+before is stale).
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import queue
 import threading
@@ -143,6 +146,8 @@ class NvmlStub:
             raise error(pynvml.NVML_ERROR_UNINITIALIZED)
         if gpu is None:
             return
+        if not any(g is gpu for g in self.gpus):  # a handle from before a driver reload
+            raise error(pynvml.NVML_ERROR_UNINITIALIZED)
         if gpu.lost:
             raise error(pynvml.NVML_ERROR_GPU_IS_LOST)
         if fn in gpu.not_supported:
@@ -156,6 +161,21 @@ class NvmlStub:
             gpu.blocked.set()
             gate.wait()
             gpu.blocked.clear()
+
+    def reload_driver(self) -> None:
+        """The driver was unloaded and loaded again: NVML's state is gone (every call says
+        UNINITIALIZED until the next nvmlInit) and the old handles are stale; the devices
+        are new objects (``stub.gpus[i]``), configured as before."""
+        with self._lock:
+            self.refcount = 0
+            fresh = []
+            for gpu in self.gpus:
+                new = copy.copy(gpu)
+                new._hangs = {}
+                new.blocked, new.released = threading.Event(), threading.Event()
+                fresh.append(new)
+            self.gpus = fresh
+            self.event_sets = []
 
     # -- library --------------------------------------------------------------------------
     def nvmlInit(self) -> None:

@@ -273,9 +273,12 @@ def test_parse_listen_address_rejects(text):
 
 def test_config_from_args_flags_win_over_the_file(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("interval: 2\nslow_interval: 20\nrules_dirs: [a]\nrecord: /tmp/x.jsonl\n"
-                   "hook_socket: /tmp/h.sock\nhistory_seconds: 60\n")
-    assert load_config(str(cfg)) == Config(interval=2.0, slow_interval=20.0, rules_dirs=("a",),
+    rules = tmp_path / "a"
+    rules.mkdir()
+    cfg.write_text(f"interval: 2\nslow_interval: 20\nrules_dirs: [{rules}]\n"
+                   "record: /tmp/x.jsonl\nhook_socket: /tmp/h.sock\nhistory_seconds: 60\n")
+    assert load_config(str(cfg)) == Config(interval=2.0, slow_interval=20.0,
+                                           rules_dirs=(str(rules),),
                                            record="/tmp/x.jsonl", hook_socket="/tmp/h.sock",
                                            history_seconds=60.0)
     args = Namespace(config_file=str(cfg), interval=0.5, listen_address=":9000", record=None)

@@ -126,8 +126,9 @@ def test_unmeasured_fields_have_no_series_rather_than_zero():
     assert r.get_sample_value("gpuwatch_gpu_clock_event_reason",
                               g0({"reason": "gpu_idle"})) is None
     text = generate_latest(r).decode()
-    # families with nothing to say are left out entirely, HELP/TYPE included
-    assert "gpuwatch_gpu_power_watts" not in text
+    # a family with nothing to say has no sample line, only its HELP/TYPE declaration
+    assert "\ngpuwatch_gpu_power_watts" not in text
+    assert "# HELP gpuwatch_gpu_power_watts " in text
     assert "gpuwatch_gpu_utilization_ratio{" in text
 
 
@@ -242,10 +243,16 @@ class _Broken:
 
 
 class Advice:
+    """What the live advisor's collector adds: active advice and the time attribution."""
+
     def collect(self):
+        from gpuwatch.exporter import time_share_families
+
         fam = GaugeMetricFamily("gpuwatch_advice_active", "x", labels=["rule", "gpu", "severity"])
         fam.add_metric(["small_batch", "0", "warning"], 1)
         yield fam
+        yield from time_share_families([{"pid": 7, "rank": 0, "gpu": 0, "time_share": {
+            "data": 0.5, "sync": 0.0, "gpu": 0.3, "host": 0.1, "other": 0.1}}])
 
 
 def test_extra_collectors_join_the_scrape_and_fail_soft():
@@ -313,3 +320,18 @@ def test_every_exported_family_is_documented_and_vice_versa():
     # the advisor documents gpuwatch_advice_start_timestamp_seconds; it is not ours to emit
     assert exported - documented == set()
     assert documented - exported == {"gpuwatch_advice_start_timestamp_seconds"}
+
+
+def test_every_documented_family_is_declared_before_its_first_sample():
+    # dashboards and rules are checked against the exporter's declarations, so a family
+    # has its HELP/TYPE lines from the first scrape, before any GPU, job or tick
+    registry = CollectorRegistry()
+    registry.register(GpuwatchCollector(lambda: Snapshot(t=0.0)))
+    text = generate_latest(registry).decode()
+    declared = set(re.findall(r"^# HELP (gpuwatch_[a-z0-9_]+) ", text, re.M))
+    advisor = {"gpuwatch_advice_active", "gpuwatch_advice_start_timestamp_seconds",
+               "gpuwatch_train_time_share_ratio"}  # the live advisor's collector declares it
+    assert _documented_names() - advisor - declared == set()
+    # declared once each, and no sample was invented for the GPU that isn't there
+    assert len(re.findall(r"^# HELP ", text, re.M)) == len(declared)
+    assert not re.search(r"^gpuwatch_gpu_", text, re.M)

@@ -190,6 +190,25 @@ def test_replay_needs_no_nvml_and_no_socket() -> None:
     assert result.stdout.strip() == "ok"
 
 
+def test_each_new_pass_is_announced_where_it_begins() -> None:
+    """on_loop hears the time each pass starts at: everything published before the call
+    is older than it, the next pass's samples are not (the live advisor's loop points)."""
+    path = recording("small_batch.jsonl")
+    store = Store(history_seconds=3600)
+    published: list[float] = []
+    store.subscribe(lambda s: published.append(s.t))
+    loops: list[tuple[float, int]] = []
+    replayer = Replayer(store, path, loop=True, speed=80)
+    replayer.on_loop = lambda t: loops.append((t, len(published)))
+    replayer.start()
+    try:
+        wait_for(lambda: len(loops) >= 2, "two loop points", timeout=60)
+    finally:
+        replayer.stop()
+    for t, seen in loops:
+        assert seen and max(published[:seen]) < t <= min(published[seen:])
+
+
 def test_a_file_growing_during_the_replay_keeps_time_and_pace(tmp_path: Path) -> None:
     """A recording still being written (`gpuwatch record` beside `run --replay`)."""
     path = tmp_path / "growing.jsonl"

@@ -74,7 +74,8 @@ def test_duplicate_id_in_one_file_and_against_builtin():
     assert "duplicate rule id 'my-rule'" in msg and "mine.yaml:10:" in msg
     with pytest.raises(FileFormatError) as err:
         load_rules(files=[("mine.yaml", GOOD.replace("my-rule", "gpu-idle"))])
-    assert "duplicate rule id 'gpu-idle' (first in rules/training.yaml" in str(err.value)
+    assert "rule id 'gpu-idle' is taken by a built-in rule (rules/training.yaml" \
+        in str(err.value)
 
 
 @pytest.mark.parametrize("when,needle", [

@@ -48,16 +48,22 @@ def _import_hook_module():
     import importlib
     import importlib.util
 
-    if importlib.util.find_spec("gpuwatch") is None:
-        # the job's Python does not have gpuwatch installed: load the launcher's copy by
-        # location, without putting its site-packages on the job's path
+    if "gpuwatch" not in sys.modules:
+        # the hook of the gpuwatch that launched the job (this file's own package), not
+        # whichever one the job's Python finds first (another install, another version):
+        # it must speak the launcher's protocol. Loaded by location, without putting the
+        # launcher's site-packages on the job's path.
         package_dir = os.path.dirname(_HERE)
         spec = importlib.util.spec_from_file_location(
             "gpuwatch", os.path.join(package_dir, "__init__.py"),
             submodule_search_locations=[package_dir])
         module = importlib.util.module_from_spec(spec)
         sys.modules["gpuwatch"] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules["gpuwatch"]
+            raise
     return importlib.import_module("gpuwatch.hook")
 
 
@@ -93,7 +99,7 @@ class _AttachAfterTorch:
             except ValueError:
                 pass
             try:
-                _import_hook_module().attach()
+                _import_hook_module().attach_when_training()
             except Exception:
                 pass
 
@@ -112,7 +118,7 @@ def _setup():
         return
     if "torch" in sys.modules:  # imported by a chained sitecustomize or a .pth file
         try:
-            _import_hook_module().attach()
+            _import_hook_module().attach_when_training()
         except Exception:
             pass
         return

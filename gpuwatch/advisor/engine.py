@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
-from gpuwatch.advisor.signals import VOCABULARY, Frame, Subject, window_stat
+from gpuwatch.advisor.signals import (
+    ATTRIBUTION_SIGNALS,
+    GROWTH_SIGNALS,
+    VOCABULARY,
+    Frame,
+    Subject,
+    growth,
+    window_stat,
+)
 
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
 _MISSING = object()
@@ -27,6 +35,10 @@ REFRESH_SECONDS = 10.0
 # a gauge's last value older than this is "not measured" (a source that stopped)
 STALE_SECONDS = 30.0
 # counters' increases and "newest value" need no full window: a new error counts at once
+# training time (buckets) a window of a hook-reported job needs before it is judged
+MIN_TRAIN_BUCKETS = 5
+# a bare attribution signal (``share_data``) reads the share over this window
+ATTRIBUTION_LAST_SECONDS = 15.0
 _PARTIAL_OK = frozenset({"delta", "increase", "rate", "last", "count"})
 _TABLE_OF = {name: d.table for name, d in VOCABULARY.items()}
 
@@ -55,6 +67,25 @@ class _Ctx:
         return v
 
     def _window(self, fn: str, name: str, seconds: float) -> Any:
+        if name in ATTRIBUTION_SIGNALS:
+            # the attribution is a quantity of a whole window, whatever the function; rules
+            # read it from the end of the first step on (start-up is not judged), once
+            # a few seconds of training are in
+            n = max(1, round(seconds / self.res))
+            warm = self.frame.train_start(self.subj)
+            if warm is not None:
+                if self.end - warm < min(MIN_TRAIN_BUCKETS, n):
+                    return None
+                n = min(n, self.end - warm)
+            a = self.frame.attribution(self.subj, self.end, n)
+            return a.value(name) if a is not None else None
+        if name in GROWTH_SIGNALS:
+            table = self.frame.lookup_table(self.subj, "mem_allocated_bytes")
+            ring = table.rings.get("mem_allocated_bytes") if table is not None else None
+            got = growth(ring, self.end, max(1, round(seconds / self.res)), self.res)
+            if got is None:
+                return None
+            return got[0] if name == "mem_allocated_growth_bytes_per_second" else got[1]
         table_kind = _TABLE_OF[name]
         if table_kind == "config":
             return self.frame.config_value(self.subj, name)
@@ -67,10 +98,19 @@ class _Ctx:
         if ring is None:
             return None
         n = max(1, round(seconds / self.res))
-        # a window reaching back before the GPU was first seen is incomplete: say nothing
-        # rather than judge a few seconds as if they were the whole window
-        if self.end - self.subj.first < n and fn not in _PARTIAL_OK:
-            return None
+        if fn not in _PARTIAL_OK:
+            warm = self.frame.train_start(self.subj) if table_kind != "job" else None
+            if warm is not None and self.end - warm < n:
+                # a job the hook reports: its GPU and host are judged from its first step
+                # on, so a window reaching back into start-up reads only training time;
+                # a few seconds of it already count (warnings within 20 s of the start)
+                n = self.end - warm
+                if n < min(MIN_TRAIN_BUCKETS, round(seconds / self.res)):
+                    return None
+            # a window reaching back before the GPU was first seen is incomplete: say
+            # nothing rather than judge a few seconds as if they were the whole window
+            elif self.end - self.subj.first < n:
+                return None
         if fn == "mean":  # most windows: straight to the prefix sums
             return ring.mean(self.end, n)
         return window_stat(ring, fn, self.end, n, self.res)
@@ -81,6 +121,10 @@ class _Ctx:
         key = ("last", name, 0.0)
         v = self.cache.get(key, _MISSING)
         if v is not _MISSING:
+            return v
+        if name in ATTRIBUTION_SIGNALS or name in GROWTH_SIGNALS:
+            v = self.window("last", name, ATTRIBUTION_LAST_SECONDS)
+            self.cache[key] = v
             return v
         table_kind = _TABLE_OF[name]
         if table_kind == "config":
@@ -154,6 +198,9 @@ class Engine:
         self.on_end = on_end
         self.evaluated_until: float | None = None
         self.ticks = 0
+        # the report's step-time attribution: over the whole run (None, a recording) or
+        # over the last this many seconds (the live daemon)
+        self.jobs_window: float | None = None
         # each subject is judged by the rules of its scope, in the rule set's order
         self._gpu_rules = [r for r in self.rules if r.scope != "host"]
         self._host_rules = [r for r in self.rules if r.scope == "host"]
@@ -314,6 +361,15 @@ class Engine:
         ctx.locals = {}
 
     # -- reading -------------------------------------------------------------------------
+    def jobs(self) -> list[dict[str, Any]]:
+        """Step-time attribution per job and rank (the report's ``jobs``)."""
+        if self.jobs_window is None:
+            return self.frame.jobs()
+        if self.evaluated_until is None:
+            return []
+        end = round(self.evaluated_until / self.res)
+        return self.frame.jobs(end, max(1, round(self.jobs_window / self.res)))
+
     def active(self) -> list[Finding]:
         return [s.finding for s in self.states.values()
                 if s.finding is not None and s.finding.active]

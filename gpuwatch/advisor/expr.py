@@ -39,6 +39,11 @@ __all__ = [
 ]
 
 
+# a rule file is input: bound what one condition may cost to parse, compile and evaluate
+MAX_TEXT = 4000  # characters
+MAX_DEPTH = 64  # levels of the parsed tree
+
+
 class ExprError(ValueError):
     """A condition that does not parse or names something it may not; ``column`` is 0-based."""
 
@@ -354,7 +359,23 @@ def parse(text: str, names: Iterable[str] | None = None) -> Node:
     """Parse a condition; ``names`` (if given) are the signal names it may use."""
     if not isinstance(text, str):
         raise ExprError(f"expected an expression as text, got {type(text).__name__}")
-    return _Parser(text, names).parse()
+    if len(text) > MAX_TEXT:
+        raise ExprError(f"the condition is {len(text)} characters long; at most {MAX_TEXT}")
+    try:
+        node = _Parser(text, names).parse()
+    except RecursionError:
+        raise ExprError(f"the condition is nested too deeply (at most {MAX_DEPTH} levels)"
+                        ) from None
+    # compiling and evaluating recurse over the tree: bound its depth (counted without
+    # recursion, so a long chain like 1+1+...+1 cannot fail here either)
+    stack = [(node, 1)]
+    while stack:
+        n, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ExprError(f"the condition is nested too deeply (at most {MAX_DEPTH} levels "
+                            "of operators, calls and parentheses)", n.col)
+        stack.extend((a, depth + 1) for a in n.args if isinstance(a, Node))
+    return node
 
 
 def signals_of(node: Node) -> set[str]:

@@ -1,19 +1,23 @@
 """The advice report: one JSON shape (``gpuwatch advise --format json``, /api/advice), and
 its text and Markdown renderings.
 
-The report opens with each GPU and what its architecture supports, then the advice, most
-valuable first (severity, then expected gain, then confidence).
+The report opens with each GPU and what its architecture supports, then the advice in the
+order to act on it (:func:`advice_order`). The JSON keeps raw numbers; text and Markdown
+show each with its unit at a precision a person reads (:func:`evidence_value`).
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import textwrap
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from gpuwatch.advisor.engine import Engine, Finding, sort_key
+from gpuwatch.advisor import endings
+from gpuwatch.advisor.engine import SEVERITY_RANK, Engine, Finding
 from gpuwatch.advisor.signals import arch_supports, cc_text
 
 REPORT_FORMAT = "gpuwatch-advice/1"
@@ -55,27 +59,200 @@ def findings_json(findings: Iterable[Finding], instance: str | None = None
     return items
 
 
-def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: dict[str, Any]
+# -- what was judged -----------------------------------------------------------------------
+# A GPU is "busy" when SM active (GPM) or, without GPM, NVML util says so; a job that
+# keeps it under this share of the time is underused (the design card: "raise the batch
+# size when util is under 70 %"), and a report never calls such a run fine.
+UNDERUSED_BELOW = 0.70
+# a tick counts as training when the hook saw a step on its GPU this recently
+STEP_RECENT_SECONDS = 2.0
+# without the hook: a process on the GPU doing work (GPU or CPU), as the training rules' gate
+NO_HOOK_UTIL = 0.05
+NO_HOOK_JOB_CORES = 0.5
+# less training than this (the training rules' shortest window) is start-up, not a run
+MIN_TRAINING_SECONDS = 10.0
+_MAX_TICK_SECONDS = 5.0  # a gap longer than this between ticks is not counted as time
+
+
+def _getter(obj: Any) -> Any:
+    if type(obj) is dict:
+        return obj.get
+    return lambda k: getattr(obj, k, None)
+
+
+class _Slot:
+    """Per-GPU sums of ticks: (seconds, busy-seconds) while steps ran, and while a
+    process worked without steps."""
+
+    __slots__ = ("busy_gpm", "busy_hook", "busy_proc", "hook_s", "last_t", "proc_s", "seen_s")
+
+    def __init__(self) -> None:
+        self.hook_s = self.busy_hook = self.proc_s = self.busy_proc = self.seen_s = 0.0
+        self.busy_gpm = False
+        self.last_t: float | None = None
+
+
+class RunTally:
+    """What a report can say it judged: per GPU, how long a training job ran on it and how
+    busy the GPU was meanwhile. Fed the same samples as the engine (trace line dicts or
+    samples.py records); ``window`` seconds (live) keeps only the recent past."""
+
+    def __init__(self, window: float | None = None) -> None:
+        self.window = window
+        self.slots: dict[int, _Slot] = {}
+        self.host_lines = 0
+        self.steps = 0
+        self._last_step: dict[int | None, float] = {}
+        self._pid_gpu: dict[int, int] = {}
+        self._job_cores: float | None = None
+        self._ticks: deque[tuple[int, float, float, float, float, float, float]] = deque()
+
+    def feed(self, s: Any) -> None:
+        get = _getter(s)
+        kind = get("kind") if type(s) is dict else _KINDS.get(type(s).__name__)
+        t = get("t")
+        if t is None:
+            return
+        if kind == "gpu":
+            self._gpu(get, float(t))
+        elif kind == "host":
+            self.host_lines += 1
+            cores = get("job_cpu_cores")
+            self._job_cores = float(cores) if cores is not None else None
+        elif kind == "step":
+            self.steps += 1
+            gpu = get("gpu")
+            if gpu is None and get("pid") is not None:
+                gpu = self._pid_gpu.get(int(get("pid")))
+            self._last_step[gpu] = float(t)
+
+    def _gpu(self, get: Any, t: float) -> None:
+        gpu = int(get("gpu"))
+        slot = self.slots.get(gpu)
+        if slot is None:
+            slot = self.slots[gpu] = _Slot()
+        dt = 0.0 if slot.last_t is None else t - slot.last_t
+        slot.last_t = t
+        if not 0 < dt <= _MAX_TICK_SECONDS:
+            return
+        procs = get("processes") or ()
+        for p in procs:
+            pid = p.get("pid") if type(p) is dict else getattr(p, "pid", None)
+            if pid is not None:
+                self._pid_gpu[int(pid)] = gpu
+        util, sm = get("util"), get("sm_active")
+        if sm is not None:
+            slot.busy_gpm = True
+        busy = sm if sm is not None else util
+        if busy is None:
+            return
+        busy = min(1.0, max(0.0, float(busy)))
+        last = max(self._last_step.get(gpu, -math.inf), self._last_step.get(None, -math.inf))
+        hook = t - last <= STEP_RECENT_SECONDS
+        working = bool(procs) and ((util or 0.0) >= NO_HOOK_UTIL
+                                   or (self._job_cores or 0.0) >= NO_HOOK_JOB_CORES)
+        row = (gpu, dt, dt if hook else 0.0, busy * dt if hook else 0.0,
+               dt if working else 0.0, busy * dt if working else 0.0, t)
+        self._add(row, 1.0)
+        if self.window is not None:
+            self._ticks.append(row)
+            while self._ticks and self._ticks[0][6] < t - self.window:
+                self._add(self._ticks.popleft(), -1.0)
+
+    def _add(self, row: tuple[int, float, float, float, float, float, float], sign: float
+             ) -> None:
+        slot = self.slots[row[0]]
+        slot.seen_s += sign * row[1]
+        slot.hook_s += sign * row[2]
+        slot.busy_hook += sign * row[3]
+        slot.proc_s += sign * row[4]
+        slot.busy_proc += sign * row[5]
+
+    def gpus(self, hook: bool) -> list[dict[str, Any]]:
+        """Per GPU: seconds of training seen and the busy share meanwhile."""
+        out = []
+        for gpu in sorted(self.slots):
+            sl = self.slots[gpu]
+            secs, busy = (sl.hook_s, sl.busy_hook) if hook else (sl.proc_s, sl.busy_proc)
+            secs = max(0.0, secs)
+            out.append({"gpu": gpu, "seconds": round(max(0.0, sl.seen_s), 1),
+                        "training_seconds": round(secs, 1),
+                        "busy_ratio": round(busy / secs, 4)
+                        if secs >= MIN_TRAINING_SECONDS else None,
+                        "busy_signal": "sm_active" if sl.busy_gpm else "util"})
+        return out
+
+
+_KINDS = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
+          "ConfigSample": "config"}
+
+
+def judged(tally: RunTally | None, engine_gpus: list[int], hook_steps: bool,
+           no_gpu_reason: str | None) -> dict[str, Any]:
+    """What the rules could judge, and why not where they could not."""
+    if not engine_gpus:
+        return {"gpu": False, "training": False, "gpus": [],
+                "reason": no_gpu_reason or "there is no GPU data (NVML found no GPU)"}
+    per_gpu = tally.gpus(hook_steps) if tally is not None else []
+    training = any(g["training_seconds"] >= MIN_TRAINING_SECONDS for g in per_gpu)
+    return {"gpu": True, "training": training if tally is not None else None,
+            "gpus": per_gpu, "reason": None}
+
+
+def advice_order(item: dict[str, Any]) -> tuple[float, float, float, float, int]:
+    """The order a person should act in: critical items (a GPU failing, a run going to
+    waste) first, then by the time each change would win back (its expected speed-up:
+    a 1.5x gain wins back a third of the run, a 1.1x gain a tenth), then severity and
+    confidence. Advice without a gain estimate sorts as a gain of 1.0 would."""
+    sev = SEVERITY_RANK.get(item.get("severity", "info"), 0)
+    gain = item.get("expected_gain")
+    gain = float(gain) if isinstance(gain, (int, float)) and gain > 0 else 1.0
+    return (0.0 if sev >= SEVERITY_RANK["critical"] else 1.0, -gain, -sev,
+            -(item.get("confidence") or 0.0), item["gpu"] if item.get("gpu") is not None else -1)
+
+
+def _pieces(n: int) -> str:
+    return f"{n} piece of advice" if n == 1 else f"{n} pieces of advice"
+
+
+def _order_text(advice: list[dict[str, Any]]) -> str:
+    if len(advice) == 1:
+        return "with its evidence"
+    return "the one that wins back the most time first"
+
+
+def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: dict[str, Any],
+                 *, tally: RunTally | None = None, no_gpu_reason: str | None = None
                  ) -> dict[str, Any]:
-    """One report from one or more engines (several: one per Prometheus instance)."""
+    """One report from one or more engines (several: one per Prometheus instance).
+
+    ``tally`` (fed the same samples) says how long a job trained on each GPU and how busy
+    the GPU was meanwhile; ``no_gpu_reason`` why there is no GPU data, where there is none.
+    """
     gpus: list[dict[str, Any]] = []
     advice: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
     steps = config = False
     host_cpus = None
+    ended: list[dict[str, Any]] = []
     for engine, findings, instance in parts:
+        ended += getattr(engine.frame, "job_ends", [])
         gpus += gpu_entries(engine, instance)
         advice += findings_json(findings, instance)
+        for job in engine.jobs():
+            jobs.append(dict(job, instance=instance) if instance is not None else job)
         steps = steps or engine.frame.hook_steps
         config = config or engine.frame.hook_config
         host_cpus = host_cpus or engine.frame.facts.get("host_cpus")
-    advice.sort(key=sort_key)
+    advice.sort(key=advice_order)
     notes = []
-    if not steps:
+    if not steps and gpus:
         notes.append(HOOK_NOTE)
     if gpus and not any(g["gpm"] for g in gpus):
         notes.append("No GPM counters (SM/tensor/FP32 activity: Hopper and newer): "
                      "precision advice relies on the torch hook's settings, and 'GPU "
                      "underused' on NVML utilization alone.")
+    seen = judged(tally, [g["gpu"] for g in gpus], steps, no_gpu_reason)
     return {
         "format": REPORT_FORMAT,
         "generated_at": round(time.time(), 3),
@@ -83,9 +260,159 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         "hook": {"steps": steps, "config": config},
         "host": {"cpus": int(host_cpus) if host_cpus else None},
         "gpus": gpus,
+        "judged": seen,
+        "jobs": jobs,
         "advice": advice,
+        "job_ends": endings.entries(ended),
         "notes": notes,
     }
+
+
+# -- evidence with units --------------------------------------------------------------------
+# The JSON keeps each evidence value raw (ratios 0-1, seconds, bytes); text and Markdown show
+# it the way a person reads it: `util 20 %`, `step 8.3 ms`, `54.8 MiB`, `1.2 GB/s`.
+
+# names a person knows better by another name (the rest: the signal name, unit suffix off)
+_LABELS = {
+    "util": "util", "util_max": "util max", "sm_active": "SM active",
+    "sm_occupancy": "SM occupancy", "tensor_active": "tensor active",
+    "dram_active": "DRAM active", "fp16_active": "FP16 pipe", "fp32_active": "FP32 pipe",
+    "fp64_active": "FP64 pipe", "mem_util": "memory controller busy",
+    "mem_used_ratio": "memory used", "mem_free_bytes": "memory free",
+    "mem_used_bytes": "memory used", "mem_total_bytes": "memory",
+    "mem_reserved_ratio": "reserved by torch", "mem_reserved_bytes": "reserved by torch",
+    "mem_allocated_bytes": "allocated by torch",
+    "max_mem_allocated_bytes": "peak allocated by torch",
+    "act_mem_per_sample_bytes": "activations per sample",
+    "data_wait_ratio": "data wait", "step_seconds": "step", "data_wait_seconds": "data wait",
+    "batch_size": "batch", "job_workers": "loader workers",
+    "job_main_processes": "training processes", "main_busy_ratio": "main process busy",
+    "workers_busy_ratio": "workers busy", "cpu_free_cores": "CPU free",
+    "cpu_util": "host CPU busy", "load_per_cpu": "load per CPU", "host_cpus": "host CPUs",
+    "skipped_ratio": "skipped steps", "loss_scale": "loss scale",
+    "compute_capability": "compute capability", "power_ratio": "power of limit",
+    "job_cpu_cores": "job CPU", "gpu_processes": "GPU processes",
+    "gpu_process_mem_bytes": "GPU memory held", "num_workers": "num_workers",
+    "step_rate": "steps", "clock_power_capped": "power-capped",
+    "clock_thermal": "thermal slowdown", "clock_hw_slowdown": "HW slowdown",
+}
+# a unit told by the name's ending, for evidence a rule names itself
+_SUFFIX_UNITS = (("_bytes_per_second", "bytes/s"), ("_bytes", "bytes"), ("_ratio", "ratio"),
+                 ("_seconds", "seconds"), ("_cores", "cores"), ("_watts", "watts"),
+                 ("_celsius", "celsius"), ("_mhz", "MHz"), ("_share", "ratio"))
+
+
+def evidence_unit(name: str) -> str | None:
+    """The unit of an evidence value: the vocabulary's, or told by the name."""
+    from gpuwatch.advisor.signals import VOCABULARY
+
+    d = VOCABULARY.get(name)
+    if d is not None:
+        return d.unit
+    for suffix, unit in _SUFFIX_UNITS:
+        if name.endswith(suffix):
+            return unit
+    # a statistic of a signal under a name of its own: loss_scale_max_60s, util_max
+    best = max((n for n in VOCABULARY if name.startswith(n + "_")), key=len, default=None)
+    return VOCABULARY[best].unit if best is not None else None
+
+
+def evidence_label(name: str) -> str:
+    if name in _LABELS:
+        return _LABELS[name]
+    for suffix, _ in _SUFFIX_UNITS:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    return name.replace("_", " ")
+
+
+def _num(v: float, digits: int = 3) -> str:
+    """A plain number with about ``digits`` significant digits, never in e-notation."""
+    if v == 0 or not math.isfinite(v):
+        return "0" if v == 0 else str(v)
+    if float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):d}"
+    mag = math.floor(math.log10(abs(v)))
+    return f"{v:.{max(0, digits - 1 - mag)}f}"
+
+
+def percent(v: float) -> str:
+    p = v * 100.0
+    # whole percent in the middle; a tenth near the ends, where 0.4 % vs 0 % or 97.5 %
+    # vs 99.9 % full is the point
+    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < 90:
+        return f"{p:.0f} %"
+    return f"{p:.1f} %"
+
+
+def duration(v: float) -> str:
+    a = abs(v)
+    if a == 0:
+        return "0 s"
+    if a < 1e-3:
+        return f"{v * 1e6:.0f} µs"
+    if a < 1:
+        ms = v * 1e3
+        return f"{ms:.1f} ms" if abs(ms) < 100 else f"{ms:.0f} ms"
+    if a < 60:
+        return f"{v:.1f} s" if a < 10 else f"{v:.0f} s"
+    if a < 3600:
+        return f"{v / 60:.1f} min"
+    return f"{v / 3600:.1f} h"
+
+
+def rate_bytes(v: float) -> str:
+    for unit, size in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if abs(v) >= size:
+            return f"{v / size:.1f} {unit}"
+    return f"{v:.0f} B/s"
+
+
+def evidence_value(name: str, v: Any) -> str:
+    """One evidence value with its unit, at a precision a person reads."""
+    from gpuwatch.advisor.rules import human_bytes
+
+    if v is None:
+        return "?"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        return str(v)
+    unit = evidence_unit(name)
+    if unit == "ratio":
+        return percent(v)
+    if unit == "seconds":
+        return duration(v)
+    if unit == "bytes":
+        return human_bytes(v)
+    if unit == "bytes/s":
+        return rate_bytes(v)
+    if unit == "cores":
+        return f"{v:.1f} cores"
+    if unit in ("count", "samples", "rows", "batches"):
+        return f"{v:.0f}" if abs(v - round(v)) < 0.05 else f"{v:.1f}"
+    if unit in ("bool", "0/1"):
+        if v in (0, 1):
+            return "yes" if v else "no"
+        return f"{percent(v)} of the time"  # the window's mean of a 0/1 signal
+    if unit == "major.minor":
+        return f"{v:.1f}"
+    if unit == "watts":
+        return f"{v:.0f} W"
+    if unit == "celsius":
+        return f"{v:.0f} °C"
+    if unit == "MHz":
+        return f"{v:.0f} MHz"
+    if unit == "0-15":
+        return f"P{v:.0f}"
+    if unit in ("steps/s", "samples/s"):
+        return f"{_num(v)} {unit}"
+    if unit == "joules":
+        return f"{v / 1e3:.1f} kJ" if abs(v) >= 1e4 else f"{v:.0f} J"
+    return _num(v)
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -116,16 +443,76 @@ def _source_line(report: dict[str, Any]) -> str:
     return str(kind or "unknown source")
 
 
-def _evidence_text(ev: dict[str, float]) -> str:
-    parts = []
-    for k, v in ev.items():
-        if k.endswith("_bytes"):
-            from gpuwatch.advisor.rules import human_bytes
+def _evidence_text(ev: dict[str, Any]) -> str:
+    return ", ".join(f"{evidence_label(k)} {evidence_value(k, v)}" for k, v in ev.items())
 
-            parts.append(f"{k}={human_bytes(v)}")
-        else:
-            parts.append(f"{k}={v:g}")
-    return ", ".join(parts)
+
+def not_judged_text(report: dict[str, Any]) -> str:
+    reason = report.get("judged", {}).get("reason") or "there is no GPU data"
+    return (f"Not judged: the GPU and training rules could not be judged, because {reason}. "
+            "Only the host was judged.")
+
+
+def _training_spans(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [g for g in report.get("judged", {}).get("gpus", [])
+            if g.get("training_seconds", 0) >= MIN_TRAINING_SECONDS
+            and g.get("busy_ratio") is not None]
+
+
+def _busy_phrase(g: dict[str, Any]) -> str:
+    what = "SM active" if g.get("busy_signal") == "sm_active" else "util"
+    return (f"GPU {g['gpu']} was {percent(g['busy_ratio'])} busy ({what}) over the "
+            f"{duration(g['training_seconds'])} the job trained")
+
+
+def no_advice_text(report: dict[str, Any]) -> str:
+    """The verdict when no rule fired, which says what was judged: never "nothing calls for
+    a change" about data with no GPU in it, or about a job that left its GPU underused."""
+    seen = report.get("judged")
+    if not seen:  # a report from an older daemon
+        return "No advice: nothing in this data calls for a change."
+    if seen.get("gpu") is False:
+        return not_judged_text(report) + " Nothing on the host calls for a change."
+    if seen.get("training") is False:
+        return ("No advice: no training job ran on a GPU in this data (no steps from the "
+                "torch hook, no process working on a GPU), and the GPU health rules found "
+                "nothing wrong.")
+    spans = _training_spans(report)
+    under = [g for g in spans if g["busy_ratio"] < UNDERUSED_BELOW]
+    if under:
+        return ("No rule named the cause, but the GPU was not used fully: "
+                + "; ".join(_busy_phrase(g) for g in under)
+                + f". A training job that keeps its GPU under {percent(UNDERUSED_BELOW)} "
+                "busy has time to win back: look at where each step's time goes (step time, "
+                "data wait, the main process's CPU: the torch hook measures them), then a "
+                "larger batch, more DataLoader workers or fewer host syncs.")
+    if spans:
+        return ("No advice: nothing in this data calls for a change. "
+                + "; ".join(_busy_phrase(g) for g in spans) + ".")
+    return "No advice: nothing in this data calls for a change."
+
+
+_CATEGORY_NAMES = {"data": "data wait", "sync": "waiting on peers", "gpu": "GPU work",
+                   "host": "host", "other": "other"}
+
+
+def job_line(j: dict[str, Any]) -> str:
+    """One job's (rank's) step-time breakdown: where its wall time went."""
+    where = f"{j['instance']} " if j.get("instance") else ""
+    who = [f"pid {j['pid']}"] if j.get("pid") is not None else []
+    if j.get("rank") is not None and (j.get("ranks") or 1) > 1:
+        who.append(f"rank {j['rank']}")
+    shares = j.get("time_share", {})
+    parts = ", ".join(f"{_CATEGORY_NAMES.get(c, c)} {100 * v:.0f} %"
+                      for c, v in sorted(shares.items(), key=lambda kv: -kv[1]))
+    tail = []
+    if j.get("step_seconds"):
+        tail.append(f"step {1000 * j['step_seconds']:.1f} ms")
+    if j.get("source") == "nvml":
+        tail.append("estimated without the hook")
+    who_txt = f" ({', '.join(who)})" if who else ""
+    tail_txt = f" ({', '.join(tail)})" if tail else ""
+    return f"{where}GPU {j['gpu']}{who_txt} time: {parts}{tail_txt}"
 
 
 def render_text(report: dict[str, Any], width: int | None = None) -> str:
@@ -136,13 +523,22 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
     lines = [f"gpuwatch advice: {_source_line(report)} (torch hook data: {hook_txt})", ""]
     for g in report.get("gpus", []):
         lines.append(_gpu_line(g))
+    for j in report.get("jobs", []):
+        lines.append(job_line(j))
     if report.get("gpus"):
+        lines.append("")
+    for end in report.get("job_ends", []):
+        lines += textwrap.wrap("Ended: " + end["summary"] + ".", width=width,
+                               subsequent_indent="    ")
+    if report.get("job_ends"):
         lines.append("")
     advice = report.get("advice", [])
     if not advice:
-        lines.append("No advice: nothing in this data calls for a change.")
+        lines += textwrap.wrap(no_advice_text(report), width=width)
     else:
-        lines.append(f"{len(advice)} piece(s) of advice, most valuable first:")
+        if report.get("judged", {}).get("gpu") is False:
+            lines += textwrap.wrap(not_judged_text(report), width=width) + [""]
+        lines.append(f"{_pieces(len(advice))}, {_order_text(advice)}:")
     wrap = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="    ")
     for i, a in enumerate(advice, 1):
         where = "host" if a.get("gpu") is None else f"GPU {a['gpu']}"
@@ -177,10 +573,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {where} | {g.get('name') or '?'} | {g.get('compute_capability') or '?'}"
                      f" | {_yes(s['bf16'])} | {_yes(s['tf32'])} | {_yes(s['fp8'])} "
                      f"| {_yes(g['gpm'])} |")
+    if report.get("job_ends"):
+        lines += ["", "## Job ends", ""]
+        lines += [f"- {end['summary']}." for end in report["job_ends"]]
     lines += ["", "## Advice", ""]
     advice = report.get("advice", [])
     if not advice:
-        lines.append("No advice: nothing in this data calls for a change.")
+        lines.append(no_advice_text(report))
+    elif report.get("judged", {}).get("gpu") is False:
+        lines += [not_judged_text(report), ""]
     for i, a in enumerate(advice, 1):
         where = "host" if a.get("gpu") is None else f"GPU {a['gpu']}"
         lines += [(f"### {i}. `{a['id']}` ({a['severity']}, {where}, confidence "
@@ -190,7 +591,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines += [f"**Expected gain:** {a['expected_gain_text']}", ""]
         if a.get("evidence"):
             lines += ["| evidence | value |", "| --- | --- |"]
-            lines += [f"| `{k}` | {v:g} |" for k, v in a["evidence"].items()]
+            lines += [f"| `{k}` | {evidence_value(k, v)} |" for k, v in a["evidence"].items()]
             lines.append("")
         if a.get("hook_would_add"):
             lines += [f"*With the hook:* {a['hook_would_add']}", ""]

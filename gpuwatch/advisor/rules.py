@@ -112,9 +112,12 @@ def format_value(v: Any, spec: str = "") -> str:
             return str(int(v))
         return f"{v:.3g}"
     try:
-        return format(v, spec)
+        out = format(v, spec)
     except (ValueError, TypeError):
         return str(v)
+    if "e+" in out and abs(v) < 1e15:
+        return f"{v:.0f}"  # a person reads 16384, not 1.64e+04
+    return out
 
 
 def human_bytes(v: float) -> str:
@@ -254,7 +257,16 @@ _PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool",
 
 
 def _construct(loader: yaml.SafeLoader, node: yaml.Node,
-               problems: list[tuple[int | None, str]]) -> Any:
+               problems: list[tuple[int | None, str]], seen: set[int] | None = None) -> Any:
+    seen = set() if seen is None else seen
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        # an alias is the same node met again: nine aliases of nine aliases of ... make a
+        # few lines of YAML into billions of items ("billion laughs"); rules need none
+        if id(node) in seen:
+            problems.append((node.start_mark.line + 1, "YAML aliases (*name) of lists or "
+                             "mappings are not allowed in a rule file"))
+            return None
+        seen.add(id(node))
     if node.tag not in _PLAIN_TAGS:
         # data only: a tag asking for an object is refused, never constructed
         problems.append((node.start_mark.line + 1, (f"YAML tag {node.tag!r} is not allowed "
@@ -274,7 +286,7 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node,
             if key in d:
                 problems.append((kline, f"{key}: given twice (first on line {d.key_lines[key]})"))
                 continue
-            d[key] = _construct(loader, v, problems)
+            d[key] = _construct(loader, v, problems, seen)
             d.key_lines[key] = kline
             d.value_lines[key] = _value_line(v)
         return d
@@ -283,7 +295,7 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node,
         lst.line = node.start_mark.line + 1
         lst.item_lines = []
         for item in node.value:
-            lst.append(_construct(loader, item, problems))
+            lst.append(_construct(loader, item, problems, seen))
             lst.item_lines.append(_value_line(item))
         return lst
     return loader.construct_object(node, deep=True)
@@ -291,7 +303,11 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node,
 
 def _read_yaml(path: str, text: str) -> tuple[Any, list[tuple[int | None, str]]]:
     problems: list[tuple[int | None, str]] = []
-    loader = yaml.SafeLoader(text)
+    try:
+        # the reader refuses control characters at once, so this too is inside the try
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as err:
+        return None, [(None, f"not valid YAML: {err}")]
     try:
         node = loader.get_single_node()
         if node is None:
@@ -302,6 +318,8 @@ def _read_yaml(path: str, text: str) -> tuple[Any, list[tuple[int | None, str]]]
         line = mark.line + 1 if mark is not None else None
         problem = getattr(err, "problem", None) or str(err)
         return None, [(line, f"not valid YAML: {problem}")]
+    except RecursionError:
+        return None, [(None, "nested too deeply to read")]
     finally:
         loader.dispose()
 
@@ -663,13 +681,18 @@ def load_rules(dirs: Sequence[str] = (), *, builtin: bool = True,
     Raises :class:`RuleFileError` naming every problem of every file.
     """
     sources: list[tuple[str, str]] = []
+    failures: dict[str, list[tuple[int | None, str]]] = {}
+    builtin_paths: set[str] = set()
     if builtin:
         sources += builtin_rule_files()
+        builtin_paths = {p for p, _ in sources}
     for d in dirs:
+        if not os.path.isdir(d):  # said with every other problem, not alone
+            failures[d] = [(None, "rule directory does not exist or is not a directory")]
+            continue
         sources += _dir_files(d)
     sources += list(files)
     all_rules: list[Rule] = []
-    failures: dict[str, list[tuple[int | None, str]]] = {}
     first_seen: dict[str, tuple[str, int]] = {}
     declared: set[str] = set()  # ids of rules with problems too: no second complaint
     for path, text in sources:
@@ -678,8 +701,12 @@ def load_rules(dirs: Sequence[str] = (), *, builtin: bool = True,
         for rule, line in id_lines:
             if rule.id in first_seen:
                 fpath, fline = first_seen[rule.id]
-                problems.append((line, (f"duplicate rule id {rule.id!r} (first in "
-                                 f"{fpath}:{fline})")))
+                if fpath in builtin_paths and path not in builtin_paths:
+                    problems.append((line, (f"rule id {rule.id!r} is taken by a built-in rule "
+                                     f"({fpath}:{fline}); give yours another id")))
+                else:
+                    problems.append((line, (f"duplicate rule id {rule.id!r} (first in "
+                                     f"{fpath}:{fline})")))
                 continue
             first_seen[rule.id] = (path, line)
             all_rules.append(rule)

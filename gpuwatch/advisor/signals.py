@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # NVML clock event reason bits (nvmlClocksEventReason* in nvml.h)
@@ -126,7 +126,6 @@ def _defs() -> dict[str, SignalDef]:
          "step"), False),
         ("batch_size", "job", "samples", "last", "samples per step (step or config line)", False),
         ("loss_scale", "job", "scale", "last", "GradScaler scale (fp16 only)", False),
-        ("loss", "job", "loss", "mean", "training loss", False),
         ("mem_allocated_bytes", "job", "bytes", "last", "torch allocated at step end", False),
         ("mem_reserved_bytes", "job", "bytes", "last", "torch caching allocator reserved", False),
         ("max_mem_allocated_bytes", "job", "bytes", "last", "torch peak allocated", False),
@@ -141,6 +140,17 @@ def _defs() -> dict[str, SignalDef]:
          "(max_mem_allocated - allocated at step end) / batch_size"), True),
         ("mem_reserved_ratio", "job", "ratio", "mean", "mem_reserved_bytes / mem_total_bytes",
          True),
+        ("first_batch_wait_ratio", "job", "ratio", "mean", ("share of step time spent waiting "
+         "for the first batch of a new DataLoader iterator (step lines' first_batch)"), True),
+        ("first_batch_wait_seconds", "job", "seconds", "mean", ("data wait of a new "
+         "iterator's first batch (window mean: per new iterator)"), True),
+        ("iterator_rate", "job", "1/s", "mean", ("new DataLoader iterators (epochs) started "
+         "per second"), True),
+        ("mem_allocated_growth_bytes_per_second", "job", "bytes/s", "mean", ("torch "
+         "allocated at step end: its least-squares slope over the window, per second"),
+         True),
+        ("mem_allocated_growth_r2", "job", "ratio", "mean", ("how straight that rise is "
+         "(R^2 of the fit: 1 = a steady rate)"), True),
         # hook: config facts (current value; windows don't apply)
         ("num_workers", "config", "count", "last", "DataLoader num_workers", False),
         ("pin_memory", "config", "bool", "last", "DataLoader pin_memory", False),
@@ -155,7 +165,36 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
         ("world_size", "config", "count", "last", "distributed world size", False),
+        ("uses_dataloader", "config", "bool", "last", ("the job iterates a torch DataLoader "
+         "(false: the hook saw none)"), False),
+        ("step_source", "config", "text", "last", ("what the hook counts as a step: "
+         "'optimizer' (optimizer.step) or 'backward' (loops without torch.optim)"), False),
         ("autocast", "config", "bool", "last", "autocast to a 16-bit type is on", True),
+        # step-time attribution (docs/advice.md): each is a share of the window's wall time
+        # since the job's first step, and the five always sum to 1; any window function
+        # reads the share over its window (``mean(share_data, 15s)``, ``last`` = 15 s)
+        ("share_data", "job", "ratio", "mean", ("share of wall time blocked in the "
+         "DataLoader (claimed first)"), True),
+        ("share_sync", "job", "ratio", "mean", ("share of wall time this rank waits on a slower "
+         "peer in collectives (several ranks only; claimed second)"), True),
+        ("share_gpu", "job", "ratio", "mean", ("share of wall time the GPU works (SM active "
+         "where GPM exists, else NVML util; claimed third)"), True),
+        ("share_host", "job", "ratio", "mean", ("share of wall time the main process is busy "
+         "inside steps while the GPU idles (Python, launches, host syncs)"), True),
+        ("share_other", "job", "ratio", "mean", ("the rest: outside steps (pauses, evaluation, "
+         "checkpoints) or nobody busy"), True),
+        ("gpu_busy", "job", "ratio", "mean", ("the GPU busy share the attribution uses: SM "
+         "active where GPM exists, else NVML util, over the job's training time"), True),
+        ("job_rank", "job", "rank", "last", "the job's rank (0 for a single process)", True),
+        ("job_ranks", "job", "count", "last", ("ranks of this job the hook reports on this "
+         "host (1: a single process)"), True),
+        ("rank_score", "job", "ratio", "mean", ("the fastest rank's own time per step over "
+         "this rank's (1: sets no one's pace; below 0.75: a straggler)"), True),
+        ("slowest_rank", "job", "rank", "last", "the rank with the lowest rank_score", True),
+        ("peer_straggler", "job", "0/1", "last", ("another rank of this job is a straggler "
+         "(rank_score < 0.75) that this rank waits for"), True),
+        ("straggler_gain", "job", "ratio", "last", ("step time now over step time at the "
+         "other ranks' median pace (how much faster the job would go)"), True),
         # facts
         ("compute_capability", "fact", "major.minor", "last", ("the GPU's compute capability "
          "as a number (8.6, 9.0)"), False),
@@ -355,6 +394,236 @@ class _Acc:
         self.n.clear()
         self.last.clear()
 
+# -- step-time attribution -----------------------------------------------------------------
+# categories in the order they claim wall time (docs/advice.md): each takes only what the
+# ones before it left, so the five always sum to 1 (the PyTorch profiler TensorBoard
+# plugin's priority-claim design)
+SHARE_CATEGORIES = ("data", "sync", "gpu", "host", "other")
+SHARE_SIGNALS = {f"share_{c}": c for c in SHARE_CATEGORIES}
+RANK_SIGNALS = frozenset({"gpu_busy", "job_rank", "job_ranks", "rank_score", "slowest_rank",
+                          "peer_straggler", "straggler_gain"})
+ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
+# nvidia-resiliency-ext flags a rank whose score (best rank's time / its own) is below this
+STRAGGLER_SCORE = 0.75
+# workers this busy (each pegging its core) are the bottleneck when nothing else is
+_WORKERS_PEGGED = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class JobWindow:
+    """What the attribution reads of one job over a stretch of wall time (``wall`` s)."""
+
+    wall: float
+    hook: bool  # step times measured by the hook (else NVML and psutil alone)
+    steps: float = 0.0  # steps that ended in it
+    step_total: float = 0.0  # their summed step time, seconds
+    data_total: float | None = None  # summed DataLoader wait, seconds
+    busy: float | None = None  # GPU busy share: SM active where GPM exists, else util
+    util: float | None = None  # NVML util (time any kernel ran: NCCL spin kernels count)
+    main: float | None = None  # main process busy (1 = one core)
+    workers_busy: float | None = None  # DataLoader workers busy (1 = each pegs a core)
+    workers: float | None = None  # DataLoader worker processes
+
+    def need(self) -> float:
+        """Share of wall time this rank's own pipeline leaves its GPU without work: its
+        data wait, or the time NVML saw no kernel at all (a rank that waits on a peer runs
+        NCCL kernels meanwhile, so it needs little)."""
+        data = (self.data_total or 0.0) / self.wall
+        idle = 1.0 - self.util if self.util is not None else 0.0
+        return min(1.0, max(data, idle))
+
+
+class _SpanTotals:
+    """A job's attribution inputs summed bucket by bucket since its first step."""
+
+    __slots__ = ("s",)
+
+    _KEYS = ("wall", "steps", "step_total", "data_total", "busy", "util", "main",
+             "workers_busy", "workers")
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = {}
+
+    def add(self, w: JobWindow) -> None:
+        s = self.s
+        s["wall"] = s.get("wall", 0.0) + w.wall
+        s["hook"] = 1.0 if w.hook else s.get("hook", 0.0)
+        for k in ("steps", "step_total"):
+            s[k] = s.get(k, 0.0) + getattr(w, k)
+        if w.data_total is not None:
+            s["data_total"] = s.get("data_total", 0.0) + w.data_total
+        for k in ("busy", "util", "main", "workers_busy", "workers"):
+            v = getattr(w, k)
+            if v is not None:  # a time-weighted mean over the buckets that measured it
+                s[k] = s.get(k, 0.0) + v * w.wall
+                s["_w_" + k] = s.get("_w_" + k, 0.0) + w.wall
+
+    def total(self) -> JobWindow | None:
+        s = self.s
+        if not s.get("wall"):
+            return None
+
+        def mean(k: str) -> float | None:
+            w = s.get("_w_" + k)
+            return s[k] / w if w else None
+
+        return JobWindow(wall=s["wall"], hook=bool(s.get("hook")), steps=s.get("steps", 0.0),
+                         step_total=s.get("step_total", 0.0), data_total=s.get("data_total"),
+                         busy=mean("busy"), util=mean("util"), main=mean("main"),
+                         workers_busy=mean("workers_busy"), workers=mean("workers"))
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """One job's (one rank's) wall time split into the five categories, and its rank's
+    standing among the job's ranks."""
+
+    shares: dict[str, float]
+    window: JobWindow
+    rank: int | None = None
+    ranks: int = 1
+    score: float = 1.0
+    slowest_rank: int | None = None
+    peer_straggler: bool = False
+    straggler_gain: float = 1.0
+
+    def value(self, name: str) -> float | None:
+        if name in SHARE_SIGNALS:
+            return self.shares[SHARE_SIGNALS[name]]
+        if name == "gpu_busy":
+            return self.window.busy
+        if name == "job_rank":
+            return float(self.rank) if self.rank is not None else 0.0
+        if name == "job_ranks":
+            return float(self.ranks)
+        if name == "rank_score":
+            return self.score
+        if name == "slowest_rank":
+            return float(self.slowest_rank) if self.slowest_rank is not None else None
+        if name == "peer_straggler":
+            return 1.0 if self.peer_straggler else 0.0
+        if name == "straggler_gain":
+            return self.straggler_gain
+        return None
+
+    def top(self) -> str:
+        """The largest slice: the bottleneck ("gpu": the GPU itself, which is as it
+        should be)."""
+        return max(SHARE_CATEGORIES, key=lambda c: self.shares[c])
+
+
+def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
+    """Split ``w``'s wall time by priority claims; None when the GPU was not measured."""
+    if w.wall <= 0 or w.busy is None:
+        return None
+    busy = min(1.0, max(0.0, w.busy))
+    if w.hook:
+        in_step = min(1.0, w.step_total / w.wall)
+        data = min(in_step, (w.data_total or 0.0) / w.wall)
+        sync = min(max(0.0, sync), in_step - data)
+        gpu = min(busy, 1.0 - data - sync)
+        room = max(0.0, in_step - data - sync - gpu)
+        # inside steps, the GPU idle and no data wait: the main process is at work (Python,
+        # launches, a host sync) unless psutil saw it idle (sleeping, blocked on I/O)
+        host = min(room, w.main) if w.main is not None else room
+    else:
+        # without step times, all the time counts as training; pegged DataLoader workers
+        # are taken to be what the GPU waits for, else the main process
+        gpu, sync = busy, 0.0
+        rest = 1.0 - gpu
+        if w.workers and w.workers_busy is not None and w.workers_busy >= _WORKERS_PEGGED:
+            data, host = rest, 0.0
+        else:
+            data = 0.0
+            host = min(rest, w.main) if w.main is not None else 0.0
+    shares = {"data": data, "sync": sync, "gpu": gpu, "host": host}
+    shares = {k: max(0.0, v) for k, v in shares.items()}
+    total = sum(shares.values())
+    if total > 1.0:
+        shares = {k: v / total for k, v in shares.items()}
+        total = 1.0
+    shares["other"] = 1.0 - total
+    return shares
+
+
+def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
+                    ) -> dict[Any, Attribution]:
+    """Attribution for the ranks of one job (a single process: a group of one).
+
+    A rank whose own pipeline needs less of each step than the slowest rank's waits for it
+    in the collectives: that difference is its ``sync`` share, claimed before GPU work
+    (NCCL kernels spinning on a peer keep NVML util high but do no work)."""
+    needs = {k: w.need() if w.hook else 0.0 for k, (w, _) in windows.items()}
+    multi = len(windows) >= 2
+    top = max(needs.values(), default=0.0)
+    syncs = {k: (top - n if multi else 0.0) for k, n in needs.items()}
+    own = {k: max(1e-6, 1.0 - s) for k, s in syncs.items()}
+    best = min(own.values(), default=1.0)
+    slowest = max(own, key=lambda k: own[k]) if multi else None
+    slow_rank = windows[slowest][1] if slowest is not None else None
+    others = sorted(v for k, v in own.items() if k != slowest)
+    if others:
+        mid = len(others) // 2
+        med = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+        gain = own[slowest] / med if slowest is not None else 1.0
+    else:
+        gain = 1.0
+    slow_score = best / own[slowest] if slowest is not None else 1.0
+    out = {}
+    for k, (w, rank) in windows.items():
+        shares = claim_shares(w, syncs[k])
+        if shares is None:
+            continue
+        out[k] = Attribution(shares=shares, window=w, rank=rank, ranks=len(windows),
+                             score=best / own[k], slowest_rank=slow_rank,
+                             peer_straggler=(multi and k != slowest
+                                             and slow_score < STRAGGLER_SCORE),
+                             straggler_gain=max(1.0, gain) if multi else 1.0)
+    return out
+
+
+GROWTH_SIGNALS = frozenset({"mem_allocated_growth_bytes_per_second",
+                            "mem_allocated_growth_r2"})
+
+
+def growth(ring: Ring | None, end: int, n: int, res: float) -> tuple[float, float] | None:
+    """Least-squares slope (per second) and R^2 of a ring's values over a window; None with
+    fewer than 5 values (a leak is a rise sustained over many steps)."""
+    if ring is None:
+        return None
+    s, e = ring.span(end, n)
+    pts = [(i, v) for i, v in enumerate(ring.vals[s:e]) if v is not None]
+    if len(pts) < 5:
+        return None
+    k = len(pts)
+    mx = sum(p[0] for p in pts) / k
+    my = sum(p[1] for p in pts) / k
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
+    syy = sum((p[1] - my) ** 2 for p in pts)
+    if sxx <= 0:
+        return None
+    slope = sxy / sxx
+    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+    return slope / res, r2
+
+
+def _ring_sums(ring: Ring | None, s: int, e: int) -> tuple[float, float]:
+    """Sum of value x weight and of weights over absolute buckets [s, e)."""
+    if ring is None:
+        return 0.0, 0.0
+    a = max(s, ring.base) - ring.base
+    b = min(e, ring.base + len(ring.vals)) - ring.base
+    if b <= a:
+        return 0.0, 0.0
+    return ring.psum[b] - ring.psum[a], ring.pw[b] - ring.pw[a]
+
+
+def _ring_mean(ring: Ring | None, s: int, e: int) -> float | None:
+    total, w = _ring_sums(ring, s, e)
+    return total / w if w > 0 else None
+
+
 
 class Table:
     """The history of one subject's signals of one kind (a GPU's, the host's, a job's)."""
@@ -400,6 +669,19 @@ class Subject:
         self.pids: set[int] = set()
         self.prev_loss_scale: float | None = None
         self.proc_pids: set[int] = set()
+        # the job the hook reports for this GPU: its pid and rank, the bucket its first
+        # step began in (the attribution's clock starts there, not at process start)
+        self.job_pid: int | None = None
+        self.job_rank: int | None = None
+        self.job_first: int | None = None
+        self.job_last: int | None = None  # the bucket of its newest step
+        self.job_t0: float | None = None  # when its first step began (Unix seconds)
+        # the bucket after its first step ended: GPU and host windows of a job the hook
+        # reports start here, so start-up (imports, CUDA init, compiling) is not judged
+        self.job_warm: int | None = None
+        self.job_t1: float | None = None  # when its newest step ended
+        self.span = _SpanTotals()  # the attribution's inputs summed since the first step
+        self.span_at_last_step: JobWindow | None = None
 
 
 class Frame:
@@ -413,7 +695,8 @@ class Frame:
                  on_bucket: Callable[[int], None] | None = None) -> None:
         self.res = float(res)
         self.keep = max(4, math.ceil(keep_seconds / self.res) + 2)
-        self.needed = set(needed) | _dependencies(set(needed))
+        # the attribution's inputs are always kept: the report's jobs list reads them
+        self.needed = set(needed) | _dependencies(set(needed)) | _ATTRIBUTION_INPUTS
         self.on_bucket = on_bucket
         self.idx: int | None = None  # the open bucket
         self.subjects: dict[int | None, Subject] = {}
@@ -431,6 +714,8 @@ class Frame:
         self.t_last: float | None = None
         self.hook_steps = False
         self.hook_config = False
+        self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution]] = {}
+        self.job_ends: list[dict[str, Any]] = []  # `job_end` lines, for the report
 
     # -- facts -------------------------------------------------------------------------
     def set_meta(self, meta: Mapping[str, Any]) -> None:
@@ -575,6 +860,22 @@ class Frame:
         self._advance(get("t"))
         subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
         self.hook_steps = True
+        pid, rank = get("pid"), get("rank")
+        if pid is not None:
+            subj.job_pid = pid
+        if rank is not None:
+            subj.job_rank = int(rank)
+        ss0 = get("step_seconds")
+        begun = int((get("t") - (ss0 or 0.0)) // self.res)
+        if subj.job_first is None or begun < subj.job_first:
+            subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
+        subj.job_last = self.idx
+        if subj.job_warm is None and self.idx is not None:
+            subj.job_warm = self.idx + 1
+        t_end = get("t")
+        if subj.job_t0 is None or t_end - (ss0 or 0.0) < subj.job_t0:
+            subj.job_t0 = t_end - (ss0 or 0.0)
+        subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
         job = subj.job
         job.ever = True
         acc = job.acc
@@ -588,10 +889,15 @@ class Frame:
                 acc.add("data_wait_seconds", float(dw))
                 acc.add("_dw_ss", float(ss))
         for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
-                  "max_mem_allocated_bytes", "loss"):
+                  "max_mem_allocated_bytes"):
             v = get(f)
             if v is not None:
                 acc.add(f, float(v))
+        first = get("first_batch")
+        if first is not None:
+            acc.add("_fb_known", 1.0)
+            if first:
+                acc.add("_fb_dw", float(dw or 0.0))
         scale = get("loss_scale")
         skipped = get("skipped")
         fell = False
@@ -655,9 +961,13 @@ class Frame:
             self.feed_step(s)
         elif kind == "config":
             self.feed_config(s)
+        elif kind == "job_end" and len(self.job_ends) < 1000:
+            self.job_ends.append(dict(s) if type(s) is dict else
+                                 {f: getattr(s, f) for f in s.__slots__})
 
     # -- closing a bucket ----------------------------------------------------------------
     def _close(self, idx: int) -> None:
+        self._attr_cache.clear()
         need = self.needed
         host = self.host_tables
         a = self.host_acc
@@ -730,6 +1040,24 @@ class Frame:
             if pw is not None and pl:
                 tab.push(idx, "power_ratio", pw / pl)
             acc.clear()
+        no_hook = not self.hook_steps
+        for subj in self.subjects.values():
+            if subj.job_first is not None and idx >= subj.job_first:
+                w = self.job_window(subj, idx + 1, 1, clamp=False)
+                if w is not None:
+                    subj.span.add(w)
+                    if subj.job_last == idx:
+                        subj.span_at_last_step = subj.span.total()
+            elif subj.gpu is not None and no_hook and not subj.job.ever and subj.proc_pids:
+                # without the hook: the buckets in which the GPU's process looks like it
+                # trains (kernels running, or its DataLoader workers pegged)
+                w = self.job_window(subj, idx + 1, 1)
+                if w is not None and w.util is not None and (
+                        w.util >= 0.05 or (w.workers and (w.workers_busy or 0) >= _WORKERS_PEGGED)):
+                    subj.span.add(w)
+                    subj.span_at_last_step = subj.span.total()
+                    if len(subj.proc_pids) == 1:
+                        subj.job_pid = next(iter(subj.proc_pids))
         if self.on_bucket is not None:
             self.on_bucket(idx)
 
@@ -755,8 +1083,15 @@ class Frame:
                      "max_mem_allocated_bytes", "loss_scale", "act_mem_per_sample_bytes"):
             if name in acc.last:
                 job.push(idx, name, acc.last[name])
-        if "loss" in acc.n:
-            job.push(idx, "loss", acc.mean("loss"))
+        if "_fb_known" in acc.n:
+            fb = acc.s.get("_fb_dw", 0.0)
+            n_fb = acc.n.get("_fb_dw", 0.0)
+            ss_all = acc.s.get("step_seconds", 0.0)
+            if ss_all > 0:
+                job.push(idx, "first_batch_wait_ratio", min(1.0, fb / ss_all), ss_all)
+            job.push(idx, "iterator_rate", n_fb / self.res)
+            if n_fb:
+                job.push(idx, "first_batch_wait_seconds", fb / n_fb, n_fb)
         if "_skip" in acc.n:
             job.push(idx, "skipped_ratio", acc.mean("_skip"), acc.n["_skip"])
         bs = acc.last.get("batch_size")
@@ -776,6 +1111,138 @@ class Frame:
                 v = ring.last(ring.end(), 1)
             return v
         return None
+
+    # -- step-time attribution --------------------------------------------------------------
+    def _job_table(self, subj: Subject) -> tuple[Table | None, Subject]:
+        if subj.job.ever:
+            return subj.job, subj
+        if subj.gpu is not None and self.host.job.ever and len(self.gpus()) == 1:
+            return self.host.job, self.host  # steps no GPU was named for: the only GPU's
+        return None, subj
+
+    def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True
+                   ) -> JobWindow | None:
+        """The attribution's inputs for ``subj`` over the ``n`` buckets before ``end``,
+        from its job's first step on (None: nothing to attribute)."""
+        if subj.gpu is None:
+            return None
+        table, owner = self._job_table(subj)
+        hook = table is not None
+        start = end - n
+        if hook:
+            if owner.job_first is None:
+                return None
+            start = max(start, owner.job_first)
+        else:
+            start = max(start, subj.first)
+        if end - start < 1:
+            return None
+        gt = subj.gpu_table.rings
+        busy_ring = gt.get("sm_active") if subj.facts.get("gpm") else None
+        busy = _ring_mean(busy_ring, start, end)
+        util = _ring_mean(gt.get("util"), start, end)
+        if busy is None:
+            busy = util
+        hr = self.host_tables.rings
+        main = _ring_mean(hr.get("main_busy_ratio"), start, end)
+        wb = _ring_mean(hr.get("workers_busy_ratio"), start, end)
+        workers = _ring_mean(hr.get("job_workers"), start, end)
+        wall = (end - start) * self.res
+        if not hook:
+            return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
+                             workers_busy=wb, workers=workers)
+        rings = table.rings
+        step_total, _ = _ring_sums(rings.get("step_seconds"), start, end)
+        rate_sum, _ = _ring_sums(rings.get("step_rate"), start, end)
+        dw, dw_steps = _ring_sums(rings.get("data_wait_ratio"), start, end)
+        # a step that began before the window still counts whole in it; a window's own
+        # total is clamped (``clamp``), a run's is summed from unclamped buckets
+        return JobWindow(wall=wall, hook=True, steps=rate_sum * self.res,
+                         step_total=min(step_total, wall) if clamp else step_total,
+                         data_total=dw if dw_steps > 0 else None, busy=busy, util=util,
+                         main=main, workers_busy=wb, workers=workers)
+
+    def train_start(self, subj: Subject) -> int | None:
+        """The bucket from which ``subj``'s job is in training (after its first step), or
+        None without the hook's steps."""
+        _, owner = self._job_table(subj)
+        return owner.job_warm if owner.job.ever else None
+
+    def _group_key(self, subj: Subject) -> Any:
+        """Which ranks are one job: one process per GPU with a rank and the same world
+        size (torchrun on one host); anything else stands alone."""
+        ws = self.config_value(subj, "world_size")
+        if subj.job_rank is None or not subj.job.ever or (ws is not None and ws <= 1):
+            return ("alone", subj.gpu)
+        return ("ranks", ws)
+
+    def attribution(self, subj: Subject, end: int, n: int) -> Attribution | None:
+        """``subj``'s job's attribution over the ``n`` buckets before ``end``."""
+        key = (end, n)
+        got = self._attr_cache.get(key)
+        if got is None:
+            got = self._attribute_all(lambda s: self.job_window(s, end, n))
+            self._attr_cache[key] = got
+        return got.get(subj.gpu)
+
+    def _attribute_all(self, window: Callable[[Subject], JobWindow | None]
+                       ) -> dict[int | None, Attribution]:
+        groups: dict[Any, dict[int | None, tuple[JobWindow, int | None]]] = {}
+        for subj in self.subjects.values():
+            w = window(subj)
+            if w is None:
+                continue
+            groups.setdefault(self._group_key(subj), {})[subj.gpu] = (w, subj.job_rank)
+        out: dict[int | None, Attribution] = {}
+        for members in groups.values():
+            out.update(attribute_group(members))
+        return out
+
+    @staticmethod
+    def _whole_run(subj: Subject) -> JobWindow | None:
+        w = subj.span_at_last_step
+        if w is None or not w.hook or subj.job_t0 is None or subj.job_t1 is None:
+            return w
+        # buckets round the run out to whole seconds at both ends: the steps' own clock
+        # says how long it trained
+        wall = min(w.wall, max(subj.job_t1 - subj.job_t0, 1e-3))
+        return replace(w, wall=wall, step_total=min(w.step_total, wall))
+
+    def jobs(self, end: int | None = None, n: int | None = None) -> list[dict[str, Any]]:
+        """One entry per job and rank: ``pid``, ``rank``, ``gpu``, ``time_share``. Over the
+        ``n`` buckets before ``end``, or (``n`` None) the whole run from each job's first
+        step to its last."""
+        if n is None:
+            got = self._attribute_all(self._whole_run)
+        else:
+            e = end if end is not None else (self.idx or 0)
+            got = self._attribute_all(lambda s: self.job_window(s, e, n))
+        out = []
+        for gpu in sorted(g for g in got if g is not None):
+            a = got[gpu]
+            subj = self.subjects[gpu]
+            w = a.window
+            pid = subj.job_pid
+            if pid is None and len(subj.proc_pids) == 1:
+                pid = next(iter(subj.proc_pids))
+            entry: dict[str, Any] = {
+                "pid": pid,
+                "rank": a.rank,
+                "gpu": gpu,
+                "time_share": {c: round(a.shares[c], 4) for c in SHARE_CATEGORIES},
+                "bottleneck": a.top(),
+                "source": "hook" if w.hook else "nvml",
+                "seconds": round(w.wall, 1),
+                "steps": int(round(w.steps)) if w.hook else None,
+                "step_seconds": round(w.step_total / w.steps, 6) if w.hook and w.steps
+                else None,
+            }
+            if a.ranks > 1:
+                entry["ranks"] = a.ranks
+                entry["rank_score"] = round(a.score, 3)
+                entry["slowest_rank"] = a.slowest_rank
+            out.append(entry)
+        return out
 
     def finish(self) -> None:
         """Close the open bucket (end of a recording)."""
@@ -813,7 +1280,7 @@ class Frame:
 
 
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-            "ConfigSample": "config"}
+            "ConfigSample": "config", "JobEnd": "job_end"}
 
 # derived signals and what they are computed from (so the frame keeps those too)
 _DEPENDS: dict[str, set[str]] = {
@@ -831,6 +1298,10 @@ _DEPENDS: dict[str, set[str]] = {
     "main_busy_ratio": {"job_cpu_cores", "job_processes", "job_main_cpu_cores"},
     "workers_busy_ratio": {"job_cpu_cores", "job_processes", "job_workers_cpu_cores"},
 }
+
+
+_ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
+                       "main_busy_ratio", "workers_busy_ratio", "job_workers"}
 
 
 def _dependencies(names: set[str]) -> set[str]:
@@ -879,7 +1350,13 @@ def arch_supports(cc: float | None) -> dict[str, bool | None]:
 
 
 __all__ = [
+    "ATTRIBUTION_SIGNALS",
+    "GROWTH_SIGNALS",
     "CONFIG_KEYS",
+    "SHARE_CATEGORIES",
+    "Attribution",
+    "JobWindow",
+    "claim_shares",
     "VOCABULARY",
     "Frame",
     "Ring",

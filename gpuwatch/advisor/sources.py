@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import statistics
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gpuwatch.advisor.engine import Engine
@@ -70,8 +73,10 @@ def _line_t(line: bytes) -> float | None:
     return float(t) if isinstance(t, (int, float)) else None
 
 
-def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None) -> tuple[Engine, dict]:
-    """Judge a whole recording (streamed, bounded memory); returns the engine and meta."""
+def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
+                observe: Callable[[Any], None] | None = None) -> tuple[Engine, dict]:
+    """Judge a whole recording (streamed, bounded memory); returns the engine and meta.
+    ``observe`` sees every line the engine is fed (the report's tally of what it judged)."""
     from gpuwatch import trace
 
     if res is None:
@@ -84,9 +89,17 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None) -> tup
     engine.frame.set_meta(meta)
     for gpu, info in trace.meta_infos(meta).items():
         engine.frame.set_gpu_info(gpu, name=info.name, cc=info.compute_capability)
+    if observe is not None:
+        lines = _tee(lines, observe)
     engine.feed_all(lines)
     engine.finish()
     return engine, dict(meta)
+
+
+def _tee(lines: Iterable[Any], observe: Callable[[Any], None]) -> Iterator[Any]:
+    for line in lines:
+        observe(line)
+        yield line
 
 
 # -- a running daemon ------------------------------------------------------------------------
@@ -182,19 +195,111 @@ _REASON_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_c
                 "display_clock_setting": 0x100}
 
 
+# one label matcher of a PromQL selector: name, operator, a quoted value
+_MATCHER = re.compile(r"""\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"""
+                      r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)\s*""")
+
+
+def parse_selector(text: str) -> str:
+    """Check a ``--match`` selector (``instance=~"gpu-1.*"``, braces optional, matchers
+    separated by commas) and return its matchers, ready to go inside ``{...}``.
+
+    Raises UserError naming what was expected where. Prometheus parses it again (it has
+    the last word on regular expressions)."""
+    body = text.strip()
+    if body.startswith("{") and body.endswith("}"):
+        body = body[1:-1]
+    if not body.strip():
+        raise UserError(f"--match {text!r} is empty: expected label matchers such as "
+                        "instance=~\"gpu-1.*\"")
+    out = []
+    pos = 0
+    while pos < len(body):
+        m = _MATCHER.match(body, pos)
+        if m is None:
+            raise UserError(f"--match {text!r}: expected LABEL=\"VALUE\" (or !=, =~, !~ and a "
+                            f"quoted value) at {body[pos:].strip()[:40]!r}")
+        name, op, quoted = m.groups()
+        if name == "__name__":
+            raise UserError(f"--match {text!r}: __name__ can't be matched (gpuwatch chooses "
+                            "the series); match target labels such as instance or job")
+        if op in ("=~", "!~"):
+            value = quoted[1:-1] if quoted[0] == "`" else _unquote(quoted)
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise UserError(f"--match {text!r}: bad regular expression {value!r} for "
+                                f"{name}: {err}") from err
+        out.append(f"{name}{op}{quoted}")
+        pos = m.end()
+        if pos < len(body):
+            if body[pos] != ",":
+                raise UserError(f"--match {text!r}: expected ',' between matchers at "
+                                f"{body[pos:].strip()[:40]!r}")
+            pos += 1
+    return ",".join(out)
+
+
+def _unquote(quoted: str) -> str:
+    if quoted[0] == '"':
+        try:
+            return str(json.loads(quoted))
+        except ValueError:
+            return quoted[1:-1]
+    return quoted[1:-1].replace("\\'", "'")
+
+
 class _Prom:
-    def __init__(self, url: str, start: float, end: float, step: float) -> None:
+    """Range queries against one Prometheus, every one narrowed by ``selector``."""
+
+    def __init__(self, url: str, start: float, end: float, step: float,
+                 selector: str = "") -> None:
         self.url = _check_url(url)
         self.start, self.end, self.step = start, end, step
+        self.selector = selector
+
+    def sel(self, name: str) -> str:
+        """``name{selector}`` (just the name without a selector)."""
+        return f"{name}{{{self.selector}}}" if self.selector else name
 
     def query_range(self, query: str) -> list[dict[str, Any]]:
-        params = urllib.parse.urlencode({"query": query, "start": f"{self.start:.3f}",
-                                         "end": f"{self.end:.3f}", "step": f"{self.step:g}"})
-        data = fetch_json(f"{self.url}/api/v1/query_range?{params}", timeout=30.0)
-        if not isinstance(data, dict) or data.get("status") != "success":
-            raise UserError(f"Prometheus at {self.url} refused {query!r}: "
-                            f"{(data or {}).get('error', data)}")
-        return data["data"].get("result", [])
+        params = {"query": query, "start": f"{self.start:.3f}", "end": f"{self.end:.3f}",
+                  "step": f"{self.step:g}"}
+        data = prom_get(self.url, "/api/v1/query_range", params)
+        return data.get("result", []) if isinstance(data, dict) else []
+
+
+def prom_get(base: str, path: str, params: dict[str, str]) -> Any:
+    """GET one Prometheus HTTP API call; its ``data``. Every failure is a short UserError
+    naming the server (never the encoded query, which can run to kilobytes)."""
+    url = f"{base}{path}?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=30.0) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as err:
+        text = err.read().decode("utf-8", "replace")
+        try:
+            reason = json.loads(text).get("error") or text
+        except (ValueError, AttributeError):
+            reason = text
+        if err.code == 404:
+            raise UserError(f"{base} answered HTTP 404 for {path}: is it a Prometheus server? "
+                            "(--prometheus takes Prometheus' URL, e.g. http://prom:9090, "
+                            "not a gpuwatch daemon's)") from err
+        raise UserError(f"Prometheus at {base} refused the query (HTTP {err.code}): "
+                        f"{str(reason).strip()[:300]}") from err
+    except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise UserError(f"nothing answers at {base} ({reason}): is Prometheus running there? "
+                        "(--prometheus takes its URL, e.g. http://prom:9090)") from err
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{base}{path} did not answer JSON: is it a Prometheus server?") from err
+    if not isinstance(data, dict) or data.get("status") != "success":
+        got = data.get("error", data) if isinstance(data, dict) else data
+        raise UserError(f"Prometheus at {base} refused the query: {str(got)[:300]}")
+    return data.get("data")
 
 
 def _points(series: dict[str, Any]) -> list[tuple[float, float]]:
@@ -210,25 +315,30 @@ def _points(series: dict[str, Any]) -> list[tuple[float, float]]:
 
 
 def judge_prometheus(url: str, ruleset: RuleSet, *, window: float = 600.0,
-                     end: float | None = None, step: float | None = None
-                     ) -> dict[str, tuple[Engine, dict[str, Any]]]:
+                     end: float | None = None, step: float | None = None,
+                     selector: str = "") -> dict[str, tuple[Engine, dict[str, Any]]]:
     """Query every gpuwatch_* series over ``window`` seconds and judge each instance.
 
+    ``selector`` (from :func:`parse_selector`) narrows every query, e.g. to some instances.
     Returns instance -> (engine, facts). Series are mapped back onto the trace vocabulary:
-    one synthetic gpu/host/step line per instance, GPU and query step.
+    one synthetic gpu/host/step line per instance, GPU and query step; each instance is
+    judged by an engine of its own, so nothing crosses from one host to another. The facts
+    hold what the report lists per host: every GPU seen (``gpu_up``) and every job and rank
+    the hook reported (``jobs``).
     """
     import time as _time
 
     end = _time.time() if end is None else end
     if step is None:
         step = max(1.0, min(60.0, window / 1000.0))
-    prom = _Prom(url, end - window, end, step)
+    prom = _Prom(url, end - window, end, step, selector)
     # instance -> t -> {gpu -> line}
     gpu_lines: dict[str, dict[float, dict[int, dict[str, Any]]]] = defaultdict(
         lambda: defaultdict(dict))
     host_lines: dict[str, dict[float, dict[str, Any]]] = defaultdict(dict)
     step_lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    facts: dict[str, dict[str, Any]] = defaultdict(lambda: {"gpus": {}})
+    facts: dict[str, dict[str, Any]] = defaultdict(lambda: {"gpus": {}, "gpu_up": {},
+                                                            "jobs": []})
 
     def gline(inst: str, t: float, gpu: int) -> dict[str, Any]:
         per_t = gpu_lines[inst][t]
@@ -238,7 +348,8 @@ def judge_prometheus(url: str, ruleset: RuleSet, *, window: float = 600.0,
         return line
 
     names = "|".join(list(_GPU_SERIES) + list(_HOST_SERIES) + list(_JOB_SERIES))
-    for s in prom.query_range(f'{{__name__=~"{names}"}}'):
+    sel = f",{selector}" if selector else ""
+    for s in prom.query_range(f'{{__name__=~"{names}"{sel}}}'):
         labels = s.get("metric", {})
         name = labels.get("__name__", "")
         inst = labels.get("instance", "")
@@ -257,7 +368,7 @@ def judge_prometheus(url: str, ruleset: RuleSet, *, window: float = 600.0,
             for t, v in _points(s):
                 line = host_lines[inst].setdefault(t, {"kind": "host", "t": t})
                 line[field] = line.get(field, 0.0) + v
-    for s in prom.query_range('sum by (instance, gpu, type) (gpuwatch_gpu_ecc_errors_total)'):
+    for s in prom.query_range(f'sum by (instance, gpu, type) ({prom.sel("gpuwatch_gpu_ecc_errors_total")})'):
         labels = s.get("metric", {})
         gpu = _int(labels.get("gpu"))
         field = {"uncorrected": "ecc_uncorrected_total", "corrected": "ecc_corrected_total"}.get(
@@ -266,14 +377,14 @@ def judge_prometheus(url: str, ruleset: RuleSet, *, window: float = 600.0,
             continue
         for t, v in _points(s):
             gline(labels.get("instance", ""), t, gpu)[field] = v
-    for s in prom.query_range("sum by (instance, gpu) (gpuwatch_gpu_xid_errors_total)"):
+    for s in prom.query_range(f"sum by (instance, gpu) ({prom.sel('gpuwatch_gpu_xid_errors_total')})"):
         labels = s.get("metric", {})
         gpu = _int(labels.get("gpu"))
         if gpu is None:
             continue
         for t, v in _points(s):
             gline(labels.get("instance", ""), t, gpu)["xid_total"] = {0: int(v)}
-    for s in prom.query_range("gpuwatch_gpu_clock_event_reason"):
+    for s in prom.query_range(prom.sel("gpuwatch_gpu_clock_event_reason")):
         labels = s.get("metric", {})
         gpu, bit = _int(labels.get("gpu")), _REASON_BITS.get(labels.get("reason", ""))
         if gpu is None or bit is None:
@@ -281,7 +392,7 @@ def judge_prometheus(url: str, ruleset: RuleSet, *, window: float = 600.0,
         for t, v in _points(s):
             line = gline(labels.get("instance", ""), t, gpu)
             line["clock_event_reasons"] = line.get("clock_event_reasons", 0) | (bit if v else 0)
-    for s in prom.query_range("gpuwatch_process_gpu_memory_used_bytes"):
+    for s in prom.query_range(prom.sel("gpuwatch_process_gpu_memory_used_bytes")):
         labels = s.get("metric", {})
         gpu, pid = _int(labels.get("gpu")), _int(labels.get("pid"))
         if gpu is None or pid is None:
@@ -289,26 +400,33 @@ def judge_prometheus(url: str, ruleset: RuleSet, *, window: float = 600.0,
         for t, v in _points(s):
             line = gline(labels.get("instance", ""), t, gpu)
             line.setdefault("processes", []).append({"pid": pid, "mem_used_bytes": v})
-    for s in prom.query_range("count by (instance) (gpuwatch_host_cpu_core_utilization_ratio)"):
+    for s in prom.query_range(
+            f"count by (instance) ({prom.sel('gpuwatch_host_cpu_core_utilization_ratio')})"):
         pts = _points(s)
         if pts:
             facts[s["metric"].get("instance", "")]["host_cpus"] = pts[-1][1]
-    for s in prom.query_range("gpuwatch_gpu_info"):
+    for s in prom.query_range(prom.sel("gpuwatch_gpu_up")):
+        labels = s.get("metric", {})
+        gpu, pts = _int(labels.get("gpu")), _points(s)
+        if gpu is not None and pts:
+            facts[labels.get("instance", "")]["gpu_up"][gpu] = pts[-1][1] == 1.0
+    for s in prom.query_range(prom.sel("gpuwatch_gpu_info")):
         labels = s.get("metric", {})
         gpu = _int(labels.get("gpu"))
         if gpu is not None:
             facts[labels.get("instance", "")]["gpus"][gpu] = {
                 "name": labels.get("name"), "compute_capability": labels.get("compute_capability")}
-    _train_lines(prom, step, step_lines)
+    for inst, jobs in _train_lines(prom, step, step_lines).items():
+        facts[inst]["jobs"] = jobs
     # GPU lines without processes read as "no process holds the GPU", as NVML would say
     for per_t in gpu_lines.values():
         for lines in per_t.values():
             for line in lines.values():
                 line.setdefault("processes", [])
     out: dict[str, tuple[Engine, dict[str, Any]]] = {}
-    for inst in sorted(set(gpu_lines) | set(host_lines)):
+    for inst in sorted(set(gpu_lines) | set(host_lines) | set(facts)):
         engine = Engine(ruleset, res=step)
-        f = facts.get(inst, {"gpus": {}})
+        f = facts[inst]
         if f.get("host_cpus"):
             engine.frame.set_meta({"host_cpus": f["host_cpus"]})
         for gpu, info in f["gpus"].items():
@@ -325,13 +443,18 @@ def judge_prometheus(url: str, ruleset: RuleSet, *, window: float = 600.0,
     return out
 
 
-def _train_lines(prom: _Prom, step: float, out: dict[str, list[dict[str, Any]]]) -> None:
-    """The hook's per-job gauges and counters as synthetic step lines (one per query step)."""
+def _train_lines(prom: _Prom, step: float, out: dict[str, list[dict[str, Any]]]
+                 ) -> dict[str, list[dict[str, Any]]]:
+    """The hook's per-job gauges and counters as synthetic step lines (one per query step).
+
+    Returns instance -> one summary per job and rank (pid, rank, GPU, medians over the
+    window), for the fleet report and for comparing the ranks of one job across hosts."""
     names = "|".join(_TRAIN_SERIES)
+    sel = f",{prom.selector}" if prom.selector else ""
     # (instance, pid, rank, gpu) -> t -> field -> value
     jobs: dict[tuple[str, str, str, str], dict[float, dict[str, float]]] = defaultdict(
         lambda: defaultdict(dict))
-    for s in prom.query_range(f'{{__name__=~"{names}"}}'):
+    for s in prom.query_range(f'{{__name__=~"{names}"{sel}}}'):
         labels = s.get("metric", {})
         key = (labels.get("instance", ""), labels.get("pid", ""), labels.get("rank", ""),
                labels.get("gpu", ""))
@@ -370,6 +493,45 @@ def _train_lines(prom: _Prom, step: float, out: dict[str, list[dict[str, Any]]])
             if skipped_now is not None:
                 line["skipped"] = skipped_now > 0
             out[inst].append(line)
+    shares = _time_shares(prom)
+    summaries: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for (inst, pid, rank, gpu), per_t in sorted(jobs.items()):
+        summaries[inst].append(_job_summary(pid, rank, gpu, per_t,
+                                            shares.get((inst, pid, rank, gpu))))
+    return summaries
+
+
+def _time_shares(prom: _Prom) -> dict[tuple[str, str, str, str], dict[str, float]]:
+    """Mean step-time share per category and job rank over the window, where the daemon
+    exports ``gpuwatch_train_time_share_ratio`` (empty where it does not)."""
+    out: dict[tuple[str, str, str, str], dict[str, float]] = defaultdict(dict)
+    for s in prom.query_range(prom.sel("gpuwatch_train_time_share_ratio")):
+        labels = s.get("metric", {})
+        pts = [v for _, v in _points(s)]
+        cat = labels.get("category")
+        if pts and cat:
+            key = (labels.get("instance", ""), labels.get("pid", ""), labels.get("rank", ""),
+                   labels.get("gpu", ""))
+            out[key][cat] = round(statistics.fmean(pts), 4)
+    return out
+
+
+def _job_summary(pid: str, rank: str, gpu: str, per_t: dict[float, dict[str, float]],
+                 shares: dict[str, float] | None) -> dict[str, Any]:
+    ts = sorted(per_t)
+
+    def median(field: str) -> float | None:
+        vals = [per_t[t][field] for t in ts if per_t[t].get(field) is not None]
+        return round(statistics.median(vals), 6) if vals else None
+
+    steps = [per_t[t]["steps_total"] for t in ts if per_t[t].get("steps_total") is not None]
+    return {"pid": _int(pid), "rank": _int(rank), "gpu": _int(gpu),
+            "first_seen": ts[0] if ts else None, "last_seen": ts[-1] if ts else None,
+            "steps_total": steps[-1] if steps else None,
+            "step_seconds": median("step_seconds"),
+            "data_wait_ratio": median("data_wait_ratio"),
+            "samples_per_second": median("samples_per_second"),
+            "time_share": shares or None}
 
 
 def _int(v: Any) -> int | None:

@@ -109,6 +109,7 @@ if a.count_sigint:
 if a.out and a.dist:
     a.out = f"{a.out}.{rank}"
 out = open(a.out, "w") if a.out else None  # noqa: SIM115 - closed at the end or by a crash
+t_iter = time.perf_counter()  # creating the iterator (starting workers) is waiting for data
 it = iter(loader)
 for step in range(a.steps):
     if stop_requested:
@@ -127,7 +128,7 @@ for step in range(a.steps):
             os.kill(os.getpid(), signal.SIGTERM)
         if a.crash == "oom":
             torch.empty(2**62, dtype=torch.uint8)  # a real allocator failure
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if step else t_iter
     x, y = next(it)
     t1 = time.perf_counter()
     x, y = x.to(dev), y.to(dev)

@@ -1,0 +1,1 @@
+"""gpuwatch Grafana dashboards, built as code (see build.py)."""

@@ -1,0 +1,187 @@
+"""The report a person reads: units and precision in text and Markdown, raw numbers in the
+JSON, plain English counts, and advice in the order that wins back the most time."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from test_advise_support import DATA, ROOT, load, run_cli, write
+
+TRAIN = ROOT / "tests" / "scripts" / "train_cpu.py"
+
+RECORDINGS = sorted(p.name for p in DATA.glob("*.jsonl"))
+# what a report must never print: e-notation, "(s)" plurals; nor, in its evidence,
+# key=value dumps or ratios with five digits (actions may quote code: num_workers=2)
+RAW = re.compile(r"\d\.?\d*e[+-]\d\d|piece\(s\)")
+RAW_EVIDENCE = re.compile(r"\b[a-z_]+=\d|\b0\.\d{4,}")
+
+
+def advise(path: Path | str, fmt: str = "text", *extra: str) -> str:
+    proc = run_cli("advise", "--replay", str(path), "--format", fmt, *extra)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def evidence_lines(text: str) -> str:
+    """The Evidence: paragraphs of a text report, joined."""
+    out, inside = [], False
+    for line in text.splitlines():
+        body = line.strip()
+        if body.startswith("Evidence:"):
+            inside = True
+        elif not line.startswith("    ") or body.startswith(("Change:", "Expected gain:")):
+            inside = False
+        if inside:
+            out.append(body)
+    return " ".join(out)
+
+
+def test_evidence_has_units_and_sensible_precision():
+    raw = json.loads(advise(DATA / "small_batch.jsonl", "json"))["advice"]
+    (a,) = [x for x in raw if x["id"] == "raise-batch-size"]
+    util, step = a["evidence"]["util"], a["evidence"]["step_seconds"]
+    assert 0.1 < util < 0.9 and 0.001 < step < 0.1  # whole percent, tenths of ms
+    text = advise(DATA / "small_batch.jsonl")
+    ev = evidence_lines(text)
+    for shown in (f"util {100 * util:.0f} %", f"step {1000 * step:.1f} ms", "54.8 MiB",
+                  "batch 2"):
+        assert shown in ev, (shown, ev)
+    assert str(util) not in text and str(step) not in text
+    md = advise(DATA / "small_batch.jsonl", "markdown")
+    assert f"| `util` | {100 * util:.0f} % |" in md
+    assert f"| `step_seconds` | {1000 * step:.1f} ms |" in md
+
+
+def test_json_keeps_raw_numbers():
+    rep = json.loads(advise(DATA / "small_batch.jsonl", "json"))
+    ev = rep["advice"][0]["evidence"]
+    # the recording's own figures (tests/data/README.md): util about 0.2, 8 ms steps
+    assert ev["util"] == pytest.approx(0.2, abs=0.01) and len(str(ev["util"])) > 4
+    assert ev["step_seconds"] == pytest.approx(0.0083, abs=3e-4)
+    assert ev["act_mem_per_sample_bytes"] > 5e7  # bytes, not "54.8 MiB"
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_every_recording_reads_as_prose(name):
+    text, md = advise(DATA / name), advise(DATA / name, "markdown")
+    assert not RAW.findall(text) and not RAW.findall(md), RAW.findall(text + md)
+    table = "\n".join(ln for ln in md.splitlines() if ln.startswith("| `"))
+    bad = RAW_EVIDENCE.findall(evidence_lines(text)) + RAW_EVIDENCE.findall(table)
+    assert not bad, bad
+
+
+def test_near_full_memory_keeps_its_tenth():
+    ev = evidence_lines(advise(DATA / "near_oom.jsonl"))
+    assert "memory used 97.5 %" in ev and "memory free 3.5 GiB" in ev
+
+
+RULES = """\
+rules:
+  - id: x-data-wait
+    title: a small data-wait slice
+    severity: warning
+    when: mean(util, 15s) >= 0
+    gain: 1 / (1 - 0.12)
+    gain_text: "{expected_gain:.2f}x"
+    message: 12 % of each step waits for data.
+    action: Add one DataLoader worker.
+  - id: x-host-overhead
+    title: the big host-overhead slice
+    severity: info
+    when: mean(util, 15s) >= 0
+    gain: 1 / (1 - 0.88)
+    gain_text: "{expected_gain:.1f}x"
+    message: 88 % of each step is host overhead.
+    action: Capture the step in a CUDA graph.
+  - id: x-failing
+    title: a critical health item
+    severity: critical
+    when: mean(util, 15s) >= 0
+    message: the GPU is failing.
+    action: Drain the node.
+  - id: x-no-estimate
+    title: a warning without a gain estimate
+    severity: warning
+    when: mean(util, 15s) >= 0
+    message: something else.
+    action: Look.
+"""
+
+
+def test_advice_ordered_by_time_won_back(tmp_path):
+    """Critical first; then the biggest slice (88 % host) before the 12 % data wait, even
+    though that one is only 'info'; advice with no estimate last."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "order.yaml").write_text(RULES)
+    rep = json.loads(advise(DATA / "small_batch.jsonl", "json", "--rules-dir", str(rules)))
+    order = [a["id"] for a in rep["advice"]]
+    assert order[0] == "x-failing"
+    assert order.index("x-host-overhead") < order.index("raise-batch-size") \
+        < order.index("x-data-wait") < order.index("x-no-estimate"), order
+    text = advise(DATA / "small_batch.jsonl", "text", "--rules-dir", str(rules))
+    assert f"{len(order)} pieces of advice" in text
+    heads = [ln for ln in text.splitlines() if re.match(r"^\d+\. \[", ln)]
+    assert [re.search(r"\] (\S+)", h).group(1) for h in heads] == order
+
+
+# -- what was judged -----------------------------------------------------------------------
+NOTHING = "nothing in this data calls for a change"
+
+
+def test_a_real_cpu_only_job_says_the_gpu_was_not_judged(tmp_path):
+    """`gpuwatch run --record` around a real torch job on this GPU-less machine: the report
+    says the GPU and training rules could not be judged, and why."""
+    rec = tmp_path / "cpu.jsonl"
+    proc = run_cli("run", "--web.listen-address", "127.0.0.1:0", "--quiet", "--record",
+                   str(rec), "--", sys.executable, str(TRAIN), "--steps", "20",
+                   "--workers", "1", "--step-ms", "5")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(x) for x in rec.read_text().splitlines() if x.strip()]
+    assert not any(d.get("kind") == "gpu" for d in lines)  # the premise: no GPU here
+    rep = json.loads(advise(rec, "json"))
+    assert rep["judged"]["gpu"] is False and rep["judged"]["training"] is False
+    assert "no GPU" in rep["judged"]["reason"]
+    for fmt in ("text", "markdown"):
+        out = advise(rec, fmt)
+        assert "could not be judged" in out and "CPU-only" in out, out
+        assert NOTHING not in out
+        assert "comes from NVML" not in out  # the hook note is about GPU advice
+
+
+def test_an_idle_gpu_is_not_called_a_fine_training_run():
+    text = advise(DATA / "idle.jsonl")
+    assert "no training job ran on a GPU" in text and NOTHING not in text
+
+
+@pytest.mark.parametrize("name", ["tuned", "h200_tuned_b128", "h200_tf32"])
+def test_a_busy_run_says_what_it_judged(name):
+    rep = json.loads(advise(DATA / f"{name}.jsonl", "json"))
+    g = rep["judged"]["gpus"][0]
+    assert rep["judged"]["training"] is True and g["busy_signal"] == "sm_active"
+    assert g["busy_ratio"] >= 0.7 and g["training_seconds"] >= 20
+    text = advise(DATA / f"{name}.jsonl")
+    if not rep["advice"]:
+        assert NOTHING in text and "busy (SM active) over the" in text
+
+
+def test_an_underused_training_gpu_is_never_called_fine(tmp_path):
+    """The tuned run with SM active scaled to 0.6x of itself (~52 %): whether or not a rule
+    names the cause, the report must not say that nothing calls for a change."""
+    lines = load("tuned")
+    for d in lines[1:]:
+        if d["kind"] == "gpu" and d.get("sm_active") is not None:
+            d["sm_active"] = round(d["sm_active"] * 0.6, 4)
+    path = write(tmp_path / "half.jsonl", lines)
+    rep = json.loads(advise(path, "json"))
+    g = rep["judged"]["gpus"][0]
+    assert 0.45 < g["busy_ratio"] < 0.6
+    for fmt in ("text", "markdown"):
+        out = advise(path, fmt)
+        assert NOTHING not in out
+        if not rep["advice"]:
+            assert "not used fully" in out and "52 % busy" in out
