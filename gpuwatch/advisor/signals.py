@@ -717,6 +717,7 @@ class Frame:
         self.hook_steps = False
         self.hook_config = False
         self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution]] = {}
+        self.job_ends: list[dict[str, Any]] = []  # `job_end` lines, for the report
 
     # -- facts -------------------------------------------------------------------------
     def set_meta(self, meta: Mapping[str, Any]) -> None:
@@ -966,6 +967,9 @@ class Frame:
             self.feed_step(s)
         elif kind == "config":
             self.feed_config(s)
+        elif kind == "job_end" and len(self.job_ends) < 1000:
+            self.job_ends.append(dict(s) if type(s) is dict else
+                                 {f: getattr(s, f) for f in s.__slots__})
 
     # -- closing a bucket ----------------------------------------------------------------
     def _close(self, idx: int) -> None:
@@ -1282,7 +1286,7 @@ class Frame:
 
 
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-            "ConfigSample": "config"}
+            "ConfigSample": "config", "JobEnd": "job_end"}
 
 # derived signals and what they are computed from (so the frame keeps those too)
 _DEPENDS: dict[str, set[str]] = {
