@@ -272,6 +272,10 @@ def render_fleet_markdown(rep: dict[str, Any]) -> str:
         body = report.render_markdown(_host_report(rep, host)).splitlines()
         if body and body[0].startswith("# gpuwatch advice:"):
             body = body[1:]
+        while body and not body[0].strip():
+            body = body[1:]
+        if host["jobs"]:
+            lines.append("")
         # one level down: the host is the section
         lines += [("#" + ln) if ln.startswith("#") else ln for ln in body]
     ranks = _ranks_text(rep.get("ranks"))

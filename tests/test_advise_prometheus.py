@@ -240,3 +240,26 @@ def test_ranks_without_wait_share_and_of_several_jobs(prometheus):
     assert "ranks compared by step time and data wait only" in block["note"]
     s = block["straggler"]
     assert (s["instance"], s["rank"], s["data_wait_ratio"]) == ("node-b:9442", 1, 0.45)
+
+
+def test_fleet_lists_a_lost_gpu_and_renders_per_host(prometheus):
+    """A GPU seen only as lost (gpuwatch_gpu_up 0, no other series) is still listed under
+    its host; the Markdown report has a section per host."""
+    end = time.time() - 30
+    text = openmetrics(load("input_bound"), end, "node-a:9442")
+    lost = [f'gpuwatch_gpu_up{{instance="node-a:9442",job="gpuwatch",gpu="{g}",uuid=""}} '
+            f"{v} {end - 60 + i:.3f}" for g, v in ((0, 1), (1, 0)) for i in range(60)]
+    text = text.replace("# EOF\n", "# TYPE gpuwatch_gpu_up gauge\n" + "\n".join(lost)
+                        + "\n# EOF\n")
+    url = prometheus(text)
+    proc = run_cli("advise", "--prometheus", url, "--window", "600", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (host,) = json.loads(proc.stdout)["hosts"]
+    assert [(g["gpu"], g["up"]) for g in host["gpus"]] == [(0, True), (1, False)]
+    out = run_cli("advise", "--prometheus", url, "--window", "600").stdout
+    assert "== node-a:9442: 2 GPU(s), lost: GPU 1 ==" in out
+    md = run_cli("advise", "--prometheus", url, "--window", "600", "--format", "markdown")
+    assert md.returncode == 0, md.stderr
+    assert md.stdout.startswith("# gpuwatch fleet advice: Prometheus ")
+    assert "\n## node-a:9442: 2 GPU(s), lost: GPU 1\n" in md.stdout
+    assert "add-dataloader-workers" in md.stdout
