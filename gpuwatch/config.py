@@ -192,7 +192,11 @@ def _load(path: str) -> tuple[Config, bool]:
         raise UserError(f"cannot read configuration file {path}: {err.strerror or err}") from err
     except UnicodeDecodeError as err:
         raise FileFormatError(path, [(None, f"not UTF-8 text ({err.reason})")]) from err
-    loader = yaml.SafeLoader(text)
+    try:
+        # the reader refuses control characters at once, so this too is inside the try
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as err:
+        raise FileFormatError(path, [(None, f"not valid YAML: {err}")]) from err
     try:
         # compose keeps the source marks (line numbers); each entry is then constructed
         # alone, so a key given twice is checked twice and reported where it is
@@ -218,6 +222,9 @@ def _load(path: str) -> tuple[Config, bool]:
     problems: list[tuple[int | None, str]] = []
     values: dict[str, Any] = {}
     for key, value, line in entries:
+        if not isinstance(key, str):  # a list or a mapping as a key is not even hashable
+            problems.append((line, f"keys must be setting names, got {_show(key)}"))
+            continue
         if key in lines:
             problems.append((line, f"{key}: given twice (first on line {lines[key]})"))
             continue

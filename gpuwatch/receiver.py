@@ -31,7 +31,7 @@ import psutil
 
 from gpuwatch import logs, protocol
 from gpuwatch.errors import UserError
-from gpuwatch.samples import ConfigSample, JobStats, StepSample
+from gpuwatch.samples import ConfigSample, JobEnd, JobStats, StepSample
 from gpuwatch.store import Store
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,17 @@ class _Job:
     last_seen: float  # monotonic
     seq: int = -1
     dead_since: float | None = None  # monotonic
+    first_step_t: float | None = None  # Unix seconds: the end of its first iteration
+    error: str | None = None  # the exit report's error text
+
+
+def _end(stats: JobStats, t: float, first_step_t: float | None, error: str | None) -> JobEnd:
+    return JobEnd(t=t, pid=stats.pid, exit_reason=stats.exit_reason or "exited",
+                  rank=stats.rank, gpu=stats.gpu, error=error, steps_total=stats.steps_total,
+                  first_step_t=first_step_t, last_report_t=stats.t or None,
+                  mem_allocated_bytes=stats.mem_allocated_bytes,
+                  mem_reserved_bytes=stats.mem_reserved_bytes,
+                  max_mem_allocated_bytes=stats.max_mem_allocated_bytes)
 
 
 def _pid_gone(pid: int) -> bool:
@@ -228,7 +239,9 @@ class HookReceiver:
             job.stats = replace(job.stats, alive=False, exit_reason=reason)
             job.dead_since = time.monotonic()
             stats = job.stats
+            end = _end(stats, time.time(), job.first_step_t, job.error)
         self.store.set_job(stats)
+        self.store.add_job_end(end)
 
     def jobs(self) -> list[JobStats]:
         with self._lock:
@@ -374,8 +387,15 @@ class HookReceiver:
             )
             if job is None or prev is None:
                 job = self._jobs[pid] = _Job(stats=stats, last_seen=now)
+            was_alive = job.dead_since is None
             job.stats, job.last_seen, job.seq = stats, now, r.seq
             job.dead_since = now if final else None
+            if job.first_step_t is None and r.steps:
+                job.first_step_t = r.steps[0].t
+            if r.error is not None:
+                job.error = r.error
+            end = _end(stats, r.t, job.first_step_t, job.error) if final and was_alive \
+                else None
         # the hook stamps steps with this host's clock; one stamped far ahead (a wrong
         # clock, a forged datagram) would make the store's time trim drop the history
         latest = time.time() + MAX_CLOCK_AHEAD
@@ -395,11 +415,14 @@ class HookReceiver:
         if r.config is not None:
             self.store.set_config(ConfigSample(t=r.t, pid=pid, rank=r.rank, values=r.config))
         self.store.set_job(stats)
+        if end is not None:
+            self.store.add_job_end(end)
 
     def _sweep(self, now: float, vanish_after: float | None = None) -> None:
         """Mark silent jobs whose process is gone; forget long-dead ones."""
         silent = self.vanish_after if vanish_after is None else vanish_after
         vanished: list[JobStats] = []
+        ends: list[JobEnd] = []
         forget: list[int] = []
         with self._lock:
             for pid, job in list(self._jobs.items()):
@@ -408,13 +431,15 @@ class HookReceiver:
                         job.stats = replace(job.stats, alive=False, exit_reason="vanished")
                         job.dead_since = now
                         vanished.append(job.stats)
+                        ends.append(_end(job.stats, time.time(), job.first_step_t, job.error))
                 elif job.dead_since is not None and now - job.dead_since >= self.forget_after:
                     forget.append(pid)
                     del self._jobs[pid]
-        for stats in vanished:
+        for stats, end in zip(vanished, ends, strict=True):
             log.info("training process %d (rank %s) vanished without an exit report",
                      stats.pid, stats.rank)
             self.store.set_job(stats)
+            self.store.add_job_end(end)
         for pid in forget:
             self.store.drop_job(pid)
 
