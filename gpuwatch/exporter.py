@@ -218,6 +218,8 @@ def _declared_families() -> tuple[Metric, ...]:
     families: list[Metric] = []
     for build in (_gpu_families, _process_families, _host_families, _train_families):
         families.extend(build(template))
+    # the step-time shares come from the advisor, which may not run; declared all the same
+    families.extend(time_share_families(()))
     families.extend(_self_families(template, {}))
     return tuple(families)
 

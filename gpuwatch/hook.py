@@ -621,7 +621,10 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
             h.primary = weakref.ref(optimizer)
         elif ref() is not optimizer:
             return  # several optimizers: the first one to step is the iteration clock
-        h.step_end(False)
+        if h.source is OPTIMIZER:
+            h.end_iteration(False)
+        else:
+            h.step_end(False)
     except Exception:
         h.fault()
 
@@ -740,7 +743,10 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             h.depth -= 1
         if not h.depth and h.source is not OPTIMIZER:
             try:
-                h.backward_end()
+                if h.source is BACKWARD:
+                    h.end_iteration(False)
+                else:
+                    h.backward_end()
             except Exception:
                 h.fault()
         return result

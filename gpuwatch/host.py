@@ -13,10 +13,16 @@ It runs every tick beside a training job, so it is built to be cheap:
   (no scan of the process table); elsewhere one scan per tick builds a parent map that all
   trees share (``children(recursive=True)`` would scan once per tree).
 
-Grouping GPU processes into jobs: a process using a GPU is the root of a job tree unless
-one of its ancestors also uses a GPU, in which case it is part of that ancestor's tree (a
-training process and a child that touched CUDA are one job, counted once). The launcher of
-``torchrun`` uses no GPU itself, so each rank is a root: one job tree per rank.
+Grouping GPU processes into jobs, so that each GPU's CPU is its own rank's: the main
+process of a GPU (the one NVML lists there holding the most of its memory: the rank) is
+always the root of a job tree, with its own descendants (its DataLoader workers). Any other
+process using a GPU is a root too unless one of its ancestors uses a GPU, in which case it
+is part of that ancestor's tree (a training process and a worker that touched CUDA are one
+job, counted once). A tree stops where another root's begins: a launcher that holds a CUDA
+context itself (``mp.spawn`` from a parent that touched the GPU, an ``accelerate`` or
+``deepspeed`` launcher that did) is a job of its own, not the "main process" of all its
+ranks with every rank and worker counted as its workers. ``torchrun``'s launcher uses no
+GPU: each rank is a root, as before. Each tree carries the GPUs its root is listed on.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -68,15 +74,25 @@ class HostSampler:
         self._proc_children = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
     # -- public ----------------------------------------------------------------------
-    def sample(self, t: float, gpu_pids: Collection[int]) -> HostSample:
-        """One reading of the host at ``t``; ``gpu_pids`` are the processes NVML saw on a GPU."""
+    def sample(self, t: float, gpu_pids: Collection[int] | Mapping[int, Collection[int]],
+               mains: Collection[int] = ()) -> HostSample:
+        """One reading of the host at ``t``.
+
+        ``gpu_pids``: the processes NVML saw on a GPU, or a mapping of each to the GPUs it
+        was seen on; ``mains``: each GPU's main process (the one holding most of its
+        memory), each the root of its own job tree wherever it sits in the process tree.
+        """
         with self._lock:
             self._tick += 1
             per_core, total = self._cpu()
             load = self._call("load", psutil.getloadavg)
             vm = self._call("memory", psutil.virtual_memory)
             swap = self._call("swap", psutil.swap_memory)
-            jobs = self._jobs(set(gpu_pids)) if gpu_pids else ()
+            if isinstance(gpu_pids, Mapping):
+                on_gpus = {int(p): tuple(sorted(g)) for p, g in gpu_pids.items()}
+            else:
+                on_gpus = {int(p): () for p in gpu_pids}
+            jobs = self._jobs(on_gpus, set(mains)) if on_gpus else ()
             self._forget_unseen()
         sample = HostSample(
             t=t,
@@ -206,39 +222,48 @@ class HostSampler:
                 continue
         return found
 
-    def _descendants(self, pid: int, kids: dict[int, list[int]] | None) -> list[int]:
+    def _descendants(self, pid: int, kids: dict[int, list[int]] | None,
+                     stop: Collection[int] = ()) -> list[int]:
+        """``pid``'s descendants, not entering the subtree of any pid in ``stop``."""
         out: list[int] = []
         seen = {pid}
         todo = [pid]
         while todo:
             for child in self._direct_children(todo.pop(), kids):
-                if child not in seen:
+                if child not in seen and child not in stop:
                     seen.add(child)
                     out.append(child)
                     todo.append(child)
         return out
 
-    def _jobs(self, gpu_pids: set[int]) -> tuple[JobTree, ...]:
+    def _jobs(self, on_gpus: dict[int, tuple[int, ...]], mains: set[int]
+              ) -> tuple[JobTree, ...]:
         try:
             kids = self._children_map()
         except (OSError, psutil.Error) as err:
             logs.once(log, "host-ptable", logging.WARNING, "cannot list processes: %s", err)
             return ()
-        trees = {pid: self._descendants(pid, kids) for pid in gpu_pids}
-        # a GPU process inside another GPU process's tree belongs to that tree
-        nested = {pid for root, members in trees.items() for pid in members if pid in gpu_pids}
+        trees = {pid: self._descendants(pid, kids) for pid in on_gpus}
+        # a GPU process inside another GPU process's tree belongs to that tree, unless it
+        # is a GPU's main process (a rank under a launcher that touched CUDA)
+        nested = {pid for root, members in trees.items() for pid in members if pid in on_gpus}
+        roots = (trees.keys() - nested) | (nested & mains)
+        if nested & mains:
+            # a root inside another root's tree: each tree stops where another begins
+            trees = {r: self._descendants(r, kids, stop=roots) for r in roots}
         jobs: list[JobTree] = []
-        for root in sorted(trees.keys() - nested):
-            job = self._job(root, trees[root])
+        for root in sorted(roots):
+            job = self._job(root, trees[root], on_gpus.get(root, ()))
             if job is not None:
                 jobs.append(job)
         if not jobs:
             logs.once(log, "host-nojobs", logging.INFO,
                       "none of the GPU processes %s is visible here (another PID namespace?)",
-                      sorted(gpu_pids))
+                      sorted(on_gpus))
         return tuple(jobs)
 
-    def _job(self, root: int, descendants: list[int]) -> JobTree | None:
+    def _job(self, root: int, descendants: list[int], gpus: tuple[int, ...] = ()
+             ) -> JobTree | None:
         main = self._usage(root)
         if main is None:
             return None  # the root is gone: its tree is no longer a job
@@ -262,6 +287,7 @@ class HostSampler:
             workers_cpu_cores=round(workers_cpu, 3),
             processes=processes,
             rss_bytes=rss,
+            gpus=gpus,
         )
 
     def _usage(self, pid: int) -> tuple[float, int] | None:

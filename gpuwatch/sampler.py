@@ -31,7 +31,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 import psutil
@@ -64,7 +64,8 @@ _NOTHING: tuple[int, Any] = (-1, None)  # an answer not yet given
 
 
 class HostSource(Protocol):
-    def sample(self, t: float, gpu_pids: Collection[int]) -> HostSample: ...
+    def sample(self, t: float, gpu_pids: Collection[int] | Mapping[int, Collection[int]],
+               mains: Collection[int] = ()) -> HostSample: ...
 
 
 class _Bell:
@@ -519,8 +520,8 @@ class Sampler:
 
     def _publish(self, t: float, gpus: tuple[GpuSample, ...], started: float,
                  read_seconds: float) -> Snapshot:
-        pids = sorted({p.pid for g in gpus for p in g.processes}) if gpus else []
-        host = self._sample_host(t, pids)
+        on_gpus, mains = gpu_processes(gpus)
+        host = self._sample_host(t, on_gpus, mains)
         self._ticks += 1
         errors = self._errors_view
         if self._error_count != self._errors_seen:  # errors since the last tick
@@ -783,11 +784,12 @@ class Sampler:
             log.warning("host metrics not available: %s", err)
             return None
 
-    def _sample_host(self, t: float, pids: Collection[int]) -> HostSample | None:
+    def _sample_host(self, t: float, pids: Mapping[int, Collection[int]],
+                     mains: Collection[int] = ()) -> HostSample | None:
         if self.host is None:
             return None
         try:
-            return self.host.sample(t, pids)
+            return self.host.sample(t, pids, mains)
         except Exception:
             self._count("host")
             log.exception("host sample failed")
@@ -799,4 +801,22 @@ class Sampler:
             self._error_count += 1
 
 
-__all__ = ["MAX_INTERVAL", "MIN_INTERVAL", "Sampler"]
+def gpu_processes(gpus: Iterable[GpuSample]) -> tuple[dict[int, list[int]], list[int]]:
+    """The processes NVML lists, each with the GPUs it is on; and each GPU's main process:
+    the one holding the most of its memory (its rank, not a launcher's or a worker's stray
+    CUDA context), which the host layer makes the root of its own job tree."""
+    on_gpus: dict[int, list[int]] = {}
+    mains: list[int] = []
+    for g in gpus:
+        best: tuple[int, int] | None = None
+        for p in g.processes:
+            on_gpus.setdefault(p.pid, []).append(g.gpu)
+            key = (p.mem_used_bytes or 0, -p.pid)
+            if best is None or key > best:
+                best = key
+        if best is not None and -best[1] not in mains:
+            mains.append(-best[1])
+    return on_gpus, mains
+
+
+__all__ = ["MAX_INTERVAL", "MIN_INTERVAL", "Sampler", "gpu_processes"]

@@ -218,7 +218,7 @@ def _color(name: str) -> str:
 
 def draw_timeseries(ax: Any, panel: Panel, data: list, start: float, end: float) -> None:
     import matplotlib.dates as mdates
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     defaults = panel.raw.get("fieldConfig", {}).get("defaults", {})
     custom = defaults.get("custom", {})
@@ -244,6 +244,10 @@ def draw_timeseries(ax: Any, panel: Panel, data: list, start: float, end: float)
         decimals = defaults.get("decimals")
         ax.yaxis.set_major_formatter(
             FuncFormatter(lambda v, _: format_value(v, panel.unit, decimals)))
+        if decimals == 0:
+            # counts: whole-number ticks, and a 0-1 axis rather than a band around 0
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
     ax.set_xlim(mdates.date2num(_dt(start)), mdates.date2num(_dt(end)))
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
     ax.grid(True, alpha=0.3)

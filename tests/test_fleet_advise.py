@@ -83,6 +83,11 @@ def test_fleet_report_per_host_nothing_crossing(gpuwatch_daemon, prometheus, exp
     # the replays run at their recorded pace: the small-batch run steps far faster
     step = {h["instance"]: h["jobs"][0]["step_seconds"] for h in report["hosts"]}
     assert step["gpu-2:9442"] < step["gpu-1:9442"]
+    # each host's step-time breakdown is its own: the input-bound run waits for data
+    shares = {h["instance"]: h["jobs"][0]["time_share"] for h in report["hosts"]}
+    assert all(shares.values()), shares
+    assert max(shares["gpu-1:9442"], key=shares["gpu-1:9442"].get) == "data", shares
+    assert shares["gpu-2:9442"]["data"] < 0.1 < shares["gpu-1:9442"]["data"], shares
 
     # --match narrows the report to one host, and its advice stays that host's
     one = fleet(prom.url, "--match", 'instance=~"gpu-1.*"')

@@ -44,7 +44,7 @@ pytestmark = [
 
 
 class NullHost:
-    def sample(self, t: float, gpu_pids: Any) -> HostSample:
+    def sample(self, t: float, gpu_pids: Any, mains: Any = ()) -> HostSample:
         return HostSample(t=t)
 
 

@@ -27,10 +27,13 @@ class FakeHost:
 
     def __init__(self, on_sample: Callable[[], None] | None = None) -> None:
         self.pids: list[set[int]] = []
+        self.mains: list[set[int]] = []
         self.on_sample = on_sample
 
-    def sample(self, t: float, gpu_pids: Collection[int]) -> HostSample:
+    def sample(self, t: float, gpu_pids: Collection[int],
+               mains: Collection[int] = ()) -> HostSample:
         self.pids.append(set(gpu_pids))
+        self.mains.append(set(mains))
         if self.on_sample is not None:
             self.on_sample()
         return HostSample(t=t, load1=0.5)
@@ -397,7 +400,8 @@ def test_versioned_fallbacks_and_a_missing_function_is_logged_once(make_sampler,
 
 def test_a_failing_host_source_costs_only_the_host(make_sampler) -> None:
     class BrokenHost:
-        def sample(self, t: float, gpu_pids: Collection[int]) -> HostSample:
+        def sample(self, t: float, gpu_pids: Collection[int],
+                   mains: Collection[int] = ()) -> HostSample:
             raise RuntimeError("psutil exploded")
 
     sampler, store = make_sampler(NvmlStub([StubGpu(0)]), host=BrokenHost())

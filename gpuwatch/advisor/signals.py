@@ -126,7 +126,6 @@ def _defs() -> dict[str, SignalDef]:
          "step"), False),
         ("batch_size", "job", "samples", "last", "samples per step (step or config line)", False),
         ("loss_scale", "job", "scale", "last", "GradScaler scale (fp16 only)", False),
-        ("loss", "job", "loss", "mean", "training loss", False),
         ("mem_allocated_bytes", "job", "bytes", "last", "torch allocated at step end", False),
         ("mem_reserved_bytes", "job", "bytes", "last", "torch caching allocator reserved", False),
         ("max_mem_allocated_bytes", "job", "bytes", "last", "torch peak allocated", False),
@@ -716,6 +715,7 @@ class Frame:
         self.hook_steps = False
         self.hook_config = False
         self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution]] = {}
+        self.job_ends: list[dict[str, Any]] = []  # `job_end` lines, for the report
 
     # -- facts -------------------------------------------------------------------------
     def set_meta(self, meta: Mapping[str, Any]) -> None:
@@ -889,7 +889,7 @@ class Frame:
                 acc.add("data_wait_seconds", float(dw))
                 acc.add("_dw_ss", float(ss))
         for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
-                  "max_mem_allocated_bytes", "loss"):
+                  "max_mem_allocated_bytes"):
             v = get(f)
             if v is not None:
                 acc.add(f, float(v))
@@ -961,6 +961,9 @@ class Frame:
             self.feed_step(s)
         elif kind == "config":
             self.feed_config(s)
+        elif kind == "job_end" and len(self.job_ends) < 1000:
+            self.job_ends.append(dict(s) if type(s) is dict else
+                                 {f: getattr(s, f) for f in s.__slots__})
 
     # -- closing a bucket ----------------------------------------------------------------
     def _close(self, idx: int) -> None:
@@ -1080,8 +1083,6 @@ class Frame:
                      "max_mem_allocated_bytes", "loss_scale", "act_mem_per_sample_bytes"):
             if name in acc.last:
                 job.push(idx, name, acc.last[name])
-        if "loss" in acc.n:
-            job.push(idx, "loss", acc.mean("loss"))
         if "_fb_known" in acc.n:
             fb = acc.s.get("_fb_dw", 0.0)
             n_fb = acc.n.get("_fb_dw", 0.0)
@@ -1279,7 +1280,7 @@ class Frame:
 
 
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-            "ConfigSample": "config"}
+            "ConfigSample": "config", "JobEnd": "job_end"}
 
 # derived signals and what they are computed from (so the frame keeps those too)
 _DEPENDS: dict[str, set[str]] = {
