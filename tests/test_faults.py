@@ -35,7 +35,7 @@ FAST_RETRY = (0.05, 0.2)  # NVML restarts within a test's patience
 
 
 class FakeHost:
-    def sample(self, t: float, gpu_pids: Any) -> Any:
+    def sample(self, t: float, gpu_pids: Any, mains: Any = ()) -> Any:
         from gpuwatch.samples import HostSample
 
         return HostSample(t=t, cpu_util=0.25, mem_used_bytes=1, mem_total_bytes=2)
