@@ -29,7 +29,8 @@ if [ "$what" != single ]; then
   (cd "$here" && python3 -m gpuwatch record "$out/gpu_ddp_slow_rank_nohook.jsonl" --duration 60 \
       >"$out/gpu_ddp_slow_rank_nohook.log" 2>&1 &
    sleep 2; timeout 120 torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45 \
-      --slow-rank 1 --truth "$out/gpu_ddp_slow_rank_nohook.truth{rank}.json" >/dev/null 2>&1
+      --slow-rank 1 --truth "$out/gpu_ddp_slow_rank_nohook.truth{rank}.json" \
+      >"$out/gpu_ddp_slow_rank_nohook.job.log" 2>&1
    wait)
   echo "ddp_slow_rank_nohook: $(wc -l <"$out/gpu_ddp_slow_rank_nohook.jsonl") lines"
 fi
