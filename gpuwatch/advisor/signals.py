@@ -675,6 +675,7 @@ class Subject:
         self.job_pid: int | None = None
         self.job_rank: int | None = None
         self.iterators_seen = 0  # DataLoader iterators whose first batch the hook marked
+        self.tree_table = Table(frame)  # this GPU's own process tree (host lines' jobs)
         self.job_first: int | None = None
         self.job_last: int | None = None  # the bucket of its newest step
         self.job_t0: float | None = None  # when its first step began (Unix seconds)
@@ -856,6 +857,52 @@ class Frame:
             v = get(field)
             if v is not None:
                 acc.add(name, float(v))
+        jobs = get("jobs")
+        if jobs:
+            self._feed_trees(jobs)
+
+    def _feed_trees(self, jobs: Iterable[Any]) -> None:
+        """Per-GPU process trees (host lines' ``jobs`` with their ``gpus``): each GPU's own
+        rank and its DataLoader workers, so a multi-GPU job started by a launcher gets
+        per-rank evidence without the hook. A tree that drives several GPUs is left to
+        the host totals."""
+        per: dict[int, list[float]] = {}
+        for j in jobs:
+            jg = _get(j)
+            gpus = jg("gpus")
+            if not gpus or len(gpus) != 1:
+                continue
+            row = per.setdefault(int(gpus[0]), [0.0, 0.0, 0.0, 0.0])
+            row[0] += float(jg("main_cpu_cores") or 0.0)
+            row[1] += float(jg("workers_cpu_cores") or 0.0)
+            row[2] += float(jg("processes") or 1)
+            row[3] += 1.0
+        for gpu, (main, workers, procs, mains) in per.items():
+            acc = self._subject(gpu).tree_table.acc
+            acc.add("main", main)
+            acc.add("workers", workers)
+            acc.add("procs", procs)
+            acc.add("mains", mains)
+
+    def _close_trees(self, idx: int, subj: Subject) -> None:
+        tab = subj.tree_table
+        a = tab.acc
+        if not a.n:
+            return
+        tab.ever = True
+        mains = max(1.0, round(a.mean("mains") or 1.0))
+        procs = a.mean("procs") or mains
+        workers = max(0.0, procs - mains)
+        main = a.mean("main") or 0.0
+        wc = a.mean("workers") or 0.0
+        tab.push(idx, "job_main_processes", mains)
+        tab.push(idx, "job_workers", workers)
+        tab.push(idx, "main_cpu_cores", main / mains)
+        tab.push(idx, "main_busy_ratio", min(1.0, main / mains))
+        tab.push(idx, "workers_cpu_cores", wc)
+        if workers >= 1:
+            tab.push(idx, "workers_busy_ratio", min(1.0, wc / workers))
+        a.clear()
 
     def feed_step(self, s: Any) -> None:
         get = _get(s)
@@ -1023,6 +1070,7 @@ class Frame:
             self._close_job(idx, subj)
             if subj.gpu is None:
                 continue
+            self._close_trees(idx, subj)
             acc = subj.gpu_table.acc
             if not acc.n:
                 continue
@@ -1149,7 +1197,7 @@ class Frame:
         util = _ring_mean(gt.get("util"), start, end)
         if busy is None:
             busy = util
-        hr = self.host_tables.rings
+        hr = (subj.tree_table if subj.tree_table.ever else self.host_tables).rings
         main = _ring_mean(hr.get("main_busy_ratio"), start, end)
         wb = _ring_mean(hr.get("workers_busy_ratio"), start, end)
         workers = _ring_mean(hr.get("job_workers"), start, end)
@@ -1261,6 +1309,8 @@ class Frame:
         if table == "gpu":
             return subj.gpu_table if subj.gpu is not None else None
         if table == "host":
+            if subj.gpu is not None and name in _TREE_SIGNALS and subj.tree_table.ever:
+                return subj.tree_table  # this GPU's own process tree
             return self.host_tables
         if table == "job":
             if subj.job.ever:
@@ -1306,6 +1356,9 @@ _DEPENDS: dict[str, set[str]] = {
 }
 
 
+# host signals a GPU reads from its own process tree where the host line gives one
+_TREE_SIGNALS = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
+                           "main_busy_ratio", "workers_cpu_cores", "workers_busy_ratio"})
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
                        "main_busy_ratio", "workers_busy_ratio", "job_workers"}
 
