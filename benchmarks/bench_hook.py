@@ -142,7 +142,7 @@ def micro_costs(calls: int, sock: str) -> dict[str, float]:
         update_us = (time.perf_counter() - t0) / calls * 1e6
 
         class It:
-            _gpuwatch = (16, {})
+            _gpuwatch = [16, {}, None, 0.0]
 
         def raw(_self: Any) -> int:
             return 1
@@ -157,12 +157,34 @@ def micro_costs(calls: int, sock: str) -> dict[str, float]:
         for _ in range(calls):
             wrapped(it)
         next_us = (time.perf_counter() - t0 - base) / calls * 1e6
+
+        def raw_backward(*_args: Any) -> None:
+            return None
+
+        backward = hook._wrap_backward(raw_backward)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            raw_backward(p)
+        base = time.perf_counter() - t0
+        h.source = hook.OPTIMIZER  # what every loop with an optimizer pays
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            backward(p)
+        backward_us = (time.perf_counter() - t0 - base) / calls * 1e6
+        h.source = hook.BACKWARD  # a loop without an optimizer: backward() ends iterations
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            backward(p)
+        backward_step_us = (time.perf_counter() - t0 - base) / calls * 1e6
     finally:
         hook.detach()
     return {"optimizer_step_hook_us": opt_us, "scaler_update_us": update_us,
             "dataloader_next_wrapper_us": next_us,
-            "per_step_total_us": opt_us + next_us,
-            "per_step_total_with_scaler_us": update_us + next_us}
+            "backward_wrapper_us": backward_us,
+            "backward_iteration_us": backward_step_us,
+            "per_step_total_us": opt_us + next_us + backward_us,
+            "per_step_total_with_scaler_us": update_us + next_us + backward_us,
+            "per_step_total_backward_clocked_us": backward_step_us + next_us}
 
 
 RECEIVER = """

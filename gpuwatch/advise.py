@@ -82,6 +82,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                "selector": selector or None, "instances": sorted(engines)}
         rep = report.build_report(parts, src)
         rep["hosts"] = fleet_hosts(rep, {inst: facts for inst, (_, facts) in engines.items()})
+        rep["ranks"] = fleet_ranks(rep["hosts"])
         return rep
     url = getattr(args, "url", None) or DEFAULT_URL
     if getattr(args, "rules_dir", None):
@@ -109,6 +110,91 @@ def fleet_hosts(rep: dict[str, Any], facts: dict[str, dict[str, Any]]) -> list[d
         hosts.append({"instance": inst, "gpus": gpus, "jobs": f.get("jobs", []),
                       "advice": [a for a in rep.get("advice", []) if a.get("instance") == inst]})
     return hosts
+
+
+# a rank whose own time per step is this much slower than the fastest rank's sets the
+# job's pace (nvidia-resiliency-ext's straggler score: best median / own median < 0.75);
+# the same threshold as the straggler-rank rule, which compares ranks on one host
+STRAGGLER_SCORE = 0.75
+
+
+def fleet_ranks(hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Compare the ranks the hook reported across hosts, as ranks of one job.
+
+    Synchronous data-parallel ranks share one step time (each waits for the slowest in
+    the collectives), so a rank's own time per step is its step time less the share it
+    spent waiting on peers (``sync`` of gpuwatch_train_time_share_ratio, where the daemon
+    exports it). Without that share only the DataLoader wait tells ranks apart. The
+    selection must hold one job: two ranks with the same number mean several jobs (narrow
+    with --match), and the comparison is left out with a note saying so."""
+    ranks = [{"instance": h["instance"], **j} for h in hosts for j in h["jobs"]
+             if j.get("rank") is not None and j.get("step_seconds")]
+    if len({r["instance"] for r in ranks}) < 2:
+        return None  # one host: the straggler-rank rule of its own engine compares them
+    numbers = [r["rank"] for r in ranks]
+    if len(set(numbers)) != len(numbers):
+        return {"ranks": ranks, "straggler": None,
+                "note": "ranks with the same number on several hosts: these are several "
+                        "jobs; narrow with --match to one job's hosts to compare its ranks"}
+    for r in ranks:
+        sync = (r.get("time_share") or {}).get("sync")
+        r["own_seconds"] = round(r["step_seconds"] * (1.0 - sync), 6) if sync is not None \
+            else None
+    ranks.sort(key=lambda r: r["rank"])
+    straggler = None
+    note = None
+    if all(r["own_seconds"] for r in ranks):
+        best = min(r["own_seconds"] for r in ranks)
+        for r in ranks:
+            r["rank_score"] = round(best / r["own_seconds"], 3)
+        slow = min(ranks, key=lambda r: r["rank_score"])
+        if slow["rank_score"] < STRAGGLER_SCORE:
+            others = sorted(r["own_seconds"] for r in ranks if r is not slow)
+            median = others[len(others) // 2]
+            straggler = {"instance": slow["instance"], "rank": slow["rank"],
+                         "pid": slow["pid"], "gpu": slow["gpu"],
+                         "rank_score": slow["rank_score"],
+                         "own_seconds": slow["own_seconds"],
+                         "data_wait_ratio": slow.get("data_wait_ratio"),
+                         "speedup_at_median_pace": round(slow["own_seconds"] / median, 2)}
+    else:
+        note = ("no per-rank wait share (gpuwatch_train_time_share_ratio) from these daemons: "
+                "ranks compared by step time and data wait only")
+        waits = [r["data_wait_ratio"] for r in ranks if r.get("data_wait_ratio") is not None]
+        if len(waits) == len(ranks):
+            slow = max(ranks, key=lambda r: r["data_wait_ratio"])
+            rest = sorted(r["data_wait_ratio"] for r in ranks if r is not slow)
+            if slow["data_wait_ratio"] - rest[len(rest) // 2] > 1.0 - STRAGGLER_SCORE:
+                straggler = {"instance": slow["instance"], "rank": slow["rank"],
+                             "pid": slow["pid"], "gpu": slow["gpu"], "rank_score": None,
+                             "own_seconds": None, "data_wait_ratio": slow["data_wait_ratio"],
+                             "speedup_at_median_pace": None}
+    return {"ranks": ranks, "straggler": straggler, "note": note}
+
+
+def _ranks_text(block: dict[str, Any] | None) -> list[str]:
+    if not block:
+        return []
+    lines = [f"Ranks across hosts ({len(block['ranks'])}):"]
+    for r in block["ranks"]:
+        own = f", own {r['own_seconds'] * 1000:.0f} ms" if r.get("own_seconds") else ""
+        score = f", score {r['rank_score']:.2f}" if r.get("rank_score") is not None else ""
+        wait = (f", data wait {r['data_wait_ratio']:.0%}"
+                if r.get("data_wait_ratio") is not None else "")
+        lines.append(f"  rank {r['rank']} on {r['instance']} GPU {r['gpu']}: step "
+                     f"{r['step_seconds'] * 1000:.0f} ms{own}{wait}{score}")
+    s = block.get("straggler")
+    if s:
+        why = (f"its own time per step is {1 / s['rank_score']:.2f}x the fastest rank's; at the "
+               f"other ranks' median pace the job would go {s['speedup_at_median_pace']:.2f}x "
+               "faster" if s.get("rank_score") else
+               f"it waits for data {s['data_wait_ratio']:.0%} of each step, far more than the "
+               "other ranks, which then wait for it in the collectives")
+        lines.append(f"  Straggler: rank {s['rank']} on {s['instance']} (GPU {s['gpu']}): {why}. "
+                     "Look at that host's advice and its input pipeline.")
+    if block.get("note"):
+        lines.append(f"  Note: {block['note']}")
+    return lines
 
 
 def _job_text(j: dict[str, Any]) -> str:
@@ -168,6 +254,9 @@ def render_fleet_text(rep: dict[str, Any]) -> str:
         if body and body[0].startswith("gpuwatch advice:"):
             body = body[1:]  # the fleet header said where the data came from
         lines += body
+    ranks = _ranks_text(rep.get("ranks"))
+    if ranks:
+        lines += [""] + ranks
     for note in rep.get("notes", []):
         lines += ["", f"Note: {note}"]
     return "\n".join(lines).rstrip() + "\n"
@@ -183,8 +272,16 @@ def render_fleet_markdown(rep: dict[str, Any]) -> str:
         body = report.render_markdown(_host_report(rep, host)).splitlines()
         if body and body[0].startswith("# gpuwatch advice:"):
             body = body[1:]
+        while body and not body[0].strip():
+            body = body[1:]
+        if host["jobs"]:
+            lines.append("")
         # one level down: the host is the section
         lines += [("#" + ln) if ln.startswith("#") else ln for ln in body]
+    ranks = _ranks_text(rep.get("ranks"))
+    if ranks:
+        lines += ["", "## " + ranks[0].rstrip(":"), "", "```", *[ln.strip() for ln in ranks[1:]],
+                  "```"]
     for note in rep.get("notes", []):
         lines += ["", f"> {note}"]
     return "\n".join(lines).rstrip() + "\n"

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_level(run, argparse.SUPPRESS)
     run.add_argument("--web.listen-address", dest="listen_address", default=None, metavar="ADDR",
                      help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN}; ':9442' for all interfaces)")
+    run.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
+                     help="TLS and basic auth for the HTTP server (Prometheus exporter-toolkit "
+                     "format, see docs/security.md)")
     run.add_argument("--replay", metavar="FILE",
                      help="serve a gpuwatch-trace/1 recording as if live, looping at its end")
     run.add_argument("--demo", action="store_true",

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from gpuwatch.errors import FileFormatError, UserError
+from gpuwatch.privacy import Privacy
 
 DEFAULT_LISTEN = "127.0.0.1:9442"
 # AF_UNIX paths are limited to 108 bytes including the terminating NUL on Linux
@@ -41,6 +42,10 @@ class Config:
     rules_dirs: tuple[str, ...] = ()  # extra rule directories, after the built-in rules
     hook_socket: str | None = None  # the torch hook's datagram socket; None: chosen at start
     record: str | None = None  # also record what is sampled to this trace file
+    # TLS and basic auth for the HTTP server, exporter-toolkit format (docs/security.md)
+    web_config_file: str | None = None
+    # what /metrics and /api/snapshot may say about processes (names, users)
+    privacy: Privacy = Privacy()
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:
@@ -122,6 +127,18 @@ def _path_list(value: Any) -> str | None:
     return None
 
 
+def _privacy(value: Any) -> str | None:
+    known = [f.name for f in fields(Privacy)]
+    if not isinstance(value, dict):
+        return f"expected a mapping of {', '.join(known)} (true/false), got {_show(value)}"
+    for key, flag in value.items():
+        if key not in known:
+            return f"unknown key {key!r} (known: {', '.join(known)})"
+        if not isinstance(flag, bool):
+            return f"{key}: expected true or false, got {_show(flag)}"
+    return None
+
+
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "listen_address": _listen,
     "interval": _number(MIN_INTERVAL, MAX_INTERVAL, "seconds"),
@@ -130,6 +147,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "rules_dirs": _path_list,
     "hook_socket": _socket_path,
     "record": _optional_path,
+    "web_config_file": _optional_path,
+    "privacy": _privacy,
 }
 assert set(_CHECKS) == {f.name for f in fields(Config)}
 
@@ -173,7 +192,11 @@ def _load(path: str) -> tuple[Config, bool]:
         raise UserError(f"cannot read configuration file {path}: {err.strerror or err}") from err
     except UnicodeDecodeError as err:
         raise FileFormatError(path, [(None, f"not UTF-8 text ({err.reason})")]) from err
-    loader = yaml.SafeLoader(text)
+    try:
+        # the reader refuses control characters at once, so this too is inside the try
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as err:
+        raise FileFormatError(path, [(None, f"not valid YAML: {err}")]) from err
     try:
         # compose keeps the source marks (line numbers); each entry is then constructed
         # alone, so a key given twice is checked twice and reported where it is
@@ -199,6 +222,9 @@ def _load(path: str) -> tuple[Config, bool]:
     problems: list[tuple[int | None, str]] = []
     values: dict[str, Any] = {}
     for key, value, line in entries:
+        if not isinstance(key, str):  # a list or a mapping as a key is not even hashable
+            problems.append((line, f"keys must be setting names, got {_show(key)}"))
+            continue
         if key in lines:
             problems.append((line, f"{key}: given twice (first on line {lines[key]})"))
             continue
@@ -224,6 +250,8 @@ def _load(path: str) -> tuple[Config, bool]:
         raise FileFormatError(path, problems)
     if "rules_dirs" in values:
         values["rules_dirs"] = tuple(values["rules_dirs"])
+    if "privacy" in values:
+        values["privacy"] = Privacy(**values["privacy"])
     for key in ("interval", "slow_interval", "history_seconds"):
         if key in values:
             values[key] = float(values[key])
@@ -245,7 +273,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     overrides: dict[str, Any] = {}
     for key, attr in (("listen_address", "listen_address"), ("interval", "interval"),
                       ("record", "record"), ("hook_socket", "hook_socket"),
-                      ("slow_interval", "slow_interval")):
+                      ("slow_interval", "slow_interval"),
+                      ("web_config_file", "web_config_file")):
         value = getattr(args, attr, None)
         if value is not None:
             overrides[key] = value

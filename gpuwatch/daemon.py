@@ -28,8 +28,10 @@ from gpuwatch.config import Config, config_from_args
 from gpuwatch.errors import UserError
 from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.httpserver import HttpServer
+from gpuwatch.privacy import redacting
 from gpuwatch.samples import Sample
 from gpuwatch.store import Store
+from gpuwatch.webconfig import WebConfigFile
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +126,17 @@ class Daemon:
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> None:
         self._start_time = time.monotonic()
-        collector = GpuwatchCollector(self.store.latest)
+        # what is served over HTTP: without the names/users the config keeps private
+        published = redacting(self.store.latest, self.config.privacy)
+        collector = GpuwatchCollector(published)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         if self.serve_http:
+            web = WebConfigFile(self.config.web_config_file) \
+                if self.config.web_config_file else None  # a bad file fails the start
             self.http = HttpServer(self.config.listen_address, registry=registry,
-                                   snapshot=self.store.latest, health=self.health,
-                                   description=self._description())
+                                   snapshot=published, health=self.health,
+                                   description=self._description(), web=web)
             # bind before starting anything, so a port in use fails fast and alone
             self.http.bind()
         self.store.subscribe(self._saw_sample)

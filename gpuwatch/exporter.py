@@ -2,8 +2,9 @@
 
 Every scrape builds its metric families fresh from ``Store.latest()``: there are no global
 Gauge objects, so a process that exits or a GPU that is gone simply stops appearing, and a
-field the GPU cannot report (``None``) has no series rather than a zero. The names are those
-of docs/metrics.md. A sample of the exposition output (one H200 under load)::
+field the GPU cannot report (``None``) has no series rather than a zero (its family is still
+declared, HELP and TYPE, from the first scrape). The names are those of docs/metrics.md.
+A sample of the exposition output (one H200 under load)::
 
     # HELP gpuwatch_gpu_info Static facts about a GPU (value is always 1).
     # TYPE gpuwatch_gpu_info gauge
@@ -123,6 +124,7 @@ ERROR_SOURCES: tuple[str, ...] = (
     "snapshot", "export_gpu", "export_process", "export_host", "export_train",
     "hook_socket",  # the hook socket vanished or could not be rebound
     "recorder",     # the recording stopped (disk full, a write error)
+    "replay",       # a replayed recording's line could not be served
 )
 # per GPU, for each GPU the daemon knows: a failed call, the GPU lost, a read stuck in NVML
 GPU_ERROR_SOURCES: tuple[str, ...] = ("gpu{}", "gpu{}_lost", "gpu{}_stalled",
@@ -217,6 +219,8 @@ def _declared_families() -> tuple[Metric, ...]:
     families: list[Metric] = []
     for build in (_gpu_families, _process_families, _host_families, _train_families):
         families.extend(build(template))
+    # the step-time shares come from the advisor, which may not run; declared all the same
+    families.extend(time_share_families(()))
     families.extend(_self_families(template, {}))
     return tuple(families)
 

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -40,6 +41,7 @@ from gpuwatch.samples import (
     JobTree,
     Snapshot,
 )
+from gpuwatch.webconfig import WebConfig, WebConfigFile
 
 log = logging.getLogger(__name__)
 
@@ -332,8 +334,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.conn: _Conn = self.request  # _Server._serve_conn hands us its _Conn
         self.request = self.conn.sock
         self._response_started = False
+        # the web config as of this connection's start: a rotated certificate or a changed
+        # password applies from the next connection on
+        web = self.server.app.web
+        self.web: WebConfig | None = web.current() if web is not None else None
+        if self.web is not None and self.web.tls is not None:
+            self._handshake(self.web)
         super().setup()
         self.rfile = _HeadReader(self.rfile)  # type: ignore[assignment]
+
+    def _handshake(self, web: WebConfig) -> None:
+        """TLS on this thread (a slow handshake holds no one else), under the header deadline."""
+        assert web.tls is not None
+        self.conn.state = "handshake"
+        raw = self.request
+        raw.settimeout(self.timeout)
+        tls = web.tls.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+        self.conn.sock = self.request = tls
+        tls.do_handshake()
+        if not web.san_allowed(tls.getpeercert()):
+            raise ssl.SSLError("the client certificate names none of client_allowed_sans")
 
     def handle_one_request(self) -> None:
         server, conn = self.server, self.conn
@@ -375,6 +395,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(405, {"error": f"method {self.command} not allowed"},
                                 {"Allow": "GET, HEAD"})
                 self.close_connection = True
+                return
+            if self.web is not None and \
+                    self.web.check_basic_auth(self.headers.get("Authorization")) is None:
+                self._send_json(401, {"error": "unauthorized"},
+                                {"WWW-Authenticate": 'Basic realm="gpuwatch", charset="UTF-8"'})
                 return
             self.do_GET()
             self.wfile.flush()
@@ -456,6 +481,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
+        if self.web is not None:
+            for k, v in self.web.headers.items():
+                self.send_header(k, v)
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
@@ -480,7 +508,8 @@ class HttpServer:
                  snapshot: Callable[[], Snapshot] = lambda: Snapshot(t=0.0),
                  advice: AdviceSource | None = None,
                  health: HealthCheck | None = None,
-                 description: str = "", limits: Limits | None = None) -> None:
+                 description: str = "", limits: Limits | None = None,
+                 web: WebConfigFile | None = None) -> None:
         self.listen_address = listen_address
         self.registry = registry
         self.snapshot = snapshot
@@ -488,6 +517,7 @@ class HttpServer:
         self.health: HealthCheck = health or (lambda: (True, "ok"))
         self.description = description
         self.limits = limits or Limits()
+        self.web = web  # TLS and basic auth (--web.config.file); None: plain HTTP
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._janitor: threading.Thread | None = None
@@ -504,7 +534,8 @@ class HttpServer:
         elif host == "::":
             host = "::1" if self._server.address_family == socket.AF_INET6 and \
                 self._v6only() else "127.0.0.1"
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        scheme = "https" if self.web is not None and self.web.current().tls else "http"
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
     @property
     def port(self) -> int:

@@ -59,8 +59,6 @@ ENV_SYSTEM_SOCKET = "GPUWATCH_SYSTEM_SOCKET"
 ENV_STATUS_INTERVAL = "GPUWATCH_STATUS_INTERVAL"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2)
-# signals a terminal sends to its whole foreground process group
-_FROM_TERMINAL = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
 _SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel generated (e.g. the tty driver)
 # the same signal from the same sender this soon after is the same request, sent twice
 DUPLICATE_WINDOW = 0.5  # seconds
@@ -319,8 +317,10 @@ def _forward_signals(job: _Job) -> None:
         if job.ended.is_set():
             # the job is over and we are finishing: a signal now means stop now
             die_by_signal(signum)
-        if info.si_code == _SI_KERNEL and signum in _FROM_TERMINAL and job.in_foreground():
-            continue  # the terminal sent it to the job's group itself
+        if info.si_code == _SI_KERNEL and signum == signal.SIGHUP and job.in_foreground():
+            continue  # the terminal hung up: it sent SIGHUP to the job's group itself
+        # (a Ctrl-C from the terminal reaches us only when it came before the job had the
+        # terminal's foreground: then the job did not get it, and it is passed on)
         now = time.monotonic()
         key = (signum, info.si_pid)
         if info.si_code != _SI_KERNEL and now - last.get(key, -DUPLICATE_WINDOW) < DUPLICATE_WINDOW:
@@ -410,6 +410,7 @@ def main(args: argparse.Namespace) -> int:
     code = 0
     died_by = 0
     tty: int | None = None
+    handed_over = False
     try:
         external = external_sockets(os.environ)
         serve_http = not external or listen_given
@@ -438,6 +439,7 @@ def main(args: argparse.Namespace) -> int:
         if tty is not None and not _set_foreground(tty, pid):
             os.close(tty)
             tty = None
+        handed_over = tty is not None
         job = _Job(pid, tty)
         threading.Thread(target=_forward_signals, args=(job,), name="gpuwatch-signals",
                          daemon=True).start()
@@ -467,6 +469,11 @@ def main(args: argparse.Namespace) -> int:
         if tty is not None:
             os.close(tty)
     if died_by:
+        if handed_over and died_by in (signal.SIGINT, signal.SIGQUIT):
+            # the terminal's Ctrl-C went to the job's group instead of ours: pass it on to
+            # ours as the terminal would have, so a shell script running us in a loop stops
+            with contextlib.suppress(OSError):
+                os.killpg(os.getpgrp(), died_by)
         die_by_signal(died_by)
     if watch.unfinished:
         # a thread is stuck writing (to a pipe nobody reads): the interpreter's own exit

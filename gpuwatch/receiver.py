@@ -1,8 +1,8 @@
 """The daemon's end of the torch hook: a Unix datagram socket, validated reports, job stats.
 
-``HookReceiver(store, socket_path)`` binds the socket (mode 0660, so the members of the
-socket's group, e.g. ``gpuwatch``, may report), receives on a thread of its own, validates
-each datagram with :mod:`gpuwatch.protocol` and turns it into what the store holds:
+``HookReceiver(store, socket_path)`` binds the socket (mode 0660 in the group
+``gpuwatch`` where that group exists, so its members may report; else 0600), receives on a
+thread of its own, validates each datagram with :mod:`gpuwatch.protocol` and turns it into what the store holds:
 ``JobStats`` per process (``set_job``), per-step ``StepSample`` (``add_steps``) and
 ``ConfigSample`` (``set_config``). A bad datagram costs only itself: it is dropped and
 counted by reason (``count_hook_message(dropped_reason=...)``).
@@ -15,6 +15,7 @@ dead jobs are forgotten ``forget_after`` seconds later. This module never import
 from __future__ import annotations
 
 import errno
+import grp
 import logging
 import math
 import os
@@ -30,7 +31,7 @@ import psutil
 
 from gpuwatch import logs, protocol
 from gpuwatch.errors import UserError
-from gpuwatch.samples import ConfigSample, JobStats, StepSample
+from gpuwatch.samples import ConfigSample, JobEnd, JobStats, StepSample
 from gpuwatch.store import Store
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ MAX_CLOCK_AHEAD = 5.0  # seconds
 MAX_JOBS = 1024
 
 SOCKET_MODE = 0o660
+SOCKET_GROUP = "gpuwatch"  # the systemd service's group (systemd/gpuwatch.sysusers)
 _RECV_BUFFER = 256 * 1024  # bigger than MAX_DATAGRAM_BYTES, so oversize is seen, not cut
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -54,6 +56,17 @@ class _Job:
     last_seen: float  # monotonic
     seq: int = -1
     dead_since: float | None = None  # monotonic
+    first_step_t: float | None = None  # Unix seconds: the end of its first iteration
+    error: str | None = None  # the exit report's error text
+
+
+def _end(stats: JobStats, t: float, first_step_t: float | None, error: str | None) -> JobEnd:
+    return JobEnd(t=t, pid=stats.pid, exit_reason=stats.exit_reason or "exited",
+                  rank=stats.rank, gpu=stats.gpu, error=error, steps_total=stats.steps_total,
+                  first_step_t=first_step_t, last_report_t=stats.t or None,
+                  mem_allocated_bytes=stats.mem_allocated_bytes,
+                  mem_reserved_bytes=stats.mem_reserved_bytes,
+                  max_mem_allocated_bytes=stats.max_mem_allocated_bytes)
 
 
 def _pid_gone(pid: int) -> bool:
@@ -93,14 +106,40 @@ def _check_stale(path: str) -> None:
     raise UserError(f"another receiver is listening on {path}")
 
 
+def _restrict(path: str, group: str | None) -> None:
+    """Who may send to the socket: its owner, and the members of ``group`` if it exists.
+
+    Sending to a Unix socket needs write permission on it. With the group (the systemd
+    service's ``gpuwatch``, which users join to report from their jobs) the socket is 0660
+    in that group; without it, 0600: the daemon's primary group may be a shared one.
+    """
+    gid = None
+    if group:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            gid = None
+    if gid is not None and os.stat(path).st_gid != gid:
+        try:
+            os.chown(path, -1, gid)  # allowed to root, or to a member of the group
+        except OSError as err:
+            log.info("hook socket %s stays private to its owner: cannot give it to group "
+                     "%s (%s)", path, group, err.strerror)
+            gid = None
+    # the umask decided the mode at bind time; this sets ours
+    os.chmod(path, SOCKET_MODE if gid is not None else SOCKET_MODE & 0o700)
+
+
 class HookReceiver:
     """Receives the hook's datagrams on ``socket_path`` into ``store``."""
 
     def __init__(self, store: Store, socket_path: str, *, vanish_after: float = 5.0,
-                 forget_after: float = 600.0, max_jobs: int = MAX_JOBS) -> None:
+                 forget_after: float = 600.0, max_jobs: int = MAX_JOBS,
+                 group: str | None = SOCKET_GROUP) -> None:
         self.store = store
         self.max_jobs = max_jobs
         self.socket_path = socket_path
+        self.group = group  # who besides the owner may report (see _restrict)
         self.vanish_after = vanish_after
         self.forget_after = forget_after
         self._sock: socket.socket | None = None
@@ -132,8 +171,7 @@ class HookReceiver:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(path)
-            # the umask decides the mode at bind time; this sets ours (no wider than 0660)
-            os.chmod(path, SOCKET_MODE)
+            _restrict(path, self.group)
             try:
                 # the kernel then tells us each sender's real pid (in our pid namespace)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -201,7 +239,9 @@ class HookReceiver:
             job.stats = replace(job.stats, alive=False, exit_reason=reason)
             job.dead_since = time.monotonic()
             stats = job.stats
+            end = _end(stats, time.time(), job.first_step_t, job.error)
         self.store.set_job(stats)
+        self.store.add_job_end(end)
 
     def jobs(self) -> list[JobStats]:
         with self._lock:
@@ -347,8 +387,15 @@ class HookReceiver:
             )
             if job is None or prev is None:
                 job = self._jobs[pid] = _Job(stats=stats, last_seen=now)
+            was_alive = job.dead_since is None
             job.stats, job.last_seen, job.seq = stats, now, r.seq
             job.dead_since = now if final else None
+            if job.first_step_t is None and r.steps:
+                job.first_step_t = r.steps[0].t
+            if r.error is not None:
+                job.error = r.error
+            end = _end(stats, r.t, job.first_step_t, job.error) if final and was_alive \
+                else None
         # the hook stamps steps with this host's clock; one stamped far ahead (a wrong
         # clock, a forged datagram) would make the store's time trim drop the history
         latest = time.time() + MAX_CLOCK_AHEAD
@@ -368,11 +415,14 @@ class HookReceiver:
         if r.config is not None:
             self.store.set_config(ConfigSample(t=r.t, pid=pid, rank=r.rank, values=r.config))
         self.store.set_job(stats)
+        if end is not None:
+            self.store.add_job_end(end)
 
     def _sweep(self, now: float, vanish_after: float | None = None) -> None:
         """Mark silent jobs whose process is gone; forget long-dead ones."""
         silent = self.vanish_after if vanish_after is None else vanish_after
         vanished: list[JobStats] = []
+        ends: list[JobEnd] = []
         forget: list[int] = []
         with self._lock:
             for pid, job in list(self._jobs.items()):
@@ -381,13 +431,15 @@ class HookReceiver:
                         job.stats = replace(job.stats, alive=False, exit_reason="vanished")
                         job.dead_since = now
                         vanished.append(job.stats)
+                        ends.append(_end(job.stats, time.time(), job.first_step_t, job.error))
                 elif job.dead_since is not None and now - job.dead_since >= self.forget_after:
                     forget.append(pid)
                     del self._jobs[pid]
-        for stats in vanished:
+        for stats, end in zip(vanished, ends, strict=True):
             log.info("training process %d (rank %s) vanished without an exit report",
                      stats.pid, stats.rank)
             self.store.set_job(stats)
+            self.store.add_job_end(end)
         for pid in forget:
             self.store.drop_job(pid)
 

@@ -12,7 +12,9 @@ Every ``t`` is shifted so the recording's first line happens now: a sample recor
 ``t0 + d`` is published at (and stamped with) ``start + d / speed``. Durations inside
 samples (``step_seconds``) are not scaled. At the end, with ``loop``, it starts over one
 sample period after the last line: time keeps increasing, counters keep rising, and step
-numbers continue where the last pass ended rather than starting at 0 again. ``on_loop``
+numbers continue where the last pass ended rather than starting at 0 again. A file that
+grows during the replay (a recording still being written) is played up to where it ended
+when each pass began; what was appended joins the next pass. ``on_loop``
 hears where each new pass begins, so the live advisor judges each pass on its own (the
 end of one pass and the start-up of the next are no one run).
 
@@ -211,16 +213,21 @@ class Replayer:
         base = time.time()  # when (in wall time) this pass's first recorded line happens
         try:
             while not self._stop.is_set():
-                self._play(base)
+                # a pass plays what the file held up to ``end`` (its last line when the
+                # pass began); lines a writer appends meanwhile wait for the next pass, so
+                # time never runs back at a loop and nothing is played in a burst
+                end = self.last_t
+                grown = self._play(base, end)
                 if self._stop.is_set():
                     break
                 self.passes += 1
                 if not self.loop:
-                    self._end_jobs(base + (self.last_t - self.first_t) / self.speed)
+                    self._end_jobs(base + (end - self.first_t) / self.speed)
                     break
                 for job in self._jobs.values():
                     job.next_pass()
-                base += (self.last_t - self.first_t + self.period) / self.speed
+                base += (end - self.first_t + self.period) / self.speed
+                self.last_t = max(end, grown)
                 if self.on_loop is not None:
                     try:
                         self.on_loop(base)
@@ -232,7 +239,8 @@ class Replayer:
         finally:
             self.finished.set()
 
-    def _play(self, base: float) -> None:
+    def _play(self, base: float, end: float) -> float:
+        """One pass over the lines up to ``end``; the last ``t`` the file holds now."""
         assert self.first_t is not None
         first_t, speed, half = self.first_t, self.speed, self.period / 2
         group: list[GpuSample | HostSample] = []
@@ -242,7 +250,11 @@ class Replayer:
         def at(t: float) -> float:
             return base + (t - first_t) / speed
 
+        newest = end
         for s in samples:
+            if s.t > end:  # appended since the pass began: the next pass plays it
+                newest = max(newest, s.t)
+                continue
             due = at(s.t)
             delay = due - time.time()
             if delay > 0.002:
@@ -252,7 +264,7 @@ class Replayer:
                     self._publish_group(group, at(group[0].t))
                     group = []
                 if self._stop.wait(delay):
-                    return
+                    return newest
             if isinstance(s, (GpuSample, HostSample)):
                 if group and s.t - group[0].t > half:
                     self._publish_steps(steps)
@@ -269,6 +281,7 @@ class Replayer:
         self._publish_steps(steps)
         if group:
             self._publish_group(group, at(group[0].t))
+        return newest
 
     def _job_for(self, step: StepSample) -> _Job:
         pid = step.pid if step.pid is not None else self.default_pid

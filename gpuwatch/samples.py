@@ -173,6 +173,29 @@ class JobStats:
 
 
 @dataclass(frozen=True, slots=True)
+class JobEnd:
+    """A training process ended (`job_end` trace line): how, when, and its last state.
+
+    ``t`` is when gpuwatch learned of it: the hook's exit report (sent as the process
+    exits), the launcher reaping its child, or, for a process that died without a word
+    (killed by a signal or the kernel's OOM killer), the receiver finding it gone; then
+    ``last_report_t`` (its last sign of life) bounds when it died."""
+
+    t: float
+    pid: int
+    exit_reason: str  # exited, oom, exception, interrupted, killed, vanished
+    rank: int | None = None
+    gpu: int | None = None
+    error: str | None = None  # the exception's text (e.g. the CUDA OOM message)
+    steps_total: int | None = None
+    first_step_t: float | None = None  # Unix seconds, the end of its first iteration
+    last_report_t: float | None = None
+    mem_allocated_bytes: int | None = None  # the allocator, as of its last report
+    mem_reserved_bytes: int | None = None
+    max_mem_allocated_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     """The daemon's view of itself, exported as self-health series."""
 
@@ -197,4 +220,4 @@ class Snapshot:
     nvml_available: bool = True
 
 
-Sample = GpuSample | HostSample | StepSample | ConfigSample
+Sample = GpuSample | HostSample | StepSample | ConfigSample | JobEnd

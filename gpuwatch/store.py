@@ -17,6 +17,7 @@ from gpuwatch.samples import (
     ConfigSample,
     GpuSample,
     HostSample,
+    JobEnd,
     JobStats,
     Sample,
     Snapshot,
@@ -40,6 +41,7 @@ class Store:
         self._steps: deque[StepSample] = deque(maxlen=max_records)
         self._configs: dict[tuple[int | None, int | None], ConfigSample] = {}
         self._jobs: dict[int, JobStats] = {}
+        self._ends: deque[JobEnd] = deque(maxlen=1000)
         self._listeners: list[Listener] = []
         self._hook_messages = 0
         self._hook_dropped: dict[str, int] = {}
@@ -100,6 +102,19 @@ class Store:
             self._jobs[stats.pid] = stats
             self._latest = None
 
+    def add_job_end(self, end: JobEnd) -> None:
+        """A training process ended: kept (the last 1000) and passed to the listeners (the
+        recorder writes it as a `job_end` line)."""
+        with self._lock:
+            self._ends.append(end)
+            listeners = list(self._listeners)
+        for fn in listeners:
+            fn(end)
+
+    def job_ends(self, since: float = 0.0) -> list[JobEnd]:
+        with self._lock:
+            return [e for e in self._ends if e.t >= since]
+
     def drop_job(self, pid: int) -> None:
         """Forget a job that ended long ago, and the configuration it reported."""
         with self._lock:
@@ -141,6 +156,7 @@ class Store:
             self._steps.clear()
             self._configs.clear()
             self._jobs.clear()
+            self._ends.clear()
             self._latest = None
 
     # -- readers -------------------------------------------------------------------

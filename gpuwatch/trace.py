@@ -44,6 +44,7 @@ from gpuwatch.samples import (
     GpuProcess,
     GpuSample,
     HostSample,
+    JobEnd,
     JobTree,
     Sample,
     StepSample,
@@ -262,6 +263,12 @@ _STEP: dict[str, Check] = {
     "gpu": _count,
 }
 _CONFIG: dict[str, Check] = {"pid": _count, "rank": _count}
+_JOB_END: dict[str, Check] = {
+    "pid": _count, "exit_reason": _string, "rank": _count, "gpu": _count, "error": _string,
+    "steps_total": _count, "first_step_t": _nonneg, "last_report_t": _nonneg,
+    "mem_allocated_bytes": _count, "mem_reserved_bytes": _count,
+    "max_mem_allocated_bytes": _count,
+}
 _META: dict[str, Check] = {
     "scenario": _string, "gpu_name": _string, "compute_capability": _capability,
     "driver_version": _string, "host_cpus": _integer(1, "a whole number >= 1"),
@@ -273,6 +280,7 @@ _KINDS: dict[str, tuple[type, dict[str, Check], tuple[str, ...]]] = {
     "host": (HostSample, _HOST, ()),
     "step": (StepSample, _STEP, ("step",)),
     "config": (ConfigSample, _CONFIG, ()),
+    "job_end": (JobEnd, _JOB_END, ("pid", "exit_reason")),
 }
 _KIND_OF = {cls: kind for kind, (cls, _, _) in _KINDS.items()}
 _TIME = _number(0.0, None, "a Unix time in seconds")

@@ -218,20 +218,20 @@ def _color(name: str) -> str:
 
 def draw_timeseries(ax: Any, panel: Panel, data: list, start: float, end: float) -> None:
     import matplotlib.dates as mdates
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     defaults = panel.raw.get("fieldConfig", {}).get("defaults", {})
     custom = defaults.get("custom", {})
     stacked = custom.get("stacking", {}).get("mode") == "normal"
     log = custom.get("scaleDistribution", {}).get("type") == "log"
-    base = None
+    base: dict[float, float] = {}  # stacked: the sum so far at each timestamp
     for label, ts, ys in data:
         xs = [mdates.date2num(_dt(t)) for t in ts]
         if stacked:
-            lower = base if base is not None and len(base) == len(ys) else [0.0] * len(ys)
+            lower = [base.get(t, 0.0) for t in ts]
             upper = [a + b for a, b in zip(lower, ys, strict=True)]
-            ax.fill_between(xs, lower, upper, label=label, alpha=0.7, linewidth=0)
-            base = upper
+            ax.fill_between(xs, lower, upper, label=label, alpha=0.8, linewidth=0)
+            base.update(zip(ts, upper, strict=True))
         else:
             ax.plot(xs, ys, label=label, linewidth=1.1)
     if log:
@@ -244,6 +244,10 @@ def draw_timeseries(ax: Any, panel: Panel, data: list, start: float, end: float)
         decimals = defaults.get("decimals")
         ax.yaxis.set_major_formatter(
             FuncFormatter(lambda v, _: format_value(v, panel.unit, decimals)))
+        if decimals == 0:
+            # counts: whole-number ticks, and a 0-1 axis rather than a band around 0
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
     ax.set_xlim(mdates.date2num(_dt(start)), mdates.date2num(_dt(end)))
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
     ax.grid(True, alpha=0.3)

@@ -29,7 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 RECORDINGS = sorted(DATA.glob("*.jsonl"))
-SERVING = re.compile(r"serving (http://\S+)/metrics")
+SERVING = re.compile(r"serving (https?://\S+)/metrics")
 
 
 # -- GPU availability ----------------------------------------------------------------
@@ -260,9 +260,11 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory
 
     def start(targets: list[str], scrape_interval: str = "500ms", job: str = "gpuwatch",
               extra_args: tuple[str, ...] = (), rule_files: tuple[str | Path, ...] = (),
-              target_labels: dict[str, dict[str, str]] | None = None) -> PrometheusServer:
+              target_labels: dict[str, dict[str, str]] | None = None,
+              scrape: dict[str, Any] | None = None) -> PrometheusServer:
         """``rule_files`` are loaded (absolute paths); ``target_labels`` gives a target its
-        own labels, e.g. ``{"127.0.0.1:9442": {"instance": "gpu-1:9442"}}``."""
+        own labels, e.g. ``{"127.0.0.1:9442": {"instance": "gpu-1:9442"}}``; ``scrape``
+        adds to the job (scheme, tls_config, basic_auth, ...)."""
         root = tmp_path_factory.mktemp("prometheus")
         config = root / "prometheus.yml"
         labels = target_labels or {}
@@ -273,7 +275,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval,
                        "scrape_timeout": "400ms" if scrape_interval == "500ms" else
                        scrape_interval},
-            "scrape_configs": [{"job_name": job, "static_configs": static}],
+            "scrape_configs": [{"job_name": job, "static_configs": static, **(scrape or {})}],
             **({"rule_files": [str(Path(f).resolve()) for f in rule_files]} if rule_files else {}),
         }))
         port = free_port()

@@ -161,3 +161,105 @@ def test_prometheus_without_gpuwatch_series(prometheus):
 def test_prometheus_not_answering():
     proc = run_cli("advise", "--prometheus", "http://127.0.0.1:9", "--window", "60")
     assert proc.returncode == 2 and "nothing answers" in proc.stderr
+
+
+def ranks_openmetrics(end: float, ranks: list[dict], seconds: int = 120) -> str:
+    """Hook series of one job's ranks on several hosts, 1 Hz for ``seconds`` until ``end``:
+    each rank dict gives instance, rank, pid, data wait and (optionally) its sync share."""
+    fams: dict[str, list[str]] = defaultdict(list)
+    for r in ranks:
+        lab = (f'instance="{r["instance"]}",job="gpuwatch",pid="{r["pid"]}",rank="{r["rank"]}",'
+               f'gpu="{r.get("gpu", 0)}"')
+        for i in range(seconds):
+            t = end - seconds + i
+            fams["gpuwatch_train_steps_total"].append(
+                f"gpuwatch_train_steps_total{{{lab}}} {2 * i} {t:.3f}")
+            fams["gpuwatch_train_step_seconds"].append(
+                f"gpuwatch_train_step_seconds{{{lab}}} 0.5 {t:.3f}")
+            fams["gpuwatch_train_data_wait_ratio"].append(
+                f"gpuwatch_train_data_wait_ratio{{{lab}}} {r['wait']} {t:.3f}")
+            if r.get("sync") is not None:
+                fams["gpuwatch_train_time_share_ratio"].append(
+                    f'gpuwatch_train_time_share_ratio{{{lab},category="sync"}} {r["sync"]} '
+                    f"{t:.3f}")
+    out = []
+    for name, samples in fams.items():
+        out.append(f"# TYPE {name} gauge")
+        out.extend(samples)
+    out.append("# EOF")
+    return "\n".join(out) + "\n"
+
+
+def test_ranks_of_one_job_compared_across_hosts(prometheus):
+    """Ranks 0 and 2 on node-a wait half of each step for rank 1 on node-b, which is
+    starved for data: the fleet report names rank 1 on node-b as the straggler."""
+    end = time.time() - 30
+    url = prometheus(ranks_openmetrics(end, [
+        {"instance": "node-a:9442", "rank": 0, "pid": 100, "wait": 0.02, "sync": 0.5},
+        {"instance": "node-a:9442", "rank": 2, "pid": 102, "wait": 0.02, "sync": 0.5,
+         "gpu": 1},
+        {"instance": "node-b:9442", "rank": 1, "pid": 200, "wait": 0.45, "sync": 0.0},
+    ]))
+    proc = run_cli("advise", "--prometheus", url, "--window", "300", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    jobs = {(h["instance"], j["rank"], j["pid"], j["gpu"]) for h in report["hosts"]
+            for j in h["jobs"]}
+    assert jobs == {("node-a:9442", 0, 100, 0), ("node-a:9442", 2, 102, 1),
+                    ("node-b:9442", 1, 200, 0)}
+    block = report["ranks"]
+    assert [(r["rank"], r["instance"], r["own_seconds"], r["rank_score"])
+            for r in block["ranks"]] == [(0, "node-a:9442", 0.25, 1.0),
+                                         (1, "node-b:9442", 0.5, 0.5),
+                                         (2, "node-a:9442", 0.25, 1.0)]
+    s = block["straggler"]
+    assert (s["instance"], s["rank"], s["pid"], s["rank_score"],
+            s["speedup_at_median_pace"]) == ("node-b:9442", 1, 200, 0.5, 2.0)
+    text = run_cli("advise", "--prometheus", url, "--window", "300").stdout
+    assert "Straggler: rank 1 on node-b:9442 (GPU 0)" in text
+    # narrowed to one host there is nothing to compare across hosts
+    one = run_cli("advise", "--prometheus", url, "--window", "300", "--format", "json",
+                  "--match", 'instance="node-a:9442"')
+    assert json.loads(one.stdout)["ranks"] is None
+
+
+def test_ranks_without_wait_share_and_of_several_jobs(prometheus):
+    end = time.time() - 30
+    url = prometheus(ranks_openmetrics(end, [
+        {"instance": "node-a:9442", "rank": 0, "pid": 100, "wait": 0.02},
+        {"instance": "node-b:9442", "rank": 1, "pid": 200, "wait": 0.45},
+        # another job's rank 0 on a third host
+        {"instance": "node-c:9442", "rank": 0, "pid": 300, "wait": 0.0},
+    ]))
+    both = run_cli("advise", "--prometheus", url, "--window", "300", "--format", "json")
+    block = json.loads(both.stdout)["ranks"]
+    assert block["straggler"] is None and "several jobs" in block["note"]
+    one_job = run_cli("advise", "--prometheus", url, "--window", "300", "--format", "json",
+                      "--match", 'instance=~"node-(a|b):9442"')
+    block = json.loads(one_job.stdout)["ranks"]
+    assert "ranks compared by step time and data wait only" in block["note"]
+    s = block["straggler"]
+    assert (s["instance"], s["rank"], s["data_wait_ratio"]) == ("node-b:9442", 1, 0.45)
+
+
+def test_fleet_lists_a_lost_gpu_and_renders_per_host(prometheus):
+    """A GPU seen only as lost (gpuwatch_gpu_up 0, no other series) is still listed under
+    its host; the Markdown report has a section per host."""
+    end = time.time() - 30
+    text = openmetrics(load("input_bound"), end, "node-a:9442")
+    lost = [f'gpuwatch_gpu_up{{instance="node-a:9442",job="gpuwatch",gpu="{g}",uuid=""}} '
+            f"{v} {end - 60 + i:.3f}" for g, v in ((0, 1), (1, 0)) for i in range(60)]
+    text = text.replace("# EOF\n", "# TYPE gpuwatch_gpu_up gauge\n" + "\n".join(lost)
+                        + "\n# EOF\n")
+    url = prometheus(text)
+    proc = run_cli("advise", "--prometheus", url, "--window", "600", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (host,) = json.loads(proc.stdout)["hosts"]
+    assert [(g["gpu"], g["up"]) for g in host["gpus"]] == [(0, True), (1, False)]
+    out = run_cli("advise", "--prometheus", url, "--window", "600").stdout
+    assert "== node-a:9442: 2 GPU(s), lost: GPU 1 ==" in out
+    md = run_cli("advise", "--prometheus", url, "--window", "600", "--format", "markdown")
+    assert md.returncode == 0, md.stderr
+    assert md.stdout.startswith("# gpuwatch fleet advice: Prometheus ")
+    assert "\n## node-a:9442: 2 GPU(s), lost: GPU 1\n" in md.stdout
+    assert "add-dataloader-workers" in md.stdout

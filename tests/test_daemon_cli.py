@@ -141,6 +141,12 @@ def test_ipv6_listen_address(gpuwatch_daemon):
     (["--config.file", "/nonexistent/gpuwatch.yaml"], ["/nonexistent/gpuwatch.yaml"]),
     (["--replay", "/nonexistent/trace.jsonl"], ["/nonexistent/trace.jsonl"]),
     (["--demo", "--replay", "x.jsonl"], ["--demo", "--replay"]),
+    # a flag is honoured or refused, never dropped
+    (["--demo", "--", "true"], ["--demo", "cannot watch a command"]),
+    (["--replay", "x.jsonl", "--", "true"], ["--replay", "cannot watch a command"]),
+    # named as the user wrote it, after the subcommand's own --log.level
+    (["--log.level", "debug", "--web.listen-address", "nonsense", "--", "true"],
+     ["--web.listen-address: bad listen address 'nonsense'"]),
 ])
 def test_bad_flags_exit_2_with_a_clear_message(tmp_path, args, expected):
     result = run_gpuwatch(["run", *args], tmp_path)
@@ -511,3 +517,68 @@ def test_replay_of_a_broken_recording_names_file_and_line(tmp_path):
                           tmp_path)
     assert result.returncode == 2
     assert f"{bad}:2:" in result.stderr and "util" in result.stderr
+
+
+def test_log_level_is_accepted_after_the_subcommand(tmp_path):
+    result = run_gpuwatch(["run", "--log.level", "debug", "--quiet",
+                           "--web.listen-address", "127.0.0.1:0", "--", "true"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert " DEBUG " in result.stderr
+    # given before the subcommand, a subcommand's default does not undo it
+    result = run_gpuwatch(["--log.level", "error", "run", "--web.listen-address",
+                           "127.0.0.1:0", "--", "true"], tmp_path)
+    assert result.returncode == 0 and " WARNING " not in result.stderr, result.stderr
+
+
+def test_run_says_where_it_serves_without_a_terminal(tmp_path):
+    result = run_gpuwatch(["run", "--web.listen-address", "127.0.0.1:0", "--", "true"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if "metrics at" in ln]
+    assert len(lines) == 1 and re.search(r"http://127\.0\.0\.1:\d+/metrics", lines[0])
+
+
+def test_an_inherited_socket_with_a_listen_address_still_serves(tmp_path):
+    from gpuwatch.receiver import HookReceiver
+    from gpuwatch.store import Store
+
+    outer = HookReceiver(Store(), str(tmp_path / "outer.sock"))
+    outer.start()
+    try:
+        env_line = f"GPUWATCH_SOCKET={outer.socket_path}"
+        result = subprocess.run(
+            ["env", env_line, sys_executable(), "-m", "gpuwatch", "run",
+             "--web.listen-address", "127.0.0.1:0", "--", sys_executable(), "-c",
+             "import os; print(os.environ['GPUWATCH_SOCKET'])"],
+            cwd=Path(__file__).resolve().parents[1], env=clean(tmp_path),
+            capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        outer.stop()
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"metrics at http://127\.0\.0\.1:\d+/metrics; reporting to "
+                     + re.escape(outer.socket_path), result.stderr), result.stderr
+    # the job reports to both: the outer receiver and this launcher's own
+    sockets = result.stdout.strip().split(os.pathsep)
+    assert sockets[0] == outer.socket_path and len(sockets) == 2
+
+
+def sys_executable() -> str:
+    import sys
+
+    return sys.executable
+
+
+def clean(tmp_path: Path) -> dict[str, str]:
+    from conftest import daemon_env
+
+    return {k: v for k, v in daemon_env(tmp_path).items() if not k.startswith("GPUWATCH")}
+
+
+def test_the_slow_tier_follows_the_flags_interval_unless_the_file_set_it(tmp_path):
+    cfg = tmp_path / "gpuwatch.yaml"
+    cfg.write_text("interval: 60\n")
+    config = config_from_args(Namespace(config_file=str(cfg), interval=1.0))
+    assert (config.interval, config.slow_interval) == (1.0, Config.slow_interval)
+    assert config_from_args(Namespace(config_file=str(cfg))).slow_interval == 60.0
+    cfg.write_text("interval: 60\nslow_interval: 120\n")
+    config = config_from_args(Namespace(config_file=str(cfg), interval=1.0))
+    assert (config.interval, config.slow_interval) == (1.0, 120.0)

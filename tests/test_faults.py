@@ -35,7 +35,7 @@ FAST_RETRY = (0.05, 0.2)  # NVML restarts within a test's patience
 
 
 class FakeHost:
-    def sample(self, t: float, gpu_pids: Any) -> Any:
+    def sample(self, t: float, gpu_pids: Any, mains: Any = ()) -> Any:
         from gpuwatch.samples import HostSample
 
         return HostSample(t=t, cpu_util=0.25, mem_used_bytes=1, mem_total_bytes=2)
@@ -184,8 +184,9 @@ def test_one_hung_call_stalls_its_gpu_only_said_once_and_recovers(stub_daemon, c
     wait_metric(daemon, lambda m: value(m, "gpuwatch_gpu_up", **g1) == 1, "GPU 1 up")
     stub.gpus[1].hang("nvmlDeviceGetPowerUsage")
     assert stub.gpus[1].blocked.wait(10)
+    # stuck for over a second (STALL_SAY_AFTER): said once; counted on every tick
     m = wait_metric(daemon, lambda m: value(m, "gpuwatch_errors_total",
-                                            source="gpu1_stalled") >= 5, "GPU 1 stalled")
+                                            source="gpu1_stalled") >= 15, "GPU 1 stalled")
     assert value(m, "gpuwatch_gpu_power_watts", **g1) is None  # nothing stale is served
     ticks = value(m, "gpuwatch_ticks_total")
     m = wait_metric(daemon, lambda m: value(m, "gpuwatch_ticks_total") >= ticks + 3, "ticks")
@@ -342,3 +343,39 @@ def test_prometheus_scraping_while_the_daemon_stops(gpuwatch_daemon, prometheus)
     prom.wait_for('up{job="gpuwatch"} == 0')
     # what was scraped before the stop is kept
     assert prom.query('count_over_time(gpuwatch_up{job="gpuwatch"}[1m]) > 0')
+
+
+# -- on a real GPU: NVML shut down and started again under the running sampler --------------
+
+@pytest.mark.gpu
+def test_real_nvml_started_again_under_the_sampler_samples_every_gpu_again() -> None:
+    """What a driver reload asks of the real library: every worker retired, GPM samples
+    freed, nvmlShutdown, nvmlInit, handles and GPM set up afresh, sampling on. The stub
+    tests prove the logic; this proves the real pynvml and driver go along with it."""
+    from gpuwatch.sampler import Sampler
+    from gpuwatch.store import Store
+
+    store = Store()
+    sampler = Sampler(store, interval=0.1, slow_interval=1.0, host=FakeHost())
+    try:
+        assert sampler.nvml_available and sampler.infos
+        sampler.start()
+        n = len(sampler.infos)
+
+        def all_sampled() -> bool:
+            snap = store.latest()
+            return len(snap.gpus) == n and all(g.util is not None for g in snap.gpus)
+
+        wait_for(all_sampled, "every GPU sampled", 30)
+        gpm_before = [i.gpm_supported for i in sampler.infos]
+        sampler._nvml_gone("forced by the test")
+        wait_for(lambda: sampler.nvml_restarts == 1 and sampler.nvml_available,
+                 "NVML started again", 30)
+        wait_for(all_sampled, "every GPU sampled after the restart", 30)
+        assert [i.gpm_supported for i in sampler.infos] == gpm_before
+        if any(gpm_before):
+            wait_for(lambda: any(g.sm_active is not None for g in store.latest().gpus),
+                     "GPM after the restart", 30)
+        assert store.latest().health.errors_total.get("nvml") == 1
+    finally:
+        sampler.stop()

@@ -148,8 +148,8 @@ def test_job_stats_reach_a_daemon_already_running(system: SystemDaemon, tmp_path
     ("exception", 1, "exception"),
     ("exit3", 3, "exited"),
     ("oom", 1, "oom"),
-    ("sigkill", 128 + 9, "vanished"),
-    ("sigterm", 128 + 15, "vanished"),
+    ("sigkill", -9, "vanished"),  # the launcher dies by its job's signal, as `timeout` does
+    ("sigterm", -15, "vanished"),
 ])
 def test_a_job_that_fails_is_reported_and_its_exit_code_passed_on(
         system: SystemDaemon, crash: str, code: int, reason: str) -> None:
@@ -168,6 +168,14 @@ def test_a_job_that_fails_is_reported_and_its_exit_code_passed_on(
         assert 1 <= job.steps_total <= 8  # as of its last report
     else:
         assert job.steps_total == 8  # the exit report is sent before the process dies
+    # the end, as the recorder gets it (a job_end line)
+    [end] = system.store.job_ends()
+    assert (end.pid, end.exit_reason, end.steps_total) == (job.pid, reason, job.steps_total)
+    assert end.first_step_t is not None and end.first_step_t <= end.t
+    if reason == "oom":
+        assert "can't allocate memory" in end.error
+    elif reason == "exception":
+        assert end.error == "ValueError: the test job failed on purpose"
 
 
 def free_port() -> int:

@@ -101,8 +101,8 @@ def _start_training(env: dict[str, str], *extra: str) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize(("sig", "code", "reason"), [
-    (signal.SIGTERM, 128 + 15, "vanished"),
-    (signal.SIGINT, 128 + 2, "interrupted"),
+    (signal.SIGTERM, -signal.SIGTERM, "vanished"),
+    (signal.SIGINT, -signal.SIGINT, "interrupted"),
 ])
 def test_signals_to_the_launcher_reach_the_job(system, sig: int, code: int, reason: str) -> None:
     store, rec, env = system
@@ -125,7 +125,8 @@ def test_a_signal_is_passed_on_exactly_once(system, tmp_path: Path) -> None:
     store, _, env = system
     count = tmp_path / "sigints"
     launcher = _start_training(env, "--count-sigint", str(count))
-    wait_for(lambda: store.latest().jobs, "the job's first report")
+    # a step, not the first report (that comes with the optimizer, before the job's handler)
+    wait_for(lambda: any(j.steps_total for j in store.latest().jobs), "the job's first step")
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=60)
     assert launcher.returncode == 0, err  # the job handled it and finished cleanly
@@ -249,3 +250,144 @@ def test_a_port_in_use_moves_the_jobs_metrics_elsewhere() -> None:
     notes = re.findall(rf"127\.0\.0\.1:{port} is in use; serving this job's metrics on "
                        r"http://127\.0\.0\.1:(\d+)/metrics instead", run.stderr)
     assert len(notes) == 1 and int(notes[0]) != port
+
+
+def _pipe_nobody_reads() -> tuple[int, int]:
+    """A pipe of one page: a writer blocks after 4 KiB, as behind `| sleep 300`."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ
+    return r, w
+
+
+@pytest.mark.parametrize("sig", [None, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT],
+                         ids=["no-signal", "TERM", "INT", "QUIT"])
+def test_recording_into_a_pipe_nobody_reads_never_hangs(tmp_path: Path, sig: int | None) -> None:
+    done = tmp_path / "done"
+    r, w = _pipe_nobody_reads()
+    try:
+        launcher = subprocess.Popen(
+            [*RUN, "--quiet", "--web.listen-address", "127.0.0.1:0", "--interval", "0.1",
+             "--record", "-", "--", "sh", "-c",
+             # 100 step lines fill the pipe while the job still runs
+             f"'{sys.executable}' '{TRAIN}' --steps 100 --workers 0 >/dev/null; "
+             f"touch '{done}'"],
+            env=clean_env(), cwd=REPO, stdin=subprocess.DEVNULL, stdout=w,
+            stderr=subprocess.PIPE, text=True)
+        os.close(w)
+        wait_for(done.exists, "the job to end", proc=launcher)
+        time.sleep(1.0)  # the launcher is finishing: its recorder is stuck on the full pipe
+        if sig is not None:
+            launcher.send_signal(sig)
+        try:
+            _, err = launcher.communicate(timeout=4 if sig is not None else 30)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.communicate()
+            raise AssertionError("gpuwatch run hung after its job ended") from None
+    finally:
+        os.close(r)
+    if sig is None:
+        assert launcher.returncode == 0, err  # the job's code, after a bounded wait
+        assert "could not be finished" in err
+    else:
+        assert launcher.returncode == -sig, err
+    assert "Traceback" not in err and "Fatal Python error" not in err
+
+
+def test_a_long_tmpdir_still_serves_receives_and_runs_the_job(tmp_path: Path) -> None:
+    deep = tmp_path / ("x" * 60) / ("y" * 60)
+    deep.mkdir(parents=True)
+    trace = tmp_path / "trace.jsonl"
+    run = subprocess.run(
+        [*RUN, "--status", "--web.listen-address", "127.0.0.1:0", "--record", str(trace), "--",
+         sys.executable, TRAIN, "--steps", "20", "--workers", "0"],
+        check=False, cwd=REPO, env=clean_env(TMPDIR=str(deep), XDG_RUNTIME_DIR=str(deep),
+                                             GPUWATCH_STATUS_INTERVAL="0.2"),
+        capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"gpuwatch: watching .* \(metrics at http://127\.0\.0\.1:\d+/metrics\)",
+                     run.stderr), run.stderr
+    assert "could not serve" not in run.stderr and "hook socket" not in run.stderr
+    # the sampler started once: its start-up warning (no GPU here) at most once
+    assert run.stderr.count("no NVIDIA GPU/driver found") <= 1, run.stderr
+    assert "gpuwatch: job exited with code 0; 20 steps" in run.stderr
+    steps = [ln for ln in trace.read_text().splitlines() if '"kind":"step"' in ln
+             or '"kind": "step"' in ln]
+    assert len(steps) == 20
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_sigterm_reaches_the_whole_job_not_just_its_shell(tmp_path: Path) -> None:
+    pidfile = tmp_path / "trainer.pid"
+    trainer = (f"import os, time; open('{pidfile}', 'w').write(str(os.getpid())); "
+               "time.sleep(300)")
+    launcher = subprocess.Popen(
+        [*RUN, "--quiet", "--web.listen-address", "127.0.0.1:0", "--", "bash", "-c",
+         f'"{sys.executable}" -c "{trainer}"; echo after'],
+        env=clean_env(), cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    trainer_pid = None
+    try:
+        trainer_pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(),
+                                   "the trainer to start", proc=launcher))
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=30)
+        assert launcher.returncode == -signal.SIGTERM, err
+        assert "after" not in out
+        wait_for(lambda: not _alive(trainer_pid), "the trainer to end", timeout=10)
+    finally:
+        launcher.kill()
+        launcher.wait()
+        if trainer_pid is not None and _alive(trainer_pid):
+            os.kill(trainer_pid, signal.SIGKILL)
+
+
+COUNTER = """
+import signal, sys, time
+n = 0
+def count(*_):
+    global n
+    n += 1
+signal.signal(signal.SIGINT, count)
+open(sys.argv[1] + '.ready', 'w').close()
+while n == 0:
+    time.sleep(0.01)
+time.sleep(1.5)  # any second delivery arrives by now
+open(sys.argv[1], 'w').write(str(n))
+"""
+
+
+def test_timeout_signalling_launcher_and_group_reaches_the_job_once(tmp_path: Path) -> None:
+    count = tmp_path / "sigints"
+    run = subprocess.run(["timeout", "-s", "INT", "4", *RUN, "--quiet", "--web.listen-address",
+                          "127.0.0.1:0", "--", sys.executable, "-c", COUNTER, str(count)],
+                         check=False, env=clean_env(), cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert (tmp_path / "sigints.ready").exists(), run.stderr
+    assert run.returncode == 124, run.stderr  # timed out; the job then exited 0
+    assert count.read_text() == "1"
+
+
+@pytest.mark.parametrize("shell", ["bash", "sh"])
+def test_ctrl_c_stops_a_shell_loop_of_jobs(shell: str) -> None:
+    quoted = " ".join(f"'{a}'" for a in RUN)
+    loop = (f"for i in 1 2 3; do {quoted} --quiet --web.listen-address 127.0.0.1:0 -- "
+            "sh -c 'echo ready-$0; exec sleep 30' $i; echo next-$i; done; echo after-loop")
+    term = Terminal([shell, "-c", loop], clean_env(TERM="xterm"))
+    term.read_until(lambda out: b"ready-1" in out, deadline=60)
+    assert b"ready-1" in term.output, term.output
+    os.write(term.fd, b"\x03")
+    term.read_until(lambda out: b"next-1" in out or b"ready-2" in out, deadline=5)
+    os.kill(term.pid, signal.SIGKILL) if b"ready-2" in term.output else None
+    code = term.finish()
+    out = term.output.decode(errors="replace")
+    assert "next-1" not in out and "ready-2" not in out and "after-loop" not in out, out
+    assert code == -signal.SIGINT, out

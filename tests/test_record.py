@@ -84,6 +84,33 @@ def test_record_to_stdout(tmp_path: Path) -> None:
     assert sum(d["kind"] == "host" for d in lines) >= 3
 
 
+def test_record_into_head_ends_quietly(tmp_path: Path) -> None:
+    cmd = (f"'{sys.executable}' -m gpuwatch record - --interval 0.1 | head -c 3000 >/dev/null;"
+           " echo status=${PIPESTATUS[0]}")
+    result = subprocess.run(["bash", "-c", cmd], cwd=REPO, env=daemon_env(tmp_path),
+                            capture_output=True, text=True, timeout=60, check=False)
+    # killed by SIGPIPE like `yes | head`: no ERROR, no traceback, no complaint at exit
+    assert "status=141" in result.stdout, result.stderr
+    assert "ERROR" not in result.stderr and "Traceback" not in result.stderr
+    assert "BrokenPipe" not in result.stderr and "Exception ignored" not in result.stderr
+
+
+def test_a_meta_line_that_cannot_be_written_leaves_no_open_file(tmp_path: Path) -> None:
+    from gpuwatch.trace import TraceWriter
+
+    path = tmp_path / "t.jsonl"
+
+    def open_on_it() -> list[str]:
+        fds = Path("/proc/self/fd")
+        return [fd.name for fd in fds.iterdir()
+                if os.path.realpath(fd) == str(path)]
+
+    with pytest.raises(ValueError):
+        TraceWriter(str(path), {"kind": "meta", "format": "gpuwatch-trace/1",
+                                "sample_hz": float("nan")})
+    assert open_on_it() == []
+
+
 def test_record_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     result = run_gpuwatch(["record", str(tmp_path / "no" / "such" / "dir.jsonl"),
                            "--duration", "1"], tmp_path)

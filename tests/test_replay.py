@@ -207,3 +207,42 @@ def test_each_new_pass_is_announced_where_it_begins() -> None:
         replayer.stop()
     for t, seen in loops:
         assert seen and max(published[:seen]) < t <= min(published[seen:])
+
+
+def test_a_file_growing_during_the_replay_keeps_time_and_pace(tmp_path: Path) -> None:
+    """A recording still being written (`gpuwatch record` beside `run --replay`)."""
+    path = tmp_path / "growing.jsonl"
+    period = 0.1  # sample_hz 10
+    meta = make_meta(infos=[], host_cpus=4, sample_hz=10)
+    writer = TraceWriter(str(path), meta)
+    t0 = 1000.0
+    for k in range(10):
+        writer.write(HostSample(t=t0 + k * period, load1=float(k)))
+    writer.flush()
+    store = Store(history_seconds=3600)
+    arrivals: list[tuple[float, float]] = []  # (wall time published, sample t)
+    store.subscribe(lambda s: arrivals.append((time.monotonic(), s.t))
+                    if isinstance(s, HostSample) else None)
+    speed = 4.0  # a pass over the first second takes 0.25 s
+    replayer = Replayer(store, str(path), loop=True, speed=speed)
+    replayer.start()
+    try:
+        for k in range(10, 40):  # the writer keeps going, a line per recorded period
+            time.sleep(period / speed)
+            writer.write(HostSample(t=t0 + k * period, load1=float(k)))
+            writer.flush()
+        wait_for(lambda: replayer.passes >= 4, "four passes over the growing file")
+    finally:
+        replayer.stop()
+        writer.close()
+    ts = [t for _, t in arrivals]
+    assert all(b > a for a, b in pairwise(ts)), "time went back at a pass"
+    # paced: consecutive samples one period (scaled) apart in time stamps; never in a burst
+    # of many at once (a late start of a pass would publish all that is due together)
+    gaps = [b - a for a, b in pairwise(ts)]
+    assert max(gaps) < 2.5 * period / speed, gaps
+    walls = [w for w, _ in arrivals]
+    bursts = [i for i in range(len(walls) - 5) if walls[i + 5] - walls[i] < 0.5 * period / speed]
+    assert not bursts, "samples came in a burst"
+    # lines appended during the replay were played too
+    assert replayer.last_t is not None and replayer.last_t > t0 + 2.0

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from gpuwatch.advisor import endings
 from gpuwatch.advisor.engine import SEVERITY_RANK, Engine, Finding
 from gpuwatch.advisor.signals import arch_supports, cc_text
 
@@ -233,7 +234,9 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
     jobs: list[dict[str, Any]] = []
     steps = config = False
     host_cpus = None
+    ended: list[dict[str, Any]] = []
     for engine, findings, instance in parts:
+        ended += getattr(engine.frame, "job_ends", [])
         gpus += gpu_entries(engine, instance)
         advice += findings_json(findings, instance)
         for job in engine.jobs():
@@ -260,6 +263,7 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         "judged": seen,
         "jobs": jobs,
         "advice": advice,
+        "job_ends": endings.entries(ended),
         "notes": notes,
     }
 
@@ -523,6 +527,11 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
         lines.append(job_line(j))
     if report.get("gpus"):
         lines.append("")
+    for end in report.get("job_ends", []):
+        lines += textwrap.wrap("Ended: " + end["summary"] + ".", width=width,
+                               subsequent_indent="    ")
+    if report.get("job_ends"):
+        lines.append("")
     advice = report.get("advice", [])
     if not advice:
         lines += textwrap.wrap(no_advice_text(report), width=width)
@@ -564,6 +573,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {where} | {g.get('name') or '?'} | {g.get('compute_capability') or '?'}"
                      f" | {_yes(s['bf16'])} | {_yes(s['tf32'])} | {_yes(s['fp8'])} "
                      f"| {_yes(g['gpm'])} |")
+    if report.get("job_ends"):
+        lines += ["", "## Job ends", ""]
+        lines += [f"- {end['summary']}." for end in report["job_ends"]]
     lines += ["", "## Advice", ""]
     advice = report.get("advice", [])
     if not advice:

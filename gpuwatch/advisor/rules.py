@@ -303,7 +303,11 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node,
 
 def _read_yaml(path: str, text: str) -> tuple[Any, list[tuple[int | None, str]]]:
     problems: list[tuple[int | None, str]] = []
-    loader = yaml.SafeLoader(text)
+    try:
+        # the reader refuses control characters at once, so this too is inside the try
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as err:
+        return None, [(None, f"not valid YAML: {err}")]
     try:
         node = loader.get_single_node()
         if node is None:

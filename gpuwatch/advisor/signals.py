@@ -126,7 +126,6 @@ def _defs() -> dict[str, SignalDef]:
          "step"), False),
         ("batch_size", "job", "samples", "last", "samples per step (step or config line)", False),
         ("loss_scale", "job", "scale", "last", "GradScaler scale (fp16 only)", False),
-        ("loss", "job", "loss", "mean", "training loss", False),
         ("mem_allocated_bytes", "job", "bytes", "last", "torch allocated at step end", False),
         ("mem_reserved_bytes", "job", "bytes", "last", "torch caching allocator reserved", False),
         ("max_mem_allocated_bytes", "job", "bytes", "last", "torch peak allocated", False),
@@ -142,7 +141,8 @@ def _defs() -> dict[str, SignalDef]:
         ("mem_reserved_ratio", "job", "ratio", "mean", "mem_reserved_bytes / mem_total_bytes",
          True),
         ("first_batch_wait_ratio", "job", "ratio", "mean", ("share of step time spent waiting "
-         "for the first batch of a new DataLoader iterator (step lines' first_batch)"), True),
+         "for the first batch of a restarted DataLoader iterator (step lines' first_batch; "
+         "the run's first iterator does not count)"), True),
         ("first_batch_wait_seconds", "job", "seconds", "mean", ("data wait of a new "
          "iterator's first batch (window mean: per new iterator)"), True),
         ("iterator_rate", "job", "1/s", "mean", ("new DataLoader iterators (epochs) started "
@@ -677,6 +677,7 @@ class Subject:
         # step began in (the attribution's clock starts there, not at process start)
         self.job_pid: int | None = None
         self.job_rank: int | None = None
+        self.iterators_seen = 0  # DataLoader iterators whose first batch the hook marked
         self.job_first: int | None = None
         self.job_last: int | None = None  # the bucket of its newest step
         self.job_t0: float | None = None  # when its first step began (Unix seconds)
@@ -719,6 +720,7 @@ class Frame:
         self.hook_steps = False
         self.hook_config = False
         self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution]] = {}
+        self.job_ends: list[dict[str, Any]] = []  # `job_end` lines, for the report
 
     # -- facts -------------------------------------------------------------------------
     def set_meta(self, meta: Mapping[str, Any]) -> None:
@@ -924,7 +926,7 @@ class Frame:
                 acc.add("data_wait_seconds", float(dw))
                 acc.add("_dw_ss", float(ss))
         for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
-                  "max_mem_allocated_bytes", "loss"):
+                  "max_mem_allocated_bytes"):
             v = get(f)
             if v is not None:
                 acc.add(f, float(v))
@@ -932,7 +934,11 @@ class Frame:
         if first is not None:
             acc.add("_fb_known", 1.0)
             if first:
-                acc.add("_fb_dw", float(dw or 0.0))
+                # the run's first iterator starts its workers whatever persistent_workers
+                # says: only the ones after it are restarts
+                subj.iterators_seen += 1
+                if subj.iterators_seen > 1:
+                    acc.add("_fb_dw", float(dw or 0.0))
         scale = get("loss_scale")
         skipped = get("skipped")
         fell = False
@@ -996,6 +1002,9 @@ class Frame:
             self.feed_step(s)
         elif kind == "config":
             self.feed_config(s)
+        elif kind == "job_end" and len(self.job_ends) < 1000:
+            self.job_ends.append(dict(s) if type(s) is dict else
+                                 {f: getattr(s, f) for f in s.__slots__})
 
     # -- closing a bucket ----------------------------------------------------------------
     def _close(self, idx: int) -> None:
@@ -1117,8 +1126,6 @@ class Frame:
                      "max_mem_allocated_bytes", "loss_scale", "act_mem_per_sample_bytes"):
             if name in acc.last:
                 job.push(idx, name, acc.last[name])
-        if "loss" in acc.n:
-            job.push(idx, "loss", acc.mean("loss"))
         if "_fb_known" in acc.n:
             fb = acc.s.get("_fb_dw", 0.0)
             n_fb = acc.n.get("_fb_dw", 0.0)
@@ -1338,7 +1345,7 @@ class Frame:
 
 
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-            "ConfigSample": "config"}
+            "ConfigSample": "config", "JobEnd": "job_end"}
 
 # derived signals and what they are computed from (so the frame keeps those too)
 _DEPENDS: dict[str, set[str]] = {

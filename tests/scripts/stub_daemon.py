@@ -2,11 +2,13 @@
 
 For tests of what a CPU machine cannot do to a real driver: SIGUSR1 makes GPU 0's
 per-tick reads hang (one hung NVML call), SIGUSR2 makes every GPU's hang (the sampling
-loop gets no GPU read through). Everything else is the real CLI and daemon.
+loop gets no GPU read through); ``$STUB_GPU_PIDS`` puts real processes on GPU 0.
+Everything else is the real CLI and daemon.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -16,7 +18,9 @@ from tests.nvml_stub import NvmlStub, StubGpu
 
 HUNG_CALL = "nvmlDeviceGetUtilizationRates"  # read by every GPU's worker every tick
 
-stub = NvmlStub([StubGpu(0), StubGpu(1)])
+# STUB_GPU_PIDS=1234,5678: real processes the stub reports on GPU 0 (1 GiB each)
+_pids = [int(p) for p in os.environ.get("STUB_GPU_PIDS", "").split(",") if p]
+stub = NvmlStub([StubGpu(0, processes=[(pid, 2**30) for pid in _pids]), StubGpu(1)])
 gpuwatch.nvml.load_module = lambda: stub
 
 

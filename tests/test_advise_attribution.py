@@ -1,0 +1,129 @@
+"""Step-time attribution: the five shares always sum to 1, follow the recordings' own
+timing, and reach every surface: the advice JSON's ``jobs``, the text report's breakdown
+line, ``gpuwatch_train_time_share_ratio`` (checked by promtool) and the status line."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+from test_advise_live import play, registry_for
+from test_advise_support import DATA, advise_json, run_cli
+
+from gpuwatch.advisor import LiveAdvisor
+from gpuwatch.advisor.signals import SHARE_CATEGORIES, JobWindow, attribute_group, claim_shares
+from gpuwatch.statusline import bottleneck_text, format_status
+from gpuwatch.store import Store
+
+ratio = st.one_of(st.none(), st.floats(0, 1.2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(wall=st.floats(0.5, 60), step_frac=st.floats(0, 1.5), data_frac=st.floats(0, 1.5),
+       busy=st.floats(0, 1.2), util=ratio, main=ratio, workers_busy=ratio,
+       workers=st.one_of(st.none(), st.floats(0, 8)), hook=st.booleans(),
+       sync=st.floats(0, 1))
+def test_shares_always_sum_to_one(wall, step_frac, data_frac, busy, util, main, workers_busy,
+                                  workers, hook, sync):
+    w = JobWindow(wall=wall, hook=hook, steps=10, step_total=wall * step_frac,
+                  data_total=wall * step_frac * data_frac, busy=busy, util=util, main=main,
+                  workers_busy=workers_busy, workers=workers)
+    shares = claim_shares(w, sync)
+    assert set(shares) == set(SHARE_CATEGORIES)
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-9)
+    assert all(0.0 <= v <= 1.0 + 1e-12 for v in shares.values())
+
+
+def test_priority_claims():
+    # 60 % of a fully stepped second waits for data; the GPU is busy 50 % of the time but
+    # only 40 % is left after the data wait; the main process is idle
+    w = JobWindow(wall=1.0, hook=True, steps=5, step_total=1.0, data_total=0.6, busy=0.5,
+                  util=0.6, main=0.0)
+    s = claim_shares(w)
+    assert s == pytest.approx({"data": 0.6, "sync": 0.0, "gpu": 0.4, "host": 0.0, "other": 0.0})
+    # steps cover half the window (an evaluation pause): the rest is "other"
+    w = JobWindow(wall=2.0, hook=True, steps=5, step_total=1.0, data_total=0.0, busy=0.2,
+                  util=0.3, main=1.0)
+    s = claim_shares(w)
+    assert s["gpu"] == pytest.approx(0.2) and s["host"] == pytest.approx(0.3)
+    assert s["other"] == pytest.approx(0.5)
+    # no GPU measured: nothing to attribute
+    assert claim_shares(JobWindow(wall=1.0, hook=True, busy=None)) is None
+
+
+def test_the_rank_that_waits_reports_sync_not_gpu():
+    fast = JobWindow(wall=10, hook=True, steps=40, step_total=10, data_total=0.2, busy=0.42,
+                     util=0.88, main=1.0)
+    slow = JobWindow(wall=10, hook=True, steps=40, step_total=10, data_total=6.0, busy=0.34,
+                     util=0.38, main=0.3)
+    got = attribute_group({0: (fast, 0), 1: (slow, 1)})
+    assert got[0].shares["sync"] == pytest.approx(0.62 - 0.12)
+    assert got[0].shares["gpu"] <= 0.42 and got[1].shares["sync"] == 0
+    assert got[1].slowest_rank == 1 and got[0].peer_straggler and not got[1].peer_straggler
+    assert got[1].score == pytest.approx(0.5) and got[0].score == pytest.approx(1.0)
+    assert got[1].straggler_gain == pytest.approx(2.0)
+    # one rank alone never waits on a peer
+    (alone,) = attribute_group({0: (fast, 0)}).values()
+    assert alone.shares["sync"] == 0 and alone.ranks == 1
+
+
+@pytest.mark.parametrize("name,category,share", [
+    ("input_bound", "data", 0.86),  # README: 87 % of each step waits for data
+    ("h200_input_bound_w2", "data", 0.72),
+    ("small_batch", "host", 0.86),
+    ("tuned", "gpu", 0.87),
+])
+def test_recordings_break_down_as_their_own_timing_says(name, category, share):
+    report = advise_json(DATA / f"{name}.jsonl")
+    (j,) = report["jobs"]
+    assert j["gpu"] == 0 and j["source"] == "hook" and j["steps"] > 100
+    assert j["bottleneck"] == category
+    assert j["time_share"][category] == pytest.approx(share, abs=0.05)
+    assert sum(j["time_share"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_text_report_has_a_breakdown_line():
+    proc = run_cli("advise", "--replay", str(DATA / "input_bound.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if " time: " in ln]
+    assert line.startswith("GPU 0 (pid ") and "data wait 86 %" in line
+    assert line.index("data wait") < line.index("GPU work")  # the largest slice first
+
+
+def test_live_time_shares_are_exported():
+    store = Store()
+    advisor = LiveAdvisor(store, None)
+    play(store, advisor, "input_bound")
+    reg = registry_for(advisor)
+    got = {}
+    for fam in reg.collect():
+        if fam.name == "gpuwatch_train_time_share_ratio":
+            for s in fam.samples:
+                got[s.labels["category"]] = s.value
+                assert s.labels["gpu"] == "0" and s.labels["pid"]
+    assert set(got) == set(SHARE_CATEGORIES)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-3)
+    assert got["data"] == pytest.approx(0.86, abs=0.06)
+    report = advisor.report_json()
+    assert report["jobs"][0]["time_share"]["data"] == pytest.approx(got["data"], abs=1e-3)
+    if shutil.which("promtool"):
+        proc = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(reg),
+                              capture_output=True, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_status_line_names_the_top_bottleneck():
+    report = advise_json(DATA / "input_bound.jsonl")
+    text = bottleneck_text(report)
+    assert text == "data wait 86%"
+    from gpuwatch.samples import Snapshot
+
+    line = format_status(Snapshot(t=0.0), [], None, None, text)
+    assert "time: data wait 86%" in line
+    ranks = {"jobs": [{"rank": 0, "time_share": {"data": 0.02, "sync": 0.5, "gpu": 0.48}},
+                      {"rank": 1, "time_share": {"data": 0.6, "sync": 0.0, "gpu": 0.4}}]}
+    assert bottleneck_text(ranks) == "data wait 60% on rank 1"
