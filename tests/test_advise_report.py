@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import re
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 from test_advise_support import DATA, ROOT, load, run_cli, write
+
+from gpuwatch.advise import build
+from gpuwatch.advisor.report import render_markdown, render_text
 
 TRAIN = ROOT / "tests" / "scripts" / "train_cpu.py"
 
@@ -67,7 +71,10 @@ def test_json_keeps_raw_numbers():
 
 @pytest.mark.parametrize("name", RECORDINGS)
 def test_every_recording_reads_as_prose(name):
-    text, md = advise(DATA / name), advise(DATA / name, "markdown")
+    # judged once, rendered both ways as `gpuwatch advise` does (advise.main)
+    rep = build(Namespace(replay=str(DATA / name), demo=False, config_file=None,
+                          rules_dir=None, format="text"))
+    text, md = render_text(rep), render_markdown(rep)
     assert not RAW.findall(text) and not RAW.findall(md), RAW.findall(text + md)
     table = "\n".join(ln for ln in md.splitlines() if ln.startswith("| `"))
     bad = RAW_EVIDENCE.findall(evidence_lines(text)) + RAW_EVIDENCE.findall(table)
