@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import re
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 from test_advise_support import DATA, ROOT, load, run_cli, write
+
+from gpuwatch.advise import build
+from gpuwatch.advisor.report import render_markdown, render_text
 
 TRAIN = ROOT / "tests" / "scripts" / "train_cpu.py"
 
@@ -67,7 +71,10 @@ def test_json_keeps_raw_numbers():
 
 @pytest.mark.parametrize("name", RECORDINGS)
 def test_every_recording_reads_as_prose(name):
-    text, md = advise(DATA / name), advise(DATA / name, "markdown")
+    # judged once, rendered both ways as `gpuwatch advise` does (advise.main)
+    rep = build(Namespace(replay=str(DATA / name), demo=False, config_file=None,
+                          rules_dir=None, format="text"))
+    text, md = render_text(rep), render_markdown(rep)
     assert not RAW.findall(text) and not RAW.findall(md), RAW.findall(text + md)
     table = "\n".join(ln for ln in md.splitlines() if ln.startswith("| `"))
     bad = RAW_EVIDENCE.findall(evidence_lines(text)) + RAW_EVIDENCE.findall(table)
@@ -185,3 +192,34 @@ def test_an_underused_training_gpu_is_never_called_fine(tmp_path):
         assert NOTHING not in out
         if not rep["advice"]:
             assert "not used fully" in out and "52 % busy" in out
+
+
+def test_the_biggest_slice_leads_with_the_built_in_rules(tmp_path):
+    """Issue #9's example: a 2-GPU job with 1.2 ms steps, 12 % data wait and 88 % host
+    overhead (main processes pegged, GPUs 10 % SM active). 'Add one DataLoader worker'
+    wins back a tenth of the time at best and must not come first."""
+    import synthetic as syn
+
+    steps = {g: syn.steady_steps(30.0, 0.0012, 0.000144) for g in (0, 1)}
+    trees = [{"pid": 4000 + g, "gpus": [g], "cpu_cores": 1.1, "main_cpu_cores": 1.0,
+              "workers_cpu_cores": 0.1, "processes": 2} for g in (0, 1)]
+    config = {"world_size": 2, "num_workers": 1, "pin_memory": True,
+              "persistent_workers": True, "autocast_dtype": "bfloat16",
+              "fused_optimizer": True, "uses_dataloader": True, "batch_size": 64}
+    run = syn.build(steps=steps, gpu=syn.const(util=0.2, sm_active=0.1, tensor_active=0.05,
+                                               fp32_active=0.01, dram_active=0.05),
+                    host=lambda rel: {"job_cpu_cores": 2.2, "job_main_cpu_cores": 2.0,
+                                      "job_workers_cpu_cores": 0.2, "job_processes": 4,
+                                      "jobs": trees},
+                    configs={g: dict(config, rank=g) for g in (0, 1)})
+    for d in run.lines:
+        if d["kind"] == "step":
+            d["rank"] = d["gpu"]
+    path = run.write(tmp_path / "host_bound_ddp.jsonl")
+    rep = json.loads(advise(path, "json"))
+    order = [a["id"] for a in rep["advice"]]
+    assert "add-dataloader-workers" in order and order[0] != "add-dataloader-workers", order
+    gains = [a.get("expected_gain") or 1.0 for a in rep["advice"]]
+    assert gains == sorted(gains, reverse=True)  # no critical item here: by time won back
+    first = rep["advice"][0]
+    assert first["expected_gain"] > 3 and "host" in first["message"]
