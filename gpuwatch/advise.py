@@ -142,7 +142,12 @@ def fleet_ranks(hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
                         "jobs; narrow with --match to one job's hosts to compare its ranks"}
     ranks.sort(key=lambda r: r["rank"])
     shares = [r.get("time_share") or {} for r in ranks]
-    if all(sh.get("sync") is not None for sh in shares) and any(sh["sync"] > 0 for sh in shares):
+    per_host = {inst: sum(r["instance"] == inst for r in ranks) for inst in
+                {r["instance"] for r in ranks}}
+    # a host with a single rank reads sync 0 whether or not that rank waits: own time
+    # only holds where every host can see its ranks wait for each other
+    if (all(sh.get("sync") is not None for sh in shares) and any(sh["sync"] > 0 for sh in shares)
+            and min(per_host.values()) >= 2):
         return _by_own_time(ranks)
     return _by_stall(ranks)
 

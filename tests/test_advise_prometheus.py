@@ -192,8 +192,9 @@ def ranks_openmetrics(end: float, ranks: list[dict], seconds: int = 120) -> str:
 
 
 def test_ranks_of_one_job_compared_across_hosts(prometheus):
-    """Ranks 0 and 2 on node-a wait half of each step for rank 1 on node-b, which is
-    starved for data: the fleet report names rank 1 on node-b as the straggler."""
+    """Ranks 0 and 2 on node-a wait half of each step for ranks 1 and 3 on node-b, which
+    are starved for data: the fleet report scores every rank and names the slowest (rank 1
+    on node-b) as the straggler."""
     end = time.time() - 30
     waiting = {"data": 0.02, "sync": 0.5, "gpu": 0.4, "host": 0.05, "other": 0.03}
     url = prometheus(ranks_openmetrics(end, [
@@ -202,6 +203,8 @@ def test_ranks_of_one_job_compared_across_hosts(prometheus):
          "gpu": 1},
         {"instance": "node-b:9442", "rank": 1, "pid": 200, "wait": 0.45,
          "shares": {"data": 0.45, "sync": 0.0, "gpu": 0.45, "host": 0.05, "other": 0.05}},
+        {"instance": "node-b:9442", "rank": 3, "pid": 203, "wait": 0.45, "gpu": 1,
+         "shares": {"data": 0.45, "sync": 0.0, "gpu": 0.45, "host": 0.05, "other": 0.05}},
     ]))
     proc = run_cli("advise", "--prometheus", url, "--window", "300", "--format", "json")
     assert proc.returncode == 0, proc.stderr
@@ -209,12 +212,14 @@ def test_ranks_of_one_job_compared_across_hosts(prometheus):
     jobs = {(h["instance"], j["rank"], j["pid"], j["gpu"]) for h in report["hosts"]
             for j in h["jobs"]}
     assert jobs == {("node-a:9442", 0, 100, 0), ("node-a:9442", 2, 102, 1),
-                    ("node-b:9442", 1, 200, 0)}
+                    ("node-b:9442", 1, 200, 0), ("node-b:9442", 3, 203, 1)}
     block = report["ranks"]
+    assert block["basis"] == "own_time"
     assert [(r["rank"], r["instance"], r["own_seconds"], r["rank_score"])
             for r in block["ranks"]] == [(0, "node-a:9442", 0.25, 1.0),
                                          (1, "node-b:9442", 0.5, 0.5),
-                                         (2, "node-a:9442", 0.25, 1.0)]
+                                         (2, "node-a:9442", 0.25, 1.0),
+                                         (3, "node-b:9442", 0.5, 0.5)]
     s = block["straggler"]
     assert (s["instance"], s["rank"], s["pid"], s["rank_score"],
             s["speedup_at_median_pace"]) == ("node-b:9442", 1, 200, 0.5, 2.0)
