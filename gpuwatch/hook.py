@@ -845,6 +845,7 @@ def _wrap_checkpoint(orig: Callable[..., Any]) -> Callable[..., Any]:
 _scaler_update: Any = None
 _optimizer_hook_handle: Any = None
 _parameter_hook_handle: Any = None
+_problem: str | None = None  # why attach() failed, when it did
 _prev_excepthook: Any = None
 _prev_threading_excepthook: Any = None
 
@@ -931,7 +932,7 @@ def attach_when_training() -> bool:
 
 def _attach(socket_path: str | None) -> bool:
     global _hook, _scaler_update, _optimizer_hook_handle, _parameter_hook_handle
-    global _prev_excepthook, _prev_threading_excepthook
+    global _prev_excepthook, _prev_threading_excepthook, _problem
     with _attach_lock:
         if _hook is not None:
             return True
@@ -959,11 +960,17 @@ def _attach(socket_path: str | None) -> bool:
             _prev_threading_excepthook = threading.excepthook
             threading.excepthook = _threading_excepthook
             atexit.register(_at_exit)
-        except Exception:
+        except Exception as err:
+            _problem = f"{type(err).__name__}: {err}"[:protocol.MAX_TEXT]
             _undo_patches()
             return False
         _hook = hook
         return True
+
+
+def attach_problem() -> str | None:
+    """Why the last ``attach()`` failed (None when it did not)."""
+    return _problem
 
 
 def _undo_patches() -> None:

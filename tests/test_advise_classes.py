@@ -85,6 +85,17 @@ def test_gan_gets_persistent_workers_and_its_host_time(tmp_path):
     assert report["advice"][0]["id"] == "gpu-underused"
 
 
+def test_one_long_epoch_is_no_restart(tmp_path):
+    """persistent_workers=False, but the run never starts a second epoch: the first
+    batch's wait (the workers starting once) is no reason to change anything."""
+    run = synthetic.gan()
+    for d in run.lines:
+        if d["kind"] == "step" and d["step"] > 0 and d.get("first_batch"):
+            d["first_batch"] = False
+            d["data_wait_seconds"] = 0.004
+    assert "enable-persistent-workers" not in ids(judge(tmp_path, run))
+
+
 def test_slow_rank_is_named_and_its_peer_waits(tmp_path):
     run = synthetic.ddp(slow=True)
     report = judge(tmp_path, run)

@@ -141,7 +141,8 @@ def _defs() -> dict[str, SignalDef]:
         ("mem_reserved_ratio", "job", "ratio", "mean", "mem_reserved_bytes / mem_total_bytes",
          True),
         ("first_batch_wait_ratio", "job", "ratio", "mean", ("share of step time spent waiting "
-         "for the first batch of a new DataLoader iterator (step lines' first_batch)"), True),
+         "for the first batch of a restarted DataLoader iterator (step lines' first_batch; "
+         "the run's first iterator does not count)"), True),
         ("first_batch_wait_seconds", "job", "seconds", "mean", ("data wait of a new "
          "iterator's first batch (window mean: per new iterator)"), True),
         ("iterator_rate", "job", "1/s", "mean", ("new DataLoader iterators (epochs) started "
@@ -673,6 +674,7 @@ class Subject:
         # step began in (the attribution's clock starts there, not at process start)
         self.job_pid: int | None = None
         self.job_rank: int | None = None
+        self.iterators_seen = 0  # DataLoader iterators whose first batch the hook marked
         self.job_first: int | None = None
         self.job_last: int | None = None  # the bucket of its newest step
         self.job_t0: float | None = None  # when its first step began (Unix seconds)
@@ -897,7 +899,11 @@ class Frame:
         if first is not None:
             acc.add("_fb_known", 1.0)
             if first:
-                acc.add("_fb_dw", float(dw or 0.0))
+                # the run's first iterator starts its workers whatever persistent_workers
+                # says: only the ones after it are restarts
+                subj.iterators_seen += 1
+                if subj.iterators_seen > 1:
+                    acc.add("_fb_dw", float(dw or 0.0))
         scale = get("loss_scale")
         skipped = get("skipped")
         fell = False
