@@ -1204,6 +1204,15 @@ class Frame:
                          data_total=dw if dw_steps > 0 else None, busy=busy, util=util,
                          main=main, workers_busy=wb, workers=workers)
 
+    def steps_stopped(self, subj: Subject, end: int, quiet_seconds: float) -> bool:
+        """True when ``subj``'s job is one the hook reports and its newest step is more
+        than ``quiet_seconds`` before ``end``: the job has stopped training (it ended, or
+        is evaluating, checkpointing or tearing down)."""
+        _, owner = self._job_table(subj)
+        if not owner.job.ever or owner.job_last is None:
+            return False
+        return (end - 1 - owner.job_last) * self.res > quiet_seconds
+
     def train_start(self, subj: Subject) -> int | None:
         """The bucket from which ``subj``'s job is in training (after its first step), or
         None without the hook's steps."""
