@@ -1163,6 +1163,13 @@ class Frame:
             return self.host.job, self.host  # steps no GPU was named for: the only GPU's
         return None, subj
 
+    def steps_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
+        """Whether the hook reported steps for ``subj``'s job and none in the last
+        ``grace`` seconds before bucket ``idx`` ended (the job ended or paused)."""
+        _, owner = self._job_table(subj)
+        last = owner.job_last
+        return last is not None and (idx - last) * self.res > grace
+
     def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True
                    ) -> JobWindow | None:
         """The attribution's inputs for ``subj`` over the ``n`` buckets before ``end``,
