@@ -1163,6 +1163,13 @@ class Frame:
             return self.host.job, self.host  # steps no GPU was named for: the only GPU's
         return None, subj
 
+    def steps_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
+        """Whether the hook reported steps for ``subj``'s job and none in the last
+        ``grace`` seconds before bucket ``idx`` ended (the job ended or paused)."""
+        _, owner = self._job_table(subj)
+        last = owner.job_last
+        return last is not None and (idx - last) * self.res > grace
+
     def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True
                    ) -> JobWindow | None:
         """The attribution's inputs for ``subj`` over the ``n`` buckets before ``end``,
@@ -1203,15 +1210,6 @@ class Frame:
                          step_total=min(step_total, wall) if clamp else step_total,
                          data_total=dw if dw_steps > 0 else None, busy=busy, util=util,
                          main=main, workers_busy=wb, workers=workers)
-
-    def steps_stopped(self, subj: Subject, end: int, quiet_seconds: float) -> bool:
-        """True when ``subj``'s job is one the hook reports and its newest step is more
-        than ``quiet_seconds`` before ``end``: the job has stopped training (it ended, or
-        is evaluating, checkpointing or tearing down)."""
-        _, owner = self._job_table(subj)
-        if not owner.job.ever or owner.job_last is None:
-            return False
-        return (end - 1 - owner.job_last) * self.res > quiet_seconds
 
     def train_start(self, subj: Subject) -> int | None:
         """The bucket from which ``subj``'s job is in training (after its first step), or
