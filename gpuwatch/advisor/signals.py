@@ -1170,8 +1170,9 @@ class Frame:
     def _job_table(self, subj: Subject) -> tuple[Table | None, Subject]:
         if subj.job.ever:
             return subj.job, subj
-        if subj.gpu is not None and self.host.job.ever and len(self.gpus()) == 1:
-            return self.host.job, self.host  # steps no GPU was named for: the only GPU's
+        # steps no GPU was named for are the only GPU's (subjects: the GPUs and the host)
+        if subj.gpu is not None and self.host.job.ever and len(self.subjects) == 2:
+            return self.host.job, self.host
         return None, subj
 
     def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True
@@ -1219,6 +1220,10 @@ class Frame:
     def train_start(self, subj: Subject) -> int | None:
         """The bucket from which ``subj``'s job is in training (after its first step), or
         None without the hook's steps."""
+        if subj.job.ever:  # the usual case first: the rules ask this for every window
+            return subj.job_warm
+        if not self.host.job.ever:
+            return None
         _, owner = self._job_table(subj)
         return owner.job_warm if owner.job.ever else None
 
