@@ -166,6 +166,10 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
         ("world_size", "config", "count", "last", "distributed world size", False),
+        ("channels_last", "config", "bool", "last", ("the model's parameters are in "
+         "torch.channels_last memory format"), False),
+        ("cudnn_tf32", "config", "bool", "last", ("torch.backends.cudnn.allow_tf32: cuDNN "
+         "runs FP32 convolutions as TF32 (on by default)"), False),
         ("uses_dataloader", "config", "bool", "last", ("the job iterates a torch DataLoader "
          "(false: the hook saw none)"), False),
         ("step_source", "config", "text", "last", ("what the hook counts as a step: "
@@ -905,7 +909,15 @@ class Frame:
         ss0 = get("step_seconds")
         begun = int((get("t") - (ss0 or 0.0)) // self.res)
         if subj.job_first is None or begun < subj.job_first:
+            was = subj.job_first
             subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
+            # the first step began in buckets already closed (a step line comes at its
+            # end): its run totals start there too
+            upto = was if was is not None else self.idx
+            if upto is not None and subj.job_first < upto:
+                w = self.job_window(subj, upto, upto - subj.job_first, clamp=False)
+                if w is not None:
+                    subj.span.add(w)
         subj.job_last = self.idx
         if subj.job_warm is None and self.idx is not None:
             subj.job_warm = self.idx + 1
