@@ -196,6 +196,8 @@ def soak(args: argparse.Namespace) -> None:
                    **count_series(daemon.url), **windows,
                    "receiver_jobs": len(daemon.receiver.jobs()),
                    "recording_bytes": os.path.getsize(record) if os.path.exists(record) else 0,
+                   "recorder_backlog": daemon.recorder._queue.qsize(),
+                   "recorder_dropped": daemon.recorder.dropped_samples,
                    "ticks": latest.health.ticks_total,
                    "errors": sum(latest.health.errors_total.values()),
                    "hook_messages": latest.health.hook_messages_total,

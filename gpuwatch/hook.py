@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import multiprocessing.process
 import os
 import socket
 import sys
@@ -845,22 +846,69 @@ def _wrap_checkpoint(orig: Callable[..., Any]) -> Callable[..., Any]:
 _scaler_update: Any = None
 _optimizer_hook_handle: Any = None
 _parameter_hook_handle: Any = None
+_problem: str | None = None  # why attach() failed, when it did
 _prev_excepthook: Any = None
 _prev_threading_excepthook: Any = None
 
 
-def _excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+def _died_of(value: BaseException) -> None:
+    """The process's training died of ``value``: say so in the exit report, now."""
     try:
         h = _hook
-        if h is not None:
+        if h is not None and h.pid == os.getpid() and not h.finished:
             h.exit_reason = "oom" if _is_oom(value) else (
                 "interrupted" if isinstance(value, KeyboardInterrupt) else "exception")
-            h.error = f"{tp.__name__}: {value}"[:protocol.MAX_TEXT]
+            h.error = f"{type(value).__name__}: {value}"[:protocol.MAX_TEXT]
             # report now: the rest of shutdown may hang (e.g. a collective that never ends)
             h.finish()
     except Exception:
         pass
+
+
+def _excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+    _died_of(value)
     (_prev_excepthook or sys.__excepthook__)(tp, value, tb)
+
+
+def _wrap_os_exit(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``os._exit``: how multiprocessing's fork and forkserver children leave (after
+    ``BaseProcess._bootstrap`` returns), and how many training scripts end to skip a
+    hanging shutdown. No ``atexit`` handler runs then: send the exit report first."""
+    @functools.wraps(orig)
+    def _exit(*args: Any, **kwargs: Any) -> Any:
+        _at_exit()
+        return orig(*args, **kwargs)
+    return _exit
+
+
+def _wrap_process_run(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``multiprocessing``'s ``BaseProcess.run``: ``_bootstrap`` catches the target's
+    exception and exits 1, so no ``sys.excepthook`` sees it."""
+    @functools.wraps(orig)
+    def run(self: Any) -> Any:
+        try:
+            return orig(self)
+        except Exception as err:
+            _died_of(err)
+            raise
+    return run
+
+
+def _wrap_spawn_wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.multiprocessing.spawn``'s ``_wrap(fn, i, args, error_file)``, each rank's
+    target: it catches the rank's exception, hands the traceback to the parent and exits 1
+    (Ctrl-C: 0), so neither ``sys.excepthook`` nor ``run()`` ever sees it. Pickled by
+    reference, so a spawned rank finds this wrapper once its hook has attached."""
+    @functools.wraps(orig)
+    def _wrap(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def rank_fn(*fn_args: Any, **fn_kwargs: Any) -> Any:
+            try:
+                return fn(*fn_args, **fn_kwargs)
+            except (Exception, KeyboardInterrupt) as err:
+                _died_of(err)
+                raise
+        return orig(rank_fn, *args, **kwargs)
+    return _wrap
 
 
 def _threading_excepthook(args: Any) -> None:
@@ -876,7 +924,7 @@ def _threading_excepthook(args: Any) -> None:
 
 def _at_exit() -> None:
     h = _hook
-    if h is not None:
+    if h is not None and h.pid == os.getpid():
         try:
             h.finish()
         except Exception:
@@ -931,7 +979,7 @@ def attach_when_training() -> bool:
 
 def _attach(socket_path: str | None) -> bool:
     global _hook, _scaler_update, _optimizer_hook_handle, _parameter_hook_handle
-    global _prev_excepthook, _prev_threading_excepthook
+    global _prev_excepthook, _prev_threading_excepthook, _problem
     with _attach_lock:
         if _hook is not None:
             return True
@@ -949,6 +997,11 @@ def _attach(socket_path: str | None) -> bool:
             _patch(torch.autograd, "backward", _wrap_backward)
             _patch(torch.optim.Optimizer, "__init__", _wrap_optimizer_init)
             _patch(torch.nn.modules.conv._ConvNd, "__init__", _wrap_conv_init)
+            _patch(os, "_exit", _wrap_os_exit)
+            _patch(multiprocessing.process.BaseProcess, "run", _wrap_process_run)
+            spawn = sys.modules.get("torch.multiprocessing.spawn")
+            if spawn is not None and callable(getattr(spawn, "_wrap", None)):
+                _patch(spawn, "_wrap", _wrap_spawn_wrap)
             _optimizer_hook_handle = register_optimizer_step_post_hook(_on_optimizer_step)
             register = getattr(torch.nn.modules.module,
                                "register_module_parameter_registration_hook", None)
@@ -959,11 +1012,17 @@ def _attach(socket_path: str | None) -> bool:
             _prev_threading_excepthook = threading.excepthook
             threading.excepthook = _threading_excepthook
             atexit.register(_at_exit)
-        except Exception:
+        except Exception as err:
+            _problem = f"{type(err).__name__}: {err}"[:protocol.MAX_TEXT]
             _undo_patches()
             return False
         _hook = hook
         return True
+
+
+def attach_problem() -> str | None:
+    """Why the last ``attach()`` failed (None when it did not)."""
+    return _problem
 
 
 def _undo_patches() -> None:

@@ -51,6 +51,8 @@ STOP_TIMEOUT = 3.0
 # how long before a tick's deadline the workers read: a read takes ~0.1 ms per GPU, so the
 # samples are ready when the tick publishes and it need not wait (or be woken) for them
 READ_LEAD = 0.005
+# a GPU whose read is this late (seconds) is said to be stuck, once; before, only counted
+STALL_SAY_AFTER = 1.0
 # NVML that failed to start, or stopped answering (the driver unloaded or reloaded), is
 # started again after this many seconds, doubling up to the second figure: a driver that
 # loads after the daemon is picked up without a restart
@@ -116,7 +118,8 @@ class _FastWorker:
         self._procs_key: Any = None  # what the last processes tuple was built from
         self._procs: tuple[GpuProcess, ...] = ()
         self.retired = False  # NVML is being started again: this worker's handle is stale
-        self.stalled_since: float | None = None  # monotonic; said once per stall
+        self.stalled_since: float | None = None  # monotonic, since the first late tick
+        self.stall_said = False
         self.thread = threading.Thread(target=self._run, name=f"gpuwatch-gpu{gpu.index}",
                                        daemon=True)
 
@@ -702,17 +705,22 @@ class Sampler:
                             "it is left alone while NVML is stuck on it", w.index, PROBE_TIMEOUT)
 
     def _stalled(self, w: _FastWorker) -> None:
-        """A tick without this GPU's read: counted every time, said once per stall."""
+        """A tick without this GPU's read: counted every time, said once per stall that
+        lasts (a read merely late on a busy host is counted, not said)."""
         self._count(f"gpu{w.index}_stalled")
+        now = time.monotonic()
         if w.stalled_since is None:
-            w.stalled_since = time.monotonic()
+            w.stalled_since = now
+        if not w.stall_said and now - w.stalled_since >= STALL_SAY_AFTER:
+            w.stall_said = True
             log.warning("GPU %d: an NVML call has not returned; its fields are left out "
                         "until it does (counted in gpuwatch_errors_total{source=\"gpu%d_stalled\"})",
                         w.index, w.index)
 
     def _unstalled(self, w: _FastWorker) -> None:
         since, w.stalled_since = w.stalled_since, None
-        if since is not None:
+        said, w.stall_said = w.stall_said, False
+        if since is not None and said:
             log.info("GPU %d answers again after %.1f s", w.index, time.monotonic() - since)
 
     def _info_changed(self) -> None:

@@ -9,7 +9,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 rec() {  # name, then the command
   local name=$1; shift
   local t0=$SECONDS
-  (cd "$here" && timeout 200 gpuwatch run --quiet --web.listen-address 127.0.0.1:0 \
+  (cd "$here" && timeout 200 python3 -m gpuwatch run --quiet --web.listen-address 127.0.0.1:0 \
       --record "$out/gpu_$name.jsonl" -- "$@" --truth "$out/gpu_$name.truth{rank}.json") \
       >"$out/gpu_$name.log" 2>&1
   echo "$name: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/gpu_$name.jsonl") lines"
@@ -26,10 +26,11 @@ if [ "$what" != single ]; then
   rec ddp_slow_rank torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45 --slow-rank 1
   rec ddp_balanced torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45
   # the same straggler without the hook: the daemon records beside a job it did not start
-  (cd "$here" && gpuwatch record "$out/gpu_ddp_slow_rank_nohook.jsonl" --duration 60 \
+  (cd "$here" && python3 -m gpuwatch record "$out/gpu_ddp_slow_rank_nohook.jsonl" --duration 60 \
       >"$out/gpu_ddp_slow_rank_nohook.log" 2>&1 &
    sleep 2; timeout 120 torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45 \
-      --slow-rank 1 --truth "$out/gpu_ddp_slow_rank_nohook.truth{rank}.json" >/dev/null 2>&1
+      --slow-rank 1 --truth "$out/gpu_ddp_slow_rank_nohook.truth{rank}.json" \
+      >"$out/gpu_ddp_slow_rank_nohook.job.log" 2>&1
    wait)
   echo "ddp_slow_rank_nohook: $(wc -l <"$out/gpu_ddp_slow_rank_nohook.jsonl") lines"
 fi
