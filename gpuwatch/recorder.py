@@ -64,6 +64,7 @@ class Recorder:
         self.broken_pipe = False  # the reader of the output went away (`record - | head`)
         self.unfinished = False  # stop() gave up waiting for the writer (a stuck pipe)
         self.dropped_samples = 0  # not written: the writer was too far behind
+        self._dropping = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._writer: TraceWriter | None = None
         self._thread: threading.Thread | None = None
@@ -101,12 +102,19 @@ class Recorder:
         self._thread = None
 
     def _offer(self, sample: Sample) -> None:
-        if self._queue.qsize() >= MAX_QUEUED:
+        backlog = self._queue.qsize()
+        if backlog >= MAX_QUEUED:
             self.dropped_samples += 1
-            if self.dropped_samples == 1:
-                log.warning("the recording to %s is %d samples behind; dropping samples "
-                            "until it catches up", self.path, MAX_QUEUED)
+            if not self._dropping:  # once per time it falls behind, not per sample
+                self._dropping = True
+                self.store.count_error("recorder")
+                if self.dropped_samples == 1:
+                    log.warning("the recording to %s is %d samples behind; dropping samples "
+                                "until it catches up (counted in gpuwatch_errors_total"
+                                "{source=\"recorder\"})", self.path, MAX_QUEUED)
             return
+        if self._dropping and backlog < MAX_QUEUED // 2:
+            self._dropping = False
         self._queue.put(sample)
 
     # -- the writer thread ---------------------------------------------------------------------

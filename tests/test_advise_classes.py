@@ -115,6 +115,17 @@ def test_slow_rank_is_named_and_its_peer_waits(tmp_path):
     assert onset(report, run, "straggler-rank", 1) <= WARNING_ONSET
 
 
+def test_slow_rank_without_the_hook_gets_per_rank_evidence(tmp_path):
+    """The daemon beside a torchrun job it did not start: each GPU's own rank and workers
+    (the host layer's per-GPU trees) say that rank 1's single worker is pegged."""
+    report = judge(tmp_path, synthetic.ddp(slow=True).without_hook())
+    assert "add-dataloader-workers" in ids(report, 1)
+    assert "add-dataloader-workers" not in ids(report, 0)
+    a = advice(report, "add-dataloader-workers", 1)
+    assert a["evidence"]["job_workers"] == 1 and a["evidence"]["workers_busy_ratio"] >= 0.8
+    assert job(report, 1)["bottleneck"] == "data" and job(report, 1)["source"] == "nvml"
+
+
 def test_balanced_twin_has_no_straggler(tmp_path):
     report = judge(tmp_path, synthetic.ddp(slow=False))
     assert not ids(report) & (SIX | {"straggler-rank", "gpu-underused"})

@@ -379,3 +379,25 @@ def test_real_nvml_started_again_under_the_sampler_samples_every_gpu_again() -> 
         assert store.latest().health.errors_total.get("nvml") == 1
     finally:
         sampler.stop()
+
+
+def test_a_recorder_far_behind_drops_and_counts_instead_of_growing(tmp_path, monkeypatch,
+                                                                   caplog) -> None:
+    from gpuwatch import recorder as recorder_mod
+    from gpuwatch.samples import StepSample
+    from gpuwatch.store import Store
+
+    monkeypatch.setattr(recorder_mod, "MAX_QUEUED", 50)
+    store = Store()
+    rec = recorder_mod.Recorder(store, str(tmp_path / "r.jsonl"), {})
+    rec.start()
+    writer = rec._writer
+    with writer._lock:  # the disk (or the CPU) stalls the writer
+        store.add_steps(StepSample(t=1.7e9 + i, step=i, step_seconds=0.01) for i in range(500))
+        store.add_steps(StepSample(t=1.7e9 + 500 + i, step=500 + i) for i in range(500))
+        assert rec._queue.qsize() <= 51
+    rec.stop()
+    assert rec.dropped_samples >= 900
+    assert store.latest().health.errors_total == {"recorder": 1}  # once, not per sample
+    assert len(log_lines(caplog, "samples behind")) == 1
+    assert read_trace(str(tmp_path / "r.jsonl")).samples  # what was kept is written

@@ -287,7 +287,10 @@ class Engine:
             else:
                 f.last_seen = t
                 f.held_seconds += self.res
-                if t - f.detail_t >= REFRESH_SECONDS:
+                # once the job's steps have stopped (it ended; its windows now reach into
+                # the teardown), the evidence read while it trained stands
+                if t - f.detail_t >= REFRESH_SECONDS and not self.frame.steps_stopped(
+                        subj, ctx.end - 1):
                     self._details(f, ctx, t)
         else:
             st.since = None

@@ -293,7 +293,17 @@ _LABELS = {
     "compute_capability": "compute capability", "power_ratio": "power of limit",
     "job_cpu_cores": "job CPU", "gpu_processes": "GPU processes",
     "gpu_process_mem_bytes": "GPU memory held", "num_workers": "num_workers",
-    "step_rate": "steps", "clock_power_capped": "power-capped",
+    "step_rate": "step rate", "iterator_rate": "new DataLoader iterators",
+    "iterators_per_minute": "DataLoader iterators per minute",
+    "mem_allocated_growth_bytes_per_second": "allocated memory growth",
+    "mem_allocated_growth_r2": "linear fit R²",
+    "first_batch_wait_ratio": "first-batch wait share",
+    "first_batch_wait_seconds": "first-batch wait", "share_data": "data share",
+    "share_sync": "sync share", "share_gpu": "GPU share", "share_host": "host share",
+    "share_other": "other share", "gpu_busy": "GPU busy", "job_rank": "rank",
+    "job_ranks": "ranks", "slowest_rank": "slowest rank", "rank_score": "rank score",
+    "straggler_gain": "job speed-up at the median rank's pace",
+    "peer_straggler": "waits on a slower peer", "clock_power_capped": "power-capped",
     "clock_thermal": "thermal slowdown", "clock_hw_slowdown": "HW slowdown",
 }
 # a unit told by the name's ending, for evidence a rule names itself
@@ -347,19 +357,9 @@ def percent(v: float) -> str:
 
 
 def duration(v: float) -> str:
-    a = abs(v)
-    if a == 0:
-        return "0 s"
-    if a < 1e-3:
-        return f"{v * 1e6:.0f} µs"
-    if a < 1:
-        ms = v * 1e3
-        return f"{ms:.1f} ms" if abs(ms) < 100 else f"{ms:.0f} ms"
-    if a < 60:
-        return f"{v:.1f} s" if a < 10 else f"{v:.0f} s"
-    if a < 3600:
-        return f"{v / 60:.1f} min"
-    return f"{v / 3600:.1f} h"
+    from gpuwatch.advisor.rules import human_duration
+
+    return human_duration(v)
 
 
 def rate_bytes(v: float) -> str:
@@ -382,6 +382,10 @@ def evidence_value(name: str, v: Any) -> str:
     if not isinstance(v, (int, float)) or not math.isfinite(v):
         return str(v)
     unit = evidence_unit(name)
+    if name.endswith("_r2"):  # a fit's R²: a plain number 0-1, not a share of anything
+        return f"{v:.3f}"
+    if name.endswith(("_gain", "speedup")):  # a factor of speed
+        return f"{v:.2g}x" if v < 10 else f"{v:.0f}x"
     if unit == "ratio":
         return percent(v)
     if unit == "seconds":
@@ -389,7 +393,9 @@ def evidence_value(name: str, v: Any) -> str:
     if unit == "bytes":
         return human_bytes(v)
     if unit == "bytes/s":
-        return rate_bytes(v)
+        # link bandwidth (PCIe) is quoted in decimal GB/s everywhere; memory in GiB as the
+        # rest of the report (and the rule messages) quote it
+        return rate_bytes(v) if name.startswith("pcie") else human_bytes(v) + "/s"
     if unit == "cores":
         return f"{v:.1f} cores"
     if unit in ("count", "samples", "rows", "batches"):
@@ -410,6 +416,10 @@ def evidence_value(name: str, v: Any) -> str:
         return f"P{v:.0f}"
     if unit in ("steps/s", "samples/s"):
         return f"{_num(v)} {unit}"
+    if unit == "1/s":
+        return f"{_num(v)} per second"
+    if unit == "rank":
+        return f"{v:.0f}"
     if unit == "joules":
         return f"{v / 1e3:.1f} kJ" if abs(v) >= 1e4 else f"{v:.0f} J"
     return _num(v)
@@ -444,7 +454,19 @@ def _source_line(report: dict[str, Any]) -> str:
 
 
 def _evidence_text(ev: dict[str, Any]) -> str:
-    return ", ".join(f"{evidence_label(k)} {evidence_value(k, v)}" for k, v in ev.items())
+    return ", ".join(f"{label} {value}" for label, value in evidence_items(ev))
+
+
+def evidence_items(ev: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value with unit) per evidence entry; two entries that would read alike
+    (a share and a duration of one thing) keep their signal names apart."""
+    labels = [evidence_label(k) for k in ev]
+    out = []
+    for (k, v), label in zip(ev.items(), labels, strict=True):
+        if labels.count(label) > 1:
+            label = k.replace("_", " ")
+        out.append((label, evidence_value(k, v)))
+    return out
 
 
 def not_judged_text(report: dict[str, Any]) -> str:

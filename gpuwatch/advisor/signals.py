@@ -166,6 +166,10 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
         ("world_size", "config", "count", "last", "distributed world size", False),
+        ("channels_last", "config", "bool", "last", ("the model's parameters are in "
+         "torch.channels_last memory format"), False),
+        ("cudnn_tf32", "config", "bool", "last", ("torch.backends.cudnn.allow_tf32: cuDNN "
+         "runs FP32 convolutions as TF32 (on by default)"), False),
         ("uses_dataloader", "config", "bool", "last", ("the job iterates a torch DataLoader "
          "(false: the hook saw none)"), False),
         ("step_source", "config", "text", "last", ("what the hook counts as a step: "
@@ -665,6 +669,9 @@ class Subject:
         self.first = first  # first bucket with data: windows before it are incomplete
         self.gpu_table = Table(frame)
         self.job = Table(frame)
+        # the CPU of this GPU's own job trees (its rank and that rank's workers), from the
+        # host line's per-tree ``jobs``: per-rank evidence without the hook
+        self.cpu = Table(frame)
         self.config: dict[str, Any] = {}
         self.facts: dict[str, Any] = {}
         self.pids: set[int] = set()
@@ -856,6 +863,38 @@ class Frame:
             v = get(field)
             if v is not None:
                 acc.add(name, float(v))
+        jobs = get("jobs")
+        if jobs:
+            self._feed_jobs(jobs)
+
+    def _feed_jobs(self, jobs: Iterable[Any]) -> None:
+        """Each job tree's CPU, summed per GPU its root is on (``gpus`` in the tree, or
+        the GPUs whose latest gpu line lists its pid: older recordings)."""
+        per: dict[int, list[float]] = {}
+        for j in jobs:
+            jg = _get(j)
+            pid = jg("pid")
+            gpus = jg("gpus") or [g for g, sj in self.subjects.items()
+                                  if g is not None and pid in sj.proc_pids]
+            main, workers = jg("main_cpu_cores"), jg("workers_cpu_cores")
+            if main is None or workers is None:
+                continue
+            procs = float(jg("processes") or 1)
+            for g in gpus:
+                t = per.setdefault(int(g), [0.0, 0.0, 0.0, 0.0])
+                t[0] += 1.0
+                t[1] += float(main)
+                t[2] += float(workers)
+                t[3] += max(0.0, procs - 1.0)
+        for g, (mains, main, workers, nworkers) in per.items():
+            subj = self.subjects.get(g)
+            if subj is None:  # a GPU no gpu line described: nothing to judge it by
+                continue
+            acc = subj.cpu.acc
+            acc.add("mains", mains)
+            acc.add("main", main)
+            acc.add("workers", workers)
+            acc.add("nworkers", nworkers)
 
     def feed_step(self, s: Any) -> None:
         get = _get(s)
@@ -870,7 +909,15 @@ class Frame:
         ss0 = get("step_seconds")
         begun = int((get("t") - (ss0 or 0.0)) // self.res)
         if subj.job_first is None or begun < subj.job_first:
+            was = subj.job_first
             subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
+            # the first step began in buckets already closed (a step line comes at its
+            # end): its run totals start there too
+            upto = was if was is not None else self.idx
+            if upto is not None and subj.job_first < upto:
+                w = self.job_window(subj, upto, upto - subj.job_first, clamp=False)
+                if w is not None:
+                    subj.span.add(w)
         subj.job_last = self.idx
         if subj.job_warm is None and self.idx is not None:
             subj.job_warm = self.idx + 1
@@ -1023,6 +1070,8 @@ class Frame:
             self._close_job(idx, subj)
             if subj.gpu is None:
                 continue
+            if subj.cpu.acc.n:
+                self._close_cpu(idx, subj.cpu)
             acc = subj.gpu_table.acc
             if not acc.n:
                 continue
@@ -1122,9 +1171,17 @@ class Frame:
     def _job_table(self, subj: Subject) -> tuple[Table | None, Subject]:
         if subj.job.ever:
             return subj.job, subj
-        if subj.gpu is not None and self.host.job.ever and len(self.gpus()) == 1:
-            return self.host.job, self.host  # steps no GPU was named for: the only GPU's
+        # steps no GPU was named for are the only GPU's (subjects: the GPUs and the host)
+        if subj.gpu is not None and self.host.job.ever and len(self.subjects) == 2:
+            return self.host.job, self.host
         return None, subj
+
+    def steps_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
+        """Whether the hook reported steps for ``subj``'s job and none in the last
+        ``grace`` seconds before bucket ``idx`` ended (the job ended or paused)."""
+        _, owner = self._job_table(subj)
+        last = owner.job_last
+        return last is not None and (idx - last) * self.res > grace
 
     def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True
                    ) -> JobWindow | None:
@@ -1149,10 +1206,9 @@ class Frame:
         util = _ring_mean(gt.get("util"), start, end)
         if busy is None:
             busy = util
-        hr = self.host_tables.rings
-        main = _ring_mean(hr.get("main_busy_ratio"), start, end)
-        wb = _ring_mean(hr.get("workers_busy_ratio"), start, end)
-        workers = _ring_mean(hr.get("job_workers"), start, end)
+        main = _ring_mean(self._cpu_ring(subj, "main_busy_ratio"), start, end)
+        wb = _ring_mean(self._cpu_ring(subj, "workers_busy_ratio"), start, end)
+        workers = _ring_mean(self._cpu_ring(subj, "job_workers"), start, end)
         wall = (end - start) * self.res
         if not hook:
             return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
@@ -1171,6 +1227,10 @@ class Frame:
     def train_start(self, subj: Subject) -> int | None:
         """The bucket from which ``subj``'s job is in training (after its first step), or
         None without the hook's steps."""
+        if subj.job.ever:  # the usual case first: the rules ask this for every window
+            return subj.job_warm
+        if not self.host.job.ever:
+            return None
         _, owner = self._job_table(subj)
         return owner.job_warm if owner.job.ever else None
 
@@ -1256,11 +1316,34 @@ class Frame:
             self.flush_to(self.idx + 1)
 
     # -- reading ---------------------------------------------------------------------------
+    def _close_cpu(self, idx: int, table: Table) -> None:
+        a = table.acc
+        table.ever = True
+        mains, main, workers, nworkers = (a.mean(k) for k in ("mains", "main", "workers",
+                                                              "nworkers"))
+        a.clear()
+        if not mains:
+            return
+        table.push(idx, "job_main_processes", mains)
+        table.push(idx, "job_workers", nworkers)
+        table.push(idx, "main_cpu_cores", main / mains)
+        table.push(idx, "main_busy_ratio", min(1.0, main / mains))
+        table.push(idx, "workers_cpu_cores", workers)
+        if nworkers is not None and nworkers >= 1:
+            table.push(idx, "workers_busy_ratio", min(1.0, workers / nworkers))
+
+    def _cpu_ring(self, subj: Subject, name: str) -> Ring | None:
+        """A GPU's own job CPU where the trees say which GPU they are on, else the host's."""
+        ring = subj.cpu.rings.get(name) if subj.cpu.ever else None
+        return ring if ring is not None else self.host_tables.rings.get(name)
+
     def lookup_table(self, subj: Subject, name: str) -> Table | None:
         table = VOCABULARY[name].table
         if table == "gpu":
             return subj.gpu_table if subj.gpu is not None else None
         if table == "host":
+            if subj.cpu.ever and name in _PER_GPU_CPU and name in subj.cpu.rings:
+                return subj.cpu
             return self.host_tables
         if table == "job":
             if subj.job.ever:
@@ -1305,6 +1388,10 @@ _DEPENDS: dict[str, set[str]] = {
     "workers_busy_ratio": {"job_cpu_cores", "job_processes", "job_workers_cpu_cores"},
 }
 
+
+# host signals a GPU also has of its own, from the job trees on it (``Subject.cpu``)
+_PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
+                          "main_busy_ratio", "workers_cpu_cores", "workers_busy_ratio"})
 
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
                        "main_busy_ratio", "workers_busy_ratio", "job_workers"}
