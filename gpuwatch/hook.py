@@ -161,9 +161,9 @@ class _Hook:
         self.pending: collections.deque = collections.deque(maxlen=MAX_PENDING_STEPS)
         # -- the reporter's --
         self.held: list[list[Any]] = []  # steps whose skip flag is still on the device
-        # event, buffer, the steps whose flags it holds, whether it ends with the scale
-        # and whether with the loss
-        self.inflight: tuple[Any, Any, list[list[Any]], bool, bool] | None = None
+        # event, buffer, the steps whose flags it holds, whether it ends with the scale,
+        # and the step whose loss ends it (None: no loss in it)
+        self.inflight: tuple[Any, Any, list[list[Any]], bool, list[Any] | None] | None = None
         self.skipped_resolved = 0
         self.loss_scale: float | None = None
         self.seq = 0
@@ -502,6 +502,8 @@ class _Hook:
         n, t = taken
         if not isinstance(t, torch.Tensor) or t.numel() != 1 or not t.is_floating_point():
             return none
+        if self.scaler_mode and self.scaled is None:
+            return none  # a scaler whose scale() is its own (FSDP's): the loss is scaled
         rec = next((r for r in reversed(self.held) if r[0] == n), None)
         return (rec, t) if rec is not None else none
 
