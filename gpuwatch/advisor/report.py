@@ -119,8 +119,8 @@ class RunTally:
             self.host_lines += 1
             cores = get("job_cpu_cores")
             self._job_cores = float(cores) if cores is not None else None
-        elif kind == "step":
-            self.steps += 1
+        elif kind in ("step", "steps"):
+            self.steps += 1 if kind == "step" else int(get("steps") or 0)
             gpu = get("gpu")
             if gpu is None and get("pid") is not None:
                 gpu = self._pid_gpu.get(int(get("pid")))
@@ -184,7 +184,7 @@ class RunTally:
 
 
 _KINDS = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-          "ConfigSample": "config"}
+          "StepsSample": "steps", "ConfigSample": "config"}
 
 
 def judged(tally: RunTally | None, engine_gpus: list[int], hook_steps: bool,

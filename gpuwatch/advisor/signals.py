@@ -386,6 +386,17 @@ class _Acc:
             self.n[name] = 1
         self.last[name] = v
 
+    def add_n(self, name: str, total: float, n: float) -> None:
+        """``n`` samples at once, summing to ``total`` (a trace's `steps` line)."""
+        s = self.s
+        if name in s:
+            s[name] += total
+            self.n[name] += n
+        else:
+            s[name] = total
+            self.n[name] = n
+        self.last[name] = total / n if n else total
+
     def mean(self, name: str) -> float | None:
         n = self.n.get(name)
         return self.s[name] / n if n else None
@@ -954,6 +965,77 @@ class Frame:
         if bs and alloc is not None and peak is not None:
             acc.add("act_mem_per_sample_bytes", max(0.0, (peak - alloc) / bs))
 
+    def feed_steps(self, s: Any) -> None:
+        """A `steps` line: a job's steps of one interval, summed (docs/trace-format.md)."""
+        get = _get(s)
+        n = get("steps") or 0
+        if n <= 0:
+            return
+        t_end = get("t")
+        self._advance(t_end)
+        subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
+        self.hook_steps = True
+        pid, rank = get("pid"), get("rank")
+        if pid is not None:
+            subj.job_pid = pid
+        if rank is not None:
+            subj.job_rank = int(rank)
+        t_begin = get("begin_t")
+        if t_begin is None:
+            t_begin = t_end
+        begun = int(t_begin // self.res)
+        if subj.job_first is None or begun < subj.job_first:
+            subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
+        subj.job_last = self.idx
+        if subj.job_warm is None and self.idx is not None:
+            subj.job_warm = self.idx + 1
+        if subj.job_t0 is None or t_begin < subj.job_t0:
+            subj.job_t0 = t_begin
+        subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
+        job = subj.job
+        job.ever = True
+        acc = job.acc
+        acc.add("_steps", float(n))
+        timed = get("timed") or 0
+        ss, dw = get("step_seconds"), get("data_wait_seconds")
+        if timed and ss is not None:
+            acc.add_n("step_seconds", float(ss), timed)
+            if dw is not None:
+                acc.add_n("data_wait_seconds", float(dw), timed)
+                acc.add_n("_dw_ss", float(ss), timed)
+        for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
+                  "max_mem_allocated_bytes"):
+            v = get(f)
+            if v is not None:
+                acc.add(f, float(v))
+        first = get("first_batch")
+        if first is not None:
+            acc.add("_fb_known", 1.0)
+            if first:
+                # the run's first iterator is no restart (as in feed_step); its own wait is
+                # not told apart from the others', so it leaves its share of the sum
+                restarts = first - (1 if subj.iterators_seen == 0 else 0)
+                subj.iterators_seen += first
+                if restarts > 0:
+                    fb_dw = float(get("first_batch_data_wait_seconds") or 0.0)
+                    acc.add_n("_fb_dw", fb_dw * restarts / first, restarts)
+        scale = get("loss_scale")
+        skipped = get("skipped")
+        fell = False
+        if scale is not None:
+            scale = float(scale)
+            acc.add("loss_scale", scale)
+            fell = subj.prev_loss_scale is not None and scale < subj.prev_loss_scale
+            subj.prev_loss_scale = scale
+        if skipped is not None:
+            acc.add_n("_skip", float(skipped), n)
+        elif scale is not None:
+            acc.add("_skip", 1.0 if fell else 0.0)
+        bs = get("batch_size")
+        alloc, peak = get("mem_allocated_bytes"), get("max_mem_allocated_bytes")
+        if bs and alloc is not None and peak is not None:
+            acc.add("act_mem_per_sample_bytes", max(0.0, (peak - alloc) / bs))
+
     def feed_config(self, s: Any) -> None:
         get = _get(s)
         t = get("t")
@@ -1000,6 +1082,8 @@ class Frame:
             self.feed_host(s)
         elif kind == "step":
             self.feed_step(s)
+        elif kind == "steps":
+            self.feed_steps(s)
         elif kind == "config":
             self.feed_config(s)
         elif kind == "job_end" and len(self.job_ends) < 1000:
@@ -1354,7 +1438,7 @@ class Frame:
 
 
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-            "ConfigSample": "config", "JobEnd": "job_end"}
+            "StepsSample": "steps", "ConfigSample": "config", "JobEnd": "job_end"}
 
 # derived signals and what they are computed from (so the frame keeps those too)
 _DEPENDS: dict[str, set[str]] = {
