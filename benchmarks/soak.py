@@ -178,6 +178,7 @@ def soak(args: argparse.Namespace) -> None:
     end = start + args.minutes * 60
     meta = {"kind": "meta", "interval": args.interval, "gpus": args.gpus,
             "steps_per_second": args.steps_per_second, "minutes": args.minutes,
+            "history_seconds": config.history_seconds,
             "cpus": os.cpu_count(), "python": sys.version.split()[0], "record": record,
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     with open(args.out, "w") as out:
@@ -241,6 +242,15 @@ def plot(args: argparse.Namespace) -> None:
                        for r in rows], label="per-process, job and train series")
     ax2.set_ylabel("series")
     ax2.set_xlabel("minutes")
+    # where the bounds start to hold: dead jobs forgotten, windows full
+    for ax in (ax1, ax2):
+        for minute, what in ((10, "dead jobs forgotten (600 s)"),
+                             (meta.get("history_seconds", 900) / 60, "windows full")):
+            if minutes and minute < minutes[-1]:
+                ax.axvline(minute, color="grey", linestyle=":", linewidth=1)
+                if ax is ax2:
+                    ax.annotate(what, (minute, 0), xytext=(3, 3), textcoords="offset points",
+                                fontsize=7, color="grey", rotation=90, va="bottom")
     ax2.set_ylim(bottom=0)
     ax2.legend(loc="lower right")
     fig.tight_layout()

@@ -18,6 +18,11 @@ Threads, and why each exists:
   direction, energy ~4 ms) every ``slow_interval``, triggered by the tick when due, so
   those calls never delay a tick; the newest slow values ride along in each tick's sample.
 - one **XID thread** waits on NVML events with a timeout, so it can stop.
+- an **NVML opener**, now and then: NVML that failed to start, that answers as if the
+  driver went away (unloaded, reloaded, upgraded), or whose every GPU is lost, is started
+  again on a thread of its own (``nvmlInit`` can hang) with backoff; the old workers are
+  retired first and the old library shut down once no thread is inside it. The loop never
+  waits for it, and the GPUs are exported as down meanwhile.
 
 ``tick()`` is synchronous and usable without ``start()`` (tests, benchmarks): it hands
 each worker a read and waits for the answers (up to ``read_deadline``), so it pays the

@@ -56,7 +56,7 @@ def test_recording_size_is_bounded_and_counts_are_exact(recorded: tuple[Path, di
     for s in summed:  # percentiles are of the steps it counts, in order
         assert s.step_seconds_min <= s.step_seconds_p50 <= s.step_seconds_p90 \
             <= s.step_seconds_p99 <= s.step_seconds_max
-        assert s.timed <= s.steps and s.last_step - s.first_step + 1 >= s.steps
+        assert s.timed <= s.steps
 
 
 def _with_a_gpu(rec: Path, out: Path) -> None:

@@ -32,8 +32,6 @@ _MISSING = object()
 DEFAULT_CONFIDENCE = 0.7
 # how often (seconds of holding) the evidence of an active rule is re-read
 REFRESH_SECONDS = 10.0
-# a job the hook reports whose newest step is older than this has stopped training
-STEPS_STOPPED_SECONDS = 3.0
 # a gauge's last value older than this is "not measured" (a source that stopped)
 STALE_SECONDS = 30.0
 # counters' increases and "newest value" need no full window: a new error counts at once
@@ -289,11 +287,10 @@ class Engine:
             else:
                 f.last_seen = t
                 f.held_seconds += self.res
-                # evidence is re-read while the job trains; once its steps stop, the
-                # windows fill with teardown (workers exiting, the GPU idle) that says
-                # nothing about the run, so the evidence from training stands
+                # once the job's steps have stopped (it ended; its windows now reach into
+                # the teardown), the evidence read while it trained stands
                 if t - f.detail_t >= REFRESH_SECONDS and not self.frame.steps_stopped(
-                        subj, ctx.end, STEPS_STOPPED_SECONDS):
+                        subj, ctx.end - 1):
                     self._details(f, ctx, t)
         else:
             st.since = None

@@ -357,19 +357,9 @@ def percent(v: float) -> str:
 
 
 def duration(v: float) -> str:
-    a = abs(v)
-    if a == 0:
-        return "0 s"
-    if a < 1e-3:
-        return f"{v * 1e6:.0f} µs"
-    if a < 1:
-        ms = v * 1e3
-        return f"{ms:.1f} ms" if abs(ms) < 100 else f"{ms:.0f} ms"
-    if a < 60:
-        return f"{v:.1f} s" if a < 10 else f"{v:.0f} s"
-    if a < 3600:
-        return f"{v / 60:.1f} min"
-    return f"{v / 3600:.1f} h"
+    from gpuwatch.advisor.rules import human_duration
+
+    return human_duration(v)
 
 
 def rate_bytes(v: float) -> str:
