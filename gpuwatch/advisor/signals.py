@@ -390,6 +390,16 @@ class _Acc:
             self.n[name] = 1
         self.last[name] = v
 
+    def add_weighted(self, name: str, v: float, w: float) -> None:
+        s = self.s
+        if name in s:
+            s[name] += v * w
+            self.n[name] += w
+        else:
+            s[name] = v * w
+            self.n[name] = w
+        self.last[name] = v
+
     def mean(self, name: str) -> float | None:
         n = self.n.get(name)
         return self.s[name] / n if n else None
@@ -916,14 +926,17 @@ class Frame:
         job.ever = True
         acc = job.acc
         # a Prometheus-derived step line stands for several steps (``_count``)
-        acc.add("_steps", float(get("_count") or 1.0))
+        count = float(get("_count") or 1.0)
+        acc.add("_steps", count)
         ss = get("step_seconds")
         dw = get("data_wait_seconds")
         if ss is not None:
-            acc.add("step_seconds", float(ss))
+            # a line standing for ``count`` steps weighs as many: the sums of step time and
+            # data wait (the attribution's) stay right, the means stay means
+            acc.add_weighted("step_seconds", float(ss), count)
             if dw is not None:
-                acc.add("data_wait_seconds", float(dw))
-                acc.add("_dw_ss", float(ss))
+                acc.add_weighted("data_wait_seconds", float(dw), count)
+                acc.add_weighted("_dw_ss", float(ss), count)
         for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
                   "max_mem_allocated_bytes"):
             v = get(f)
