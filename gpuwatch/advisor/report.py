@@ -188,12 +188,28 @@ _KINDS = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
 
 
 def judged(tally: RunTally | None, engine_gpus: list[int], hook_steps: bool,
-           no_gpu_reason: str | None) -> dict[str, Any]:
-    """What the rules could judge, and why not where they could not."""
+           no_gpu_reason: str | None, jobs: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """What the rules could judge, and why not where they could not. Where the report has
+    a step-time breakdown for a GPU (``jobs``), its GPU share and span are what was judged
+    (the training rules read the same); the tally stands in elsewhere."""
     if not engine_gpus:
         return {"gpu": False, "training": False, "gpus": [],
                 "reason": no_gpu_reason or "there is no GPU data (NVML found no GPU)"}
     per_gpu = tally.gpus(hook_steps) if tally is not None else []
+    broken_down: dict[int, dict[str, Any]] = {}
+    for j in jobs:
+        share = (j.get("time_share") or {}).get("gpu")
+        if j.get("gpu") is None or share is None or not j.get("seconds"):
+            continue
+        got = broken_down.get(j["gpu"])
+        if got is None or share > got["busy_ratio"]:
+            broken_down[j["gpu"]] = {"busy_ratio": round(float(share), 4),
+                                     "training_seconds": round(float(j["seconds"]), 1),
+                                     "busy_signal": "breakdown"}
+    for g in per_gpu:
+        g.update(broken_down.pop(g["gpu"], {}))
+    per_gpu += [dict(gpu=gpu, seconds=v["training_seconds"], **v)
+                for gpu, v in sorted(broken_down.items())]
     training = any(g["training_seconds"] >= MIN_TRAINING_SECONDS for g in per_gpu)
     return {"gpu": True, "training": training if tally is not None else None,
             "gpus": per_gpu, "reason": None}
@@ -252,7 +268,8 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         notes.append("No GPM counters (SM/tensor/FP32 activity: Hopper and newer): "
                      "precision advice relies on the torch hook's settings, and 'GPU "
                      "underused' on NVML utilization alone.")
-    seen = judged(tally, [g["gpu"] for g in gpus], steps, no_gpu_reason)
+    seen = judged(tally, [g["gpu"] for g in gpus], steps, no_gpu_reason,
+                  jobs=[j for j in jobs if j.get("instance") is None])
     return {
         "format": REPORT_FORMAT,
         "generated_at": round(time.time(), 3),
@@ -482,9 +499,11 @@ def _training_spans(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _busy_phrase(g: dict[str, Any]) -> str:
+    span = f"{duration(g['training_seconds'])} the job trained"
+    if g.get("busy_signal") == "breakdown":
+        return f"GPU {g['gpu']} worked {percent(g['busy_ratio'])} of the {span}"
     what = "SM active" if g.get("busy_signal") == "sm_active" else "util"
-    return (f"GPU {g['gpu']} was {percent(g['busy_ratio'])} busy ({what}) over the "
-            f"{duration(g['training_seconds'])} the job trained")
+    return f"GPU {g['gpu']} was {percent(g['busy_ratio'])} busy ({what}) over the {span}"
 
 
 def no_advice_text(report: dict[str, Any]) -> str:
