@@ -364,11 +364,12 @@ def _num(v: float, digits: int = 3) -> str:
     return f"{v:.{max(0, digits - 1 - mag)}f}"
 
 
-def percent(v: float) -> str:
+def percent(v: float, fine_top: bool = False) -> str:
+    """Whole percent, but a tenth below 10 % (0.4 % is not 0 %) and, with ``fine_top``
+    (how full memory is), from 90 % up (97.5 % vs 99.9 % full is the point)."""
     p = v * 100.0
-    # whole percent in the middle; a tenth near the ends, where 0.4 % vs 0 % or 97.5 %
-    # vs 99.9 % full is the point
-    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < 90:
+    top = 90 if fine_top else math.inf
+    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < top:
         return f"{p:.0f} %"
     return f"{p:.1f} %"
 
@@ -404,7 +405,7 @@ def evidence_value(name: str, v: Any) -> str:
     if name.endswith(("_gain", "speedup")):  # a factor of speed
         return f"{v:.2g}x" if v < 10 else f"{v:.0f}x"
     if unit == "ratio":
-        return percent(v)
+        return percent(v, fine_top="mem" in name)
     if unit == "seconds":
         return duration(v)
     if unit == "bytes":
