@@ -320,7 +320,9 @@ _LABELS = {
     "share_other": "other share", "gpu_busy": "GPU busy", "job_rank": "rank",
     "job_ranks": "ranks", "slowest_rank": "slowest rank", "rank_score": "rank score",
     "straggler_gain": "job speed-up at the median rank's pace",
-    "peer_straggler": "waits on a slower peer", "clock_power_capped": "power-capped",
+    "peer_straggler": "waits on a slower peer", "sm_clock_mhz": "SM clock",
+    "mem_clock_mhz": "memory clock", "power_watts": "power", "temp_celsius": "temperature",
+    "power_limit_watts": "power limit", "clock_power_capped": "power-capped",
     "clock_thermal": "thermal slowdown", "clock_hw_slowdown": "HW slowdown",
 }
 # a unit told by the name's ending, for evidence a rule names itself
