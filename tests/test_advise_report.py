@@ -248,3 +248,15 @@ def test_evidence_is_read_while_the_job_trains_not_from_its_teardown(name):
     assert a["evidence"]["job_workers"] == pytest.approx(workers, abs=0.2)
     assert a["evidence"]["workers_busy_ratio"] >= 0.8
     assert "I/O" not in a["message"] and f"num_workers={workers} -> " in a["action"]
+
+
+def test_markdown_shows_where_each_ranks_time_went():
+    md = advise(DATA / "gpu_ddp_slow_rank.jsonl", "markdown")
+    rows = [ln for ln in md.splitlines() if re.match(r"^\| [01] \| pid \d+ rank [01] \|", ln)]
+    assert len(rows) == 2, md
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        shares = [float(c.rstrip(" %")) for c in cells[2:7]]
+        assert sum(shares) == pytest.approx(100, abs=1.5)
+    # rank 1 waits for its data; rank 0 waits for rank 1 in the collectives
+    assert rows[0].endswith("| waiting on peers |") and rows[1].endswith("| data wait |")

@@ -617,6 +617,25 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {where} | {g.get('name') or '?'} | {g.get('compute_capability') or '?'}"
                      f" | {_yes(s['bf16'])} | {_yes(s['tf32'])} | {_yes(s['fp8'])} "
                      f"| {_yes(g['gpm'])} |")
+    if report.get("jobs"):
+        lines += ["", "## Where the time went", "",
+                  "Each job's (rank's) wall time, split so the parts add up to 100 % "
+                  "(docs/advice.md, step-time attribution).", "",
+                  "| GPU | job | data wait | waiting on peers | GPU work | host | other "
+                  "| step | bottleneck |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for j in report["jobs"]:
+            where = f"{j['instance']} {j['gpu']}" if j.get("instance") else str(j["gpu"])
+            who = " ".join(x for x in (f"pid {j['pid']}" if j.get("pid") is not None else "",
+                                       f"rank {j['rank']}" if j.get("rank") is not None
+                                       and (j.get("ranks") or 1) > 1 else "") if x) or "?"
+            shares = j.get("time_share") or {}
+            cells = " | ".join(percent(shares[c]) if c in shares else "?"
+                               for c in ("data", "sync", "gpu", "host", "other"))
+            step = duration(j["step_seconds"]) if j.get("step_seconds") else (
+                "no hook" if j.get("source") == "nvml" else "?")
+            lines.append(f"| {where} | {who} | {cells} | {step} | "
+                         f"{_CATEGORY_NAMES.get(j.get('bottleneck'), j.get('bottleneck') or '?')} |")
     if report.get("job_ends"):
         lines += ["", "## Job ends", ""]
         lines += [f"- {end['summary']}." for end in report["job_ends"]]
