@@ -98,6 +98,9 @@ def _is_oom(exc: BaseException) -> bool:
                                               or "can't allocate memory" in str(exc))
 
 
+_PENDING = object()  # a step's loss while its copy from the device is under way
+
+
 class _Flags:
     """Skip flags of one iteration that are still tensors (a fused optimizer's found_inf)."""
 
@@ -148,10 +151,19 @@ class _Hook:
         self.stream: Any = None  # the training thread's CUDA stream, for ordered reads
         self.autocast_dtype: str | None = None
         self.checkpointing = False
+        # the tensor the last top-level backward() ran on (its graph already freed by
+        # that backward), unscaled; end_iteration() pairs it with its iteration in
+        # loss_of, which the reporter takes. References only: no copy, no sync.
+        self.loss_tensor: Any = None
+        self.loss_of: tuple[int, Any] | None = None  # (iteration, its loss_tensor)
+        self.loss_taken: tuple[int, Any] | None = None  # the reporter's copy of loss_of
+        self.scaled: tuple[Any, Any] | None = None  # GradScaler.scale()'s (result, input)
         self.pending: collections.deque = collections.deque(maxlen=MAX_PENDING_STEPS)
         # -- the reporter's --
         self.held: list[list[Any]] = []  # steps whose skip flag is still on the device
-        self.inflight: tuple[Any, Any, list[list[Any]], bool] | None = None  # event, buffer
+        # event, buffer, the steps whose flags it holds, whether it ends with the scale
+        # and whether with the loss
+        self.inflight: tuple[Any, Any, list[list[Any]], bool, bool] | None = None
         self.skipped_resolved = 0
         self.loss_scale: float | None = None
         self.seq = 0
@@ -236,7 +248,8 @@ class _Hook:
             first = (self.firsts, self.first_wait)
             self.firsts, self.first_wait = 0, 0.0
         self.pending.append([self.n, now, None if start is None else now - start, self.wait,
-                             self.samples, skipped, first])
+                             self.samples, skipped, first, None])
+        self.loss_of = (self.n, self.loss_tensor)
         self.n += 1
         if skipped is True:
             self.skipped_known += 1
@@ -285,6 +298,9 @@ class _Hook:
     def _report(self, final: bool) -> None:
         if not final and not self.is_training_process():
             return  # nothing yet says that this process trains (or it is a loader worker)
+        # the newest iteration's loss, taken before its step record leaves `pending` (it
+        # is appended first), so that its record is among those held below
+        self.loss_taken = self.loss_of
         pending = self.pending
         while pending:
             try:
@@ -297,11 +313,15 @@ class _Hook:
         self._resolve(final)
         held = self.held
         ready = 0
-        while ready < len(held) and not isinstance(held[ready][5], _Flags):
+        while ready < len(held) and not isinstance(held[ready][5], _Flags) \
+                and held[ready][7] is not _PENDING:
             ready += 1
         if final:
             for rec in held[ready:]:
-                rec[5] = None  # the device never answered: unknown, not "not skipped"
+                if isinstance(rec[5], _Flags):
+                    rec[5] = None  # the device never answered: unknown, not "not skipped"
+                if rec[7] is _PENDING:
+                    rec[7] = None
             ready = len(held)
         steps, self.held = held[:ready], held[ready:]
         now = time.time()
@@ -314,7 +334,7 @@ class _Hook:
                   "data_wait_seconds": 0.0, "samples": 0, "sample_seconds": 0.0,
                   "iterators": 0, "first_batch_wait_seconds": 0.0}
         records = []
-        for n, end, dur, wait, batch, skipped, first in steps:
+        for n, end, dur, wait, batch, skipped, first, loss in steps:
             if first is not None:
                 window["iterators"] += first[0]
                 window["first_batch_wait_seconds"] += first[1]
@@ -331,7 +351,7 @@ class _Hook:
                 step=n, t=end + offset, step_seconds=dur,
                 data_wait_seconds=wait if (dur is not None or wait) else None,
                 batch_size=batch, skipped=skipped, first_batch=first is not None,
-                first_batch_wait_seconds=None if first is None else first[1]))
+                first_batch_wait_seconds=None if first is None else first[1], loss=loss))
         rank, local_rank, world = self._rank()
         gpu, uuid = self._gpu()
         mem = self._memory()
@@ -394,7 +414,7 @@ class _Hook:
         one non-blocking copy into pinned memory per report, on the training's stream,
         and read at a later report once the event says the copy is done."""
         if self.inflight is not None:
-            event, buf, recs, with_scale = self.inflight
+            event, buf, recs, with_scale, loss_rec = self.inflight
             done = event.query()
             if not done and final:
                 deadline = time.monotonic() + 1.0
@@ -403,6 +423,8 @@ class _Hook:
                     done = event.query()
             if done:
                 values = buf.tolist()
+                if loss_rec is not None:
+                    loss_rec[7] = values.pop()
                 if with_scale:
                     self.loss_scale = float(values.pop())
                 i = 0
@@ -426,10 +448,17 @@ class _Hook:
         if scale is not None and scale.device.type == "cpu":
             self.loss_scale = float(scale)
             scale = None
-        if self.inflight is not None or (not unresolved and scale is None):
+        if self.inflight is not None:
+            return
+        loss_rec, loss = self._take_loss()
+        if loss is not None and loss.device.type != "cuda":
+            if loss.device.type == "cpu":
+                loss_rec[7] = float(loss.detach())
+            loss = None  # another accelerator: reading it would wait for the device
+        if not unresolved and scale is None and loss is None:
             return
         tensors = [t for rec in unresolved for t in rec[5].tensors]
-        device = (tensors[0] if tensors else scale).device
+        device = (tensors[0] if tensors else scale if scale is not None else loss).device
         if device.type != "cuda" or any(t.device != device for t in tensors):
             # another accelerator, or flags spread over devices: read directly, once
             for rec in unresolved:
@@ -441,6 +470,11 @@ class _Hook:
         with_scale = scale is not None and scale.device == device
         if with_scale:
             tensors.append(scale.float())
+        if loss is not None and loss.device == device:
+            tensors.append(loss.detach())
+            loss_rec[7] = _PENDING
+        else:
+            loss_rec = None
         stream = self.stream if self.stream is not None and self.stream.device == device \
             else torch.cuda.current_stream(device)
         with torch.cuda.device(device), torch.cuda.stream(stream):
@@ -451,7 +485,25 @@ class _Hook:
             event.record(stream)
         for rec in unresolved:
             rec[5].submitted = True
-        self.inflight = (event, buf, unresolved, with_scale)
+        self.inflight = (event, buf, unresolved, with_scale, loss_rec)
+
+    def _take_loss(self) -> tuple[Any, Any]:
+        """(the held step record, its loss tensor) for the newest iteration, taken when
+        the report began, if its last top-level backward() ran on a loss (one
+        floating-point value); unscaled: for ``scaler.scale(loss).backward()`` the
+        backward() wrapper kept the tensor handed to ``scale()``, so the value is exact
+        whatever the scale does after. (None, None) otherwise."""
+        none = (None, None)
+        taken, self.loss_taken = self.loss_taken, None
+        if taken is None:
+            return none
+        if self.loss_of is taken:
+            self.loss_of = None  # read once
+        n, t = taken
+        if not isinstance(t, torch.Tensor) or t.numel() != 1 or not t.is_floating_point():
+            return none
+        rec = next((r for r in reversed(self.held) if r[0] == n), None)
+        return (rec, t) if rec is not None else none
 
     def _memory(self) -> dict[str, int | None]:
         dev = self._device()
@@ -652,6 +704,17 @@ def _wrap_scaler_step(orig: Callable[..., Any]) -> Callable[..., Any]:
     return step
 
 
+def _wrap_scaler_scale(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def scale(self: Any, outputs: Any) -> Any:
+        result = orig(self, outputs)
+        h = _hook
+        if h is not None:
+            h.scaled = (result, outputs)  # which loss a backward() on `result` was
+        return result
+    return scale
+
+
 def _wrap_scaler_update(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def update(self: Any, new_scale: Any = None) -> Any:
@@ -737,6 +800,12 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
         h = _hook
         if h is None or h.off:
             return orig(*args, **kwargs)
+        if not h.depth:
+            t = args[0] if args else kwargs.get("tensors")
+            scaled = h.scaled
+            if scaled is not None:  # a GradScaler is in use: the loss is what scale() got
+                t = scaled[1] if scaled[0] is t else None
+            h.loss_tensor = t
         h.depth += 1
         try:
             result = orig(*args, **kwargs)
@@ -990,6 +1059,7 @@ def _attach(socket_path: str | None) -> bool:
                    _wrap_iter_init)
             _patch(torch.utils.data.DataLoader, "_get_iterator", _wrap_get_iterator)
             _patch(GradScaler, "step", _wrap_scaler_step)
+            _patch(GradScaler, "scale", _wrap_scaler_scale)
             _scaler_update = _patch(GradScaler, "update", _wrap_scaler_update)
             _patch(torch.autocast, "__enter__", _wrap_autocast_enter)
             _patch(torch.utils.checkpoint, "checkpoint", _wrap_checkpoint)

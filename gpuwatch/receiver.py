@@ -402,7 +402,8 @@ class HookReceiver:
         steps = [StepSample(t=min(s.t, latest), step=s.step, step_seconds=s.step_seconds,
                             data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
                             skipped=s.skipped, first_batch=s.first_batch,
-                            first_batch_wait_seconds=s.first_batch_wait_seconds, pid=pid,
+                            first_batch_wait_seconds=s.first_batch_wait_seconds, loss=s.loss,
+                            pid=pid,
                             rank=r.rank, gpu=gpu)
                  for s in r.steps]
         if steps:

@@ -166,6 +166,10 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
         ("world_size", "config", "count", "last", "distributed world size", False),
+        ("channels_last", "config", "bool", "last", ("the model's parameters are in "
+         "torch.channels_last memory format"), False),
+        ("cudnn_tf32", "config", "bool", "last", ("torch.backends.cudnn.allow_tf32: cuDNN "
+         "runs FP32 convolutions as TF32 (on by default)"), False),
         ("uses_dataloader", "config", "bool", "last", ("the job iterates a torch DataLoader "
          "(false: the hook saw none)"), False),
         ("step_source", "config", "text", "last", ("what the hook counts as a step: "
@@ -905,7 +909,15 @@ class Frame:
         ss0 = get("step_seconds")
         begun = int((get("t") - (ss0 or 0.0)) // self.res)
         if subj.job_first is None or begun < subj.job_first:
+            was = subj.job_first
             subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
+            # the first step began in buckets already closed (a step line comes at its
+            # end): its run totals start there too
+            upto = was if was is not None else self.idx
+            if upto is not None and subj.job_first < upto:
+                w = self.job_window(subj, upto, upto - subj.job_first, clamp=False)
+                if w is not None:
+                    subj.span.add(w)
         subj.job_last = self.idx
         if subj.job_warm is None and self.idx is not None:
             subj.job_warm = self.idx + 1
@@ -1159,8 +1171,9 @@ class Frame:
     def _job_table(self, subj: Subject) -> tuple[Table | None, Subject]:
         if subj.job.ever:
             return subj.job, subj
-        if subj.gpu is not None and self.host.job.ever and len(self.gpus()) == 1:
-            return self.host.job, self.host  # steps no GPU was named for: the only GPU's
+        # steps no GPU was named for are the only GPU's (subjects: the GPUs and the host)
+        if subj.gpu is not None and self.host.job.ever and len(self.subjects) == 2:
+            return self.host.job, self.host
         return None, subj
 
     def steps_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
@@ -1214,6 +1227,10 @@ class Frame:
     def train_start(self, subj: Subject) -> int | None:
         """The bucket from which ``subj``'s job is in training (after its first step), or
         None without the hook's steps."""
+        if subj.job.ever:  # the usual case first: the rules ask this for every window
+            return subj.job_warm
+        if not self.host.job.ever:
+            return None
         _, owner = self._job_table(subj)
         return owner.job_warm if owner.job.ever else None
 
