@@ -150,7 +150,8 @@ def test_a_line_that_stands_for_many_steps_weighs_as_many():
                     "step_seconds": 0.1, "data_wait_seconds": 0.05})
     e.finish()
     (j,) = e.jobs()
-    # 35 lines of 10; the first line's second is the start-up the attribution leaves out
-    assert j["steps"] == 340 and j["step_seconds"] == pytest.approx(0.1)
+    # 35 lines of 10, every one counted (the attribution's shares leave the first
+    # line's second out as start-up; the step count does not)
+    assert j["steps"] == 350 and j["step_seconds"] == pytest.approx(0.1)
     assert j["time_share"]["data"] == pytest.approx(0.5, abs=0.03)
     assert j["time_share"]["gpu"] == pytest.approx(0.4, abs=0.03)

@@ -704,6 +704,7 @@ class Subject:
         self.job_warm: int | None = None
         self.job_t1: float | None = None  # when its newest step ended
         self.span = _SpanTotals()  # the attribution's inputs summed since the first step
+        self.steps_seen = 0.0  # every step the hook reported for this job, counted exactly
         self.span_at_last_step: JobWindow | None = None
 
 
@@ -933,6 +934,7 @@ class Frame:
         # a Prometheus-derived step line stands for several steps (``_count``)
         count = float(get("_count") or 1.0)
         acc.add("_steps", count)
+        subj.steps_seen += count
         ss = get("step_seconds")
         dw = get("data_wait_seconds")
         if ss is not None:
@@ -989,19 +991,19 @@ class Frame:
         t_begin = get("begin_t")
         if t_begin is None:
             t_begin = t_end
-        begun = int(t_begin // self.res)
-        if subj.job_first is None or begun < subj.job_first:
-            subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
         subj.job_last = self.idx
         if subj.job_warm is None and self.idx is not None:
             subj.job_warm = self.idx + 1
-        if subj.job_t0 is None or t_begin < subj.job_t0:
+        # the attribution's clock starts where the job's steps are first seen (feed_step:
+        # when the first step ends); a summary line's steps began at its begin_t
+        if subj.job_t0 is None:
             subj.job_t0 = t_begin
         subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
         job = subj.job
         job.ever = True
         acc = job.acc
         acc.add("_steps", float(n))
+        subj.steps_seen += n
         timed = get("timed") or 0
         ss, dw = get("step_seconds"), get("data_wait_seconds")
         if timed and ss is not None:
@@ -1379,7 +1381,10 @@ class Frame:
                 "bottleneck": a.top(),
                 "source": "hook" if w.hook else "nvml",
                 "seconds": round(w.wall, 1),
-                "steps": int(round(w.steps)) if w.hook else None,
+                # the whole run's count is exact (the span leaves out the first step's
+                # bucket); a window's is what its buckets hold
+                "steps": (int(round(self._job_table(subj)[1].steps_seen)) if n is None
+                          else int(round(w.steps))) if w.hook else None,
                 "step_seconds": round(w.step_total / w.steps, 6) if w.hook and w.steps
                 else None,
             }
