@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 from test_advise_support import DATA, advise_json, ids
 
-# the breakdown against the script's own clock (share of time): the recordings sample at
-# 1 s, NVML/GPM average over their own windows, and the script times iterations on the CPU;
-# the GAN's truth (69 %) leaves out creating each epoch's iterator, which the hook counts
-# as data wait (76 %: tests/data/README.md), hence 0.07
-TOLERANCE = 0.07
+# the breakdown against the script's own clock (share of time, first iteration left out
+# on both sides): the recordings sample at 1 s and the claims are made per 1 s bucket
+TOLERANCE = 0.05
+# ... except the GAN's: its truth file was written before the scripts counted creating each
+# epoch's iterator (starting its 4 workers) as data wait, which the hook does: 50 epochs x
+# ~73 ms = 3.6 s of 44 s (its first batches: 29.4 s by the script, 33.1 s by the hook)
+TOLERANCE_BY_NAME = {"gan": 0.10}
 WARNING_ONSET = 20.0
 CRITICAL_ONSET = 10.0
 
@@ -87,7 +89,14 @@ def test_breakdown_follows_the_scripts_own_timing(name):
     for rank, t in truth.items():
         j = by_rank[rank]
         assert sum(j["time_share"].values()) == pytest.approx(1.0, abs=1e-3)
-        assert j["time_share"]["data"] == pytest.approx(t["data_wait_share"], abs=TOLERANCE)
+        tol = TOLERANCE_BY_NAME.get(name, TOLERANCE)
+        assert j["time_share"]["data"] == pytest.approx(t["data_wait_share"], abs=tol)
+    if name == "ddp_slow_rank":
+        # the fast rank waits in the all-reduce for as long as the slow one waits for data
+        slow = max(truth, key=lambda r: truth[r]["data_wait_share"])
+        for rank, t in truth.items():
+            want = truth[slow]["data_wait_share"] - t["data_wait_share"]
+            assert by_rank[rank]["time_share"]["sync"] == pytest.approx(want, abs=TOLERANCE)
 
 
 def test_conv_net_in_fp32_gets_bf16_and_channels_last():

@@ -73,10 +73,8 @@ class _Ctx:
             # a few seconds of training are in
             n = max(1, round(seconds / self.res))
             warm = self.frame.train_start(self.subj)
-            if warm is not None:
-                if self.end - warm < min(MIN_TRAIN_BUCKETS, n):
-                    return None
-                n = min(n, self.end - warm)
+            if warm is not None and self.end - warm < min(MIN_TRAIN_BUCKETS, n):
+                return None
             a = self.frame.attribution(self.subj, self.end, n)
             return a.value(name) if a is not None else None
         if name in GROWTH_SIGNALS:

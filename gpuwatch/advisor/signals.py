@@ -390,6 +390,21 @@ class _Acc:
             self.n[name] = 1
         self.last[name] = v
 
+    def add_n(self, name: str, total: float, n: float) -> None:
+        """``n`` samples at once, summing to ``total`` (a trace's `steps` line)."""
+        s = self.s
+        if name in s:
+            s[name] += total
+            self.n[name] += n
+        else:
+            s[name] = total
+            self.n[name] = n
+        self.last[name] = total / n if n else total
+
+    def add_weighted(self, name: str, v: float, w: float) -> None:
+        """``v`` counted ``w`` times (a step standing for several)."""
+        self.add_n(name, v * w, w)
+
     def mean(self, name: str) -> float | None:
         n = self.n.get(name)
         return self.s[name] / n if n else None
@@ -677,19 +692,19 @@ class Subject:
         self.pids: set[int] = set()
         self.prev_loss_scale: float | None = None
         self.proc_pids: set[int] = set()
-        # the job the hook reports for this GPU: its pid and rank, the bucket its first
-        # step began in (the attribution's clock starts there, not at process start)
+        # the job the hook reports for this GPU: its pid and rank; its attribution's clock
+        # starts when its first step ends (job_warm), not at process start
         self.job_pid: int | None = None
         self.job_rank: int | None = None
         self.iterators_seen = 0  # DataLoader iterators whose first batch the hook marked
-        self.job_first: int | None = None
         self.job_last: int | None = None  # the bucket of its newest step
-        self.job_t0: float | None = None  # when its first step began (Unix seconds)
+        self.job_t0: float | None = None  # when its first step ended (Unix seconds)
         # the bucket after its first step ended: GPU and host windows of a job the hook
         # reports start here, so start-up (imports, CUDA init, compiling) is not judged
         self.job_warm: int | None = None
         self.job_t1: float | None = None  # when its newest step ended
         self.span = _SpanTotals()  # the attribution's inputs summed since the first step
+        self.steps_seen = 0.0  # every step the hook reported for this job, counted exactly
         self.span_at_last_step: JobWindow | None = None
 
 
@@ -906,37 +921,29 @@ class Frame:
             subj.job_pid = pid
         if rank is not None:
             subj.job_rank = int(rank)
-        ss0 = get("step_seconds")
-        begun = int((get("t") - (ss0 or 0.0)) // self.res)
-        if subj.job_first is None or begun < subj.job_first:
-            was = subj.job_first
-            subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
-            # the first step began in buckets already closed (a step line comes at its
-            # end): its run totals start there too
-            upto = was if was is not None else self.idx
-            if upto is not None and subj.job_first < upto:
-                w = self.job_window(subj, upto, upto - subj.job_first, clamp=False)
-                if w is not None:
-                    subj.span.add(w)
         subj.job_last = self.idx
         if subj.job_warm is None and self.idx is not None:
             subj.job_warm = self.idx + 1
         t_end = get("t")
-        if subj.job_t0 is None or t_end - (ss0 or 0.0) < subj.job_t0:
-            subj.job_t0 = t_end - (ss0 or 0.0)
+        if subj.job_t0 is None:
+            subj.job_t0 = t_end
         subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
         job = subj.job
         job.ever = True
         acc = job.acc
         # a Prometheus-derived step line stands for several steps (``_count``)
-        acc.add("_steps", float(get("_count") or 1.0))
+        count = float(get("_count") or 1.0)
+        acc.add("_steps", count)
+        subj.steps_seen += count
         ss = get("step_seconds")
         dw = get("data_wait_seconds")
         if ss is not None:
-            acc.add("step_seconds", float(ss))
+            # a line standing for ``count`` steps weighs as many: the sums of step time and
+            # data wait (the attribution's) stay right, the means stay means
+            acc.add_weighted("step_seconds", float(ss), count)
             if dw is not None:
-                acc.add("data_wait_seconds", float(dw))
-                acc.add("_dw_ss", float(ss))
+                acc.add_weighted("data_wait_seconds", float(dw), count)
+                acc.add_weighted("_dw_ss", float(ss), count)
         for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
                   "max_mem_allocated_bytes"):
             v = get(f)
@@ -961,6 +968,77 @@ class Frame:
             subj.prev_loss_scale = scale
         if skipped is not None or scale is not None:
             acc.add("_skip", 1.0 if (skipped or fell) else 0.0)
+        bs = get("batch_size")
+        alloc, peak = get("mem_allocated_bytes"), get("max_mem_allocated_bytes")
+        if bs and alloc is not None and peak is not None:
+            acc.add("act_mem_per_sample_bytes", max(0.0, (peak - alloc) / bs))
+
+    def feed_steps(self, s: Any) -> None:
+        """A `steps` line: a job's steps of one interval, summed (docs/trace-format.md)."""
+        get = _get(s)
+        n = get("steps") or 0
+        if n <= 0:
+            return
+        t_end = get("t")
+        self._advance(t_end)
+        subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
+        self.hook_steps = True
+        pid, rank = get("pid"), get("rank")
+        if pid is not None:
+            subj.job_pid = pid
+        if rank is not None:
+            subj.job_rank = int(rank)
+        t_begin = get("begin_t")
+        if t_begin is None:
+            t_begin = t_end
+        subj.job_last = self.idx
+        if subj.job_warm is None and self.idx is not None:
+            subj.job_warm = self.idx + 1
+        # the attribution's clock starts where the job's steps are first seen (feed_step:
+        # when the first step ends); a summary line's steps began at its begin_t
+        if subj.job_t0 is None:
+            subj.job_t0 = t_begin
+        subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
+        job = subj.job
+        job.ever = True
+        acc = job.acc
+        acc.add("_steps", float(n))
+        subj.steps_seen += n
+        timed = get("timed") or 0
+        ss, dw = get("step_seconds"), get("data_wait_seconds")
+        if timed and ss is not None:
+            acc.add_n("step_seconds", float(ss), timed)
+            if dw is not None:
+                acc.add_n("data_wait_seconds", float(dw), timed)
+                acc.add_n("_dw_ss", float(ss), timed)
+        for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
+                  "max_mem_allocated_bytes"):
+            v = get(f)
+            if v is not None:
+                acc.add(f, float(v))
+        first = get("first_batch")
+        if first is not None:
+            acc.add("_fb_known", 1.0)
+            if first:
+                # the run's first iterator is no restart (as in feed_step); its own wait is
+                # not told apart from the others', so it leaves its share of the sum
+                restarts = first - (1 if subj.iterators_seen == 0 else 0)
+                subj.iterators_seen += first
+                if restarts > 0:
+                    fb_dw = float(get("first_batch_data_wait_seconds") or 0.0)
+                    acc.add_n("_fb_dw", fb_dw * restarts / first, restarts)
+        scale = get("loss_scale")
+        skipped = get("skipped")
+        fell = False
+        if scale is not None:
+            scale = float(scale)
+            acc.add("loss_scale", scale)
+            fell = subj.prev_loss_scale is not None and scale < subj.prev_loss_scale
+            subj.prev_loss_scale = scale
+        if skipped is not None:
+            acc.add_n("_skip", float(skipped), n)
+        elif scale is not None:
+            acc.add("_skip", 1.0 if fell else 0.0)
         bs = get("batch_size")
         alloc, peak = get("mem_allocated_bytes"), get("max_mem_allocated_bytes")
         if bs and alloc is not None and peak is not None:
@@ -1012,6 +1090,8 @@ class Frame:
             self.feed_host(s)
         elif kind == "step":
             self.feed_step(s)
+        elif kind == "steps":
+            self.feed_steps(s)
         elif kind == "config":
             self.feed_config(s)
         elif kind == "job_end" and len(self.job_ends) < 1000:
@@ -1097,13 +1177,13 @@ class Frame:
             acc.clear()
         no_hook = not self.hook_steps
         for subj in self.subjects.values():
-            if subj.job_first is not None and idx >= subj.job_first:
+            if subj.job_warm is not None and idx >= subj.job_warm:
                 w = self.job_window(subj, idx + 1, 1, clamp=False)
                 if w is not None:
                     subj.span.add(w)
                     if subj.job_last == idx:
                         subj.span_at_last_step = subj.span.total()
-            elif subj.gpu is not None and no_hook and not subj.job.ever and subj.proc_pids:
+            elif subj.gpu is not None and no_hook and subj.job_warm is None and subj.proc_pids:
                 # without the hook: the buckets in which the GPU's process looks like it
                 # trains (kernels running, or its DataLoader workers pegged)
                 w = self.job_window(subj, idx + 1, 1)
@@ -1193,9 +1273,11 @@ class Frame:
         hook = table is not None
         start = end - n
         if hook:
-            if owner.job_first is None:
+            # from the end of the job's first step: the first iteration carries its
+            # one-off start (CUDA init, cuDNN autotuning, compiling), as the rules' do
+            if owner.job_warm is None:
                 return None
-            start = max(start, owner.job_first)
+            start = max(start, owner.job_warm)
         else:
             start = max(start, subj.first)
         if end - start < 1:
@@ -1269,8 +1351,8 @@ class Frame:
         w = subj.span_at_last_step
         if w is None or not w.hook or subj.job_t0 is None or subj.job_t1 is None:
             return w
-        # buckets round the run out to whole seconds at both ends: the steps' own clock
-        # says how long it trained
+        # buckets round the run out to whole seconds: the steps' own clock (from the end
+        # of the first step to the end of the last) says how long it trained
         wall = min(w.wall, max(subj.job_t1 - subj.job_t0, 1e-3))
         return replace(w, wall=wall, step_total=min(w.step_total, wall))
 
@@ -1299,7 +1381,10 @@ class Frame:
                 "bottleneck": a.top(),
                 "source": "hook" if w.hook else "nvml",
                 "seconds": round(w.wall, 1),
-                "steps": int(round(w.steps)) if w.hook else None,
+                # the whole run's count is exact (the span leaves out the first step's
+                # bucket); a window's is what its buckets hold
+                "steps": (int(round(self._job_table(subj)[1].steps_seen)) if n is None
+                          else int(round(w.steps))) if w.hook else None,
                 "step_seconds": round(w.step_total / w.steps, 6) if w.hook and w.steps
                 else None,
             }
@@ -1369,7 +1454,7 @@ class Frame:
 
 
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-            "ConfigSample": "config", "JobEnd": "job_end"}
+            "StepsSample": "steps", "ConfigSample": "config", "JobEnd": "job_end"}
 
 # derived signals and what they are computed from (so the frame keeps those too)
 _DEPENDS: dict[str, set[str]] = {
