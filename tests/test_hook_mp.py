@@ -4,7 +4,7 @@ Real torch on the CPU under ``gpuwatch run --record`` (tests/scripts/train_mp.py
 ranks; the parent only starts them). fork and forkserver children leave by ``os._exit``
 (no ``atexit``); multiprocessing's ``_bootstrap`` and ``torch.multiprocessing.spawn``'s
 ``_wrap`` catch a rank's exception (no ``sys.excepthook``). Ground truth: each rank's own
-step lines; the crashing rank raises torch's CUDA out-of-memory error before its step 5.
+step lines (60 ms steps: under the recording's 20 step lines a second); the crashing rank raises torch's CUDA out-of-memory error before its step 5.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def run_ranks(tmp_path: Path, *args: str, ok: bool) -> tuple[dict[int, list[dict
     (forkserver's clean exits are proven by the healthy rank of the OOM test below.)"""
     rec, truth = tmp_path / "rec.jsonl", tmp_path / "truth"
     run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable, MP, "--ranks", "2",
-                          "--steps", "30", "--step-ms", "5", "--out", str(truth), *args],
+                          "--steps", "30", "--step-ms", "60", "--out", str(truth), *args],
                          check=False, env=clean_env(), cwd=REPO, capture_output=True, text=True,
                          timeout=180)
     assert (run.returncode == 0) == ok, run.stdout + run.stderr
@@ -49,6 +49,8 @@ def run_ranks(tmp_path: Path, *args: str, ok: bool) -> tuple[dict[int, list[dict
     for rank in (0, 1):
         mine = [json.loads(x) for x in Path(f"{truth}.{rank}").read_text().splitlines()]
         own[mine[0]["pid"] if mine else -rank - 1] = mine
+    # the ranks' own exit codes, for a failure's message
+    print(run.stdout[-2000:], run.stderr[-4000:])
     return steps, ends, own
 
 
