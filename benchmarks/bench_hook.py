@@ -176,14 +176,29 @@ def micro_costs(calls: int, sock: str) -> dict[str, float]:
         for _ in range(calls):
             backward(p)
         backward_step_us = (time.perf_counter() - t0 - base) / calls * 1e6
+
+        def raw_scale(_self: Any, outputs: Any) -> Any:
+            return outputs
+
+        scale = hook._wrap_scaler_scale(raw_scale)
+        loss = torch.ones(())
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            raw_scale(scaler, loss)
+        base = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            scale(scaler, loss)
+        scale_us = (time.perf_counter() - t0 - base) / calls * 1e6
     finally:
         hook.detach()
     return {"optimizer_step_hook_us": opt_us, "scaler_update_us": update_us,
             "dataloader_next_wrapper_us": next_us,
             "backward_wrapper_us": backward_us,
             "backward_iteration_us": backward_step_us,
+            "scaler_scale_wrapper_us": scale_us,
             "per_step_total_us": opt_us + next_us + backward_us,
-            "per_step_total_with_scaler_us": update_us + next_us + backward_us,
+            "per_step_total_with_scaler_us": update_us + next_us + backward_us + scale_us,
             "per_step_total_backward_clocked_us": backward_step_us + next_us}
 
 

@@ -5,7 +5,9 @@ tick, and prints one row per advice: seconds from the start of the first step (t
 ``step`` lines) to the advice's start; without steps, from the first GPU sample with a
 process on the GPU. This is what docs/benchmarks.md quotes ("Time to advice").
 
-    python3 benchmarks/onset.py [--markdown] [FILE ...]
+    python3 benchmarks/onset.py [--markdown] [--synthetic] [FILE ...]
+
+``--synthetic`` adds the failure classes of issue #9 as tests/synthetic.py builds them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +58,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--synthetic", action="store_true")
     args = ap.parse_args()
     files = args.files or sorted((ROOT / "tests" / "data").glob("*.jsonl"))
+    if args.synthetic:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import synthetic
+
+        tmp = Path(tempfile.mkdtemp(prefix="gpuwatch-onset-"))
+        runs = {"starved_cnn": synthetic.starved_cnn(), "gan": synthetic.gan(),
+                "ddp_slow_rank": synthetic.ddp(slow=True),
+                "ddp_balanced": synthetic.ddp(slow=False),
+                "fp32_conv": synthetic.resnet_fp32(), "manual_lstm": synthetic.manual_lstm(),
+                "leak_oom": synthetic.leak_to_oom()}
+        files = files + [run.write(tmp / f"synthetic_{name}.jsonl")
+                         for name, run in runs.items()]
     if args.markdown:
         print("| recording | advice | severity | GPU | seconds after the first step |")
         print("| --- | --- | --- | --- | --- |")

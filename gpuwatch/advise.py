@@ -122,54 +122,79 @@ def fleet_ranks(hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Compare the ranks the hook reported across hosts, as ranks of one job.
 
     Synchronous data-parallel ranks share one step time (each waits for the slowest in
-    the collectives), so a rank's own time per step is its step time less the share it
-    spent waiting on peers (``sync`` of gpuwatch_train_time_share_ratio, where the daemon
-    exports it). Without that share only the DataLoader wait tells ranks apart. The
-    selection must hold one job: two ranks with the same number mean several jobs (narrow
-    with --match), and the comparison is left out with a note saying so."""
+    the collectives), so step times alone can't tell them apart. Where a daemon saw a rank
+    wait on peers of its own host (a ``sync`` share above 0 in
+    gpuwatch_train_time_share_ratio), a rank's own time per step is its step time less
+    that share, scored against the fastest rank's. A daemon with one rank can't see whom
+    its rank waits for (its ``sync`` is 0), so across such hosts the ranks are compared by
+    the time they lose on their own: the DataLoader wait plus the host share (the data
+    wait alone where no shares are exported). The selection must hold one job: two ranks
+    with the same number mean several jobs (narrow with --match), and the comparison is
+    left out with a note saying so."""
     ranks = [{"instance": h["instance"], **j} for h in hosts for j in h["jobs"]
              if j.get("rank") is not None and j.get("step_seconds")]
     if len({r["instance"] for r in ranks}) < 2:
         return None  # one host: the straggler-rank rule of its own engine compares them
     numbers = [r["rank"] for r in ranks]
     if len(set(numbers)) != len(numbers):
-        return {"ranks": ranks, "straggler": None,
+        return {"ranks": ranks, "straggler": None, "basis": None,
                 "note": "ranks with the same number on several hosts: these are several "
                         "jobs; narrow with --match to one job's hosts to compare its ranks"}
-    for r in ranks:
-        sync = (r.get("time_share") or {}).get("sync")
-        r["own_seconds"] = round(r["step_seconds"] * (1.0 - sync), 6) if sync is not None \
-            else None
     ranks.sort(key=lambda r: r["rank"])
+    shares = [r.get("time_share") or {} for r in ranks]
+    per_host = {inst: sum(r["instance"] == inst for r in ranks) for inst in
+                {r["instance"] for r in ranks}}
+    # a host with a single rank reads sync 0 whether or not that rank waits: own time
+    # only holds where every host can see its ranks wait for each other
+    if (all(sh.get("sync") is not None for sh in shares) and any(sh["sync"] > 0 for sh in shares)
+            and min(per_host.values()) >= 2):
+        return _by_own_time(ranks)
+    return _by_stall(ranks)
+
+
+def _straggler(r: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"instance": r["instance"], "rank": r["rank"], "pid": r["pid"], "gpu": r["gpu"],
+            "data_wait_ratio": r.get("data_wait_ratio"), **extra}
+
+
+def _by_own_time(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    for r in ranks:
+        r["own_seconds"] = round(r["step_seconds"] * (1.0 - r["time_share"]["sync"]), 6)
+    best = min(r["own_seconds"] for r in ranks)
+    for r in ranks:
+        r["rank_score"] = round(best / r["own_seconds"], 3) if r["own_seconds"] > 0 else 1.0
+    slow = min(ranks, key=lambda r: r["rank_score"])
     straggler = None
-    note = None
-    if all(r["own_seconds"] for r in ranks):
-        best = min(r["own_seconds"] for r in ranks)
-        for r in ranks:
-            r["rank_score"] = round(best / r["own_seconds"], 3)
-        slow = min(ranks, key=lambda r: r["rank_score"])
-        if slow["rank_score"] < STRAGGLER_SCORE:
-            others = sorted(r["own_seconds"] for r in ranks if r is not slow)
-            median = others[len(others) // 2]
-            straggler = {"instance": slow["instance"], "rank": slow["rank"],
-                         "pid": slow["pid"], "gpu": slow["gpu"],
-                         "rank_score": slow["rank_score"],
-                         "own_seconds": slow["own_seconds"],
-                         "data_wait_ratio": slow.get("data_wait_ratio"),
-                         "speedup_at_median_pace": round(slow["own_seconds"] / median, 2)}
-    else:
-        note = ("no per-rank wait share (gpuwatch_train_time_share_ratio) from these daemons: "
-                "ranks compared by step time and data wait only")
-        waits = [r["data_wait_ratio"] for r in ranks if r.get("data_wait_ratio") is not None]
-        if len(waits) == len(ranks):
-            slow = max(ranks, key=lambda r: r["data_wait_ratio"])
-            rest = sorted(r["data_wait_ratio"] for r in ranks if r is not slow)
-            if slow["data_wait_ratio"] - rest[len(rest) // 2] > 1.0 - STRAGGLER_SCORE:
-                straggler = {"instance": slow["instance"], "rank": slow["rank"],
-                             "pid": slow["pid"], "gpu": slow["gpu"], "rank_score": None,
-                             "own_seconds": None, "data_wait_ratio": slow["data_wait_ratio"],
-                             "speedup_at_median_pace": None}
-    return {"ranks": ranks, "straggler": straggler, "note": note}
+    if slow["rank_score"] < STRAGGLER_SCORE:
+        others = sorted(r["own_seconds"] for r in ranks if r is not slow)
+        median = others[len(others) // 2]
+        straggler = _straggler(slow, rank_score=slow["rank_score"],
+                               own_seconds=slow["own_seconds"],
+                               speedup_at_median_pace=round(slow["own_seconds"] / median, 2))
+    return {"ranks": ranks, "straggler": straggler, "basis": "own_time", "note": None}
+
+
+def _by_stall(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    have_shares = all(r.get("time_share") for r in ranks)
+    for r in ranks:
+        sh = r.get("time_share") or {}
+        if have_shares:
+            r["stall_ratio"] = round(sh.get("data", 0.0) + sh.get("host", 0.0), 4)
+        else:
+            r["stall_ratio"] = r.get("data_wait_ratio")
+    note = ("each host saw one rank, so no rank's wait on its peers is measured: ranks "
+            "compared by the time they lose on their own (data wait + host)") if have_shares \
+        else ("no step-time breakdown (gpuwatch_train_time_share_ratio) from these daemons: "
+              "ranks compared by data wait only")
+    straggler = None
+    if all(r["stall_ratio"] is not None for r in ranks):
+        slow = max(ranks, key=lambda r: r["stall_ratio"])
+        rest = sorted(r["stall_ratio"] for r in ranks if r is not slow)
+        # the same 0.75 threshold: a quarter of each step lost above the others' median
+        if slow["stall_ratio"] - rest[len(rest) // 2] > 1.0 - STRAGGLER_SCORE:
+            straggler = _straggler(slow, stall_ratio=slow["stall_ratio"],
+                                   others_stall_ratio=rest[len(rest) // 2])
+    return {"ranks": ranks, "straggler": straggler, "basis": "stall", "note": note}
 
 
 def _ranks_text(block: dict[str, Any] | None) -> list[str]:
@@ -181,17 +206,22 @@ def _ranks_text(block: dict[str, Any] | None) -> list[str]:
         score = f", score {r['rank_score']:.2f}" if r.get("rank_score") is not None else ""
         wait = (f", data wait {r['data_wait_ratio']:.0%}"
                 if r.get("data_wait_ratio") is not None else "")
+        stall = (f", lost on its own {r['stall_ratio']:.0%}"
+                 if r.get("stall_ratio") is not None and r.get("time_share") else "")
         lines.append(f"  rank {r['rank']} on {r['instance']} GPU {r['gpu']}: step "
-                     f"{r['step_seconds'] * 1000:.0f} ms{own}{wait}{score}")
+                     f"{r['step_seconds'] * 1000:.0f} ms{own}{wait}{stall}{score}")
     s = block.get("straggler")
     if s:
-        why = (f"its own time per step is {1 / s['rank_score']:.2f}x the fastest rank's; at the "
-               f"other ranks' median pace the job would go {s['speedup_at_median_pace']:.2f}x "
-               "faster" if s.get("rank_score") else
-               f"it waits for data {s['data_wait_ratio']:.0%} of each step, far more than the "
-               "other ranks, which then wait for it in the collectives")
-        lines.append(f"  Straggler: rank {s['rank']} on {s['instance']} (GPU {s['gpu']}): {why}. "
-                     "Look at that host's advice and its input pipeline.")
+        if s.get("rank_score") is not None:
+            why = (f"its own time per step is {1 / s['rank_score']:.2f}x the fastest rank's; "
+                   f"at the other ranks' median pace the job would go "
+                   f"{s['speedup_at_median_pace']:.2f}x faster")
+        else:
+            why = (f"it loses {s['stall_ratio']:.0%} of each step on its own (the others' "
+                   f"median: {s['others_stall_ratio']:.0%}), and the other ranks wait for it "
+                   "in the collectives")
+        lines.append(f"  Straggler: rank {s['rank']} on {s['instance']} (GPU {s['gpu']}): "
+                     f"{why}. Look at that host's advice and its input pipeline.")
     if block.get("note"):
         lines.append(f"  Note: {block['note']}")
     return lines
@@ -272,6 +302,10 @@ def render_fleet_markdown(rep: dict[str, Any]) -> str:
         body = report.render_markdown(_host_report(rep, host)).splitlines()
         if body and body[0].startswith("# gpuwatch advice:"):
             body = body[1:]
+        while body and not body[0].strip():
+            body = body[1:]
+        if host["jobs"]:
+            lines.append("")
         # one level down: the host is the section
         lines += [("#" + ln) if ln.startswith("#") else ln for ln in body]
     ranks = _ranks_text(rep.get("ranks"))

@@ -2,8 +2,9 @@
 
 Every scrape builds its metric families fresh from ``Store.latest()``: there are no global
 Gauge objects, so a process that exits or a GPU that is gone simply stops appearing, and a
-field the GPU cannot report (``None``) has no series rather than a zero. The names are those
-of docs/metrics.md. A sample of the exposition output (one H200 under load)::
+field the GPU cannot report (``None``) has no series rather than a zero (its family is still
+declared, HELP and TYPE, from the first scrape). The names are those of docs/metrics.md.
+A sample of the exposition output (one H200 under load)::
 
     # HELP gpuwatch_gpu_info Static facts about a GPU (value is always 1).
     # TYPE gpuwatch_gpu_info gauge

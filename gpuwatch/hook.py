@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import multiprocessing.process
 import os
 import socket
 import sys
@@ -97,6 +98,9 @@ def _is_oom(exc: BaseException) -> bool:
                                               or "can't allocate memory" in str(exc))
 
 
+_PENDING = object()  # a step's loss while its copy from the device is under way
+
+
 class _Flags:
     """Skip flags of one iteration that are still tensors (a fused optimizer's found_inf)."""
 
@@ -147,10 +151,19 @@ class _Hook:
         self.stream: Any = None  # the training thread's CUDA stream, for ordered reads
         self.autocast_dtype: str | None = None
         self.checkpointing = False
+        # the tensor the last top-level backward() ran on (its graph already freed by
+        # that backward), unscaled; end_iteration() pairs it with its iteration in
+        # loss_of, which the reporter takes. References only: no copy, no sync.
+        self.loss_tensor: Any = None
+        self.loss_of: tuple[int, Any] | None = None  # (iteration, its loss_tensor)
+        self.loss_taken: tuple[int, Any] | None = None  # the reporter's copy of loss_of
+        self.scaled: tuple[Any, Any] | None = None  # GradScaler.scale()'s (result, input)
         self.pending: collections.deque = collections.deque(maxlen=MAX_PENDING_STEPS)
         # -- the reporter's --
         self.held: list[list[Any]] = []  # steps whose skip flag is still on the device
-        self.inflight: tuple[Any, Any, list[list[Any]], bool] | None = None  # event, buffer
+        # event, buffer, the steps whose flags it holds, whether it ends with the scale
+        # and whether with the loss
+        self.inflight: tuple[Any, Any, list[list[Any]], bool, bool] | None = None
         self.skipped_resolved = 0
         self.loss_scale: float | None = None
         self.seq = 0
@@ -235,7 +248,8 @@ class _Hook:
             first = (self.firsts, self.first_wait)
             self.firsts, self.first_wait = 0, 0.0
         self.pending.append([self.n, now, None if start is None else now - start, self.wait,
-                             self.samples, skipped, first])
+                             self.samples, skipped, first, None])
+        self.loss_of = (self.n, self.loss_tensor)
         self.n += 1
         if skipped is True:
             self.skipped_known += 1
@@ -284,6 +298,9 @@ class _Hook:
     def _report(self, final: bool) -> None:
         if not final and not self.is_training_process():
             return  # nothing yet says that this process trains (or it is a loader worker)
+        # the newest iteration's loss, taken before its step record leaves `pending` (it
+        # is appended first), so that its record is among those held below
+        self.loss_taken = self.loss_of
         pending = self.pending
         while pending:
             try:
@@ -296,11 +313,15 @@ class _Hook:
         self._resolve(final)
         held = self.held
         ready = 0
-        while ready < len(held) and not isinstance(held[ready][5], _Flags):
+        while ready < len(held) and not isinstance(held[ready][5], _Flags) \
+                and held[ready][7] is not _PENDING:
             ready += 1
         if final:
             for rec in held[ready:]:
-                rec[5] = None  # the device never answered: unknown, not "not skipped"
+                if isinstance(rec[5], _Flags):
+                    rec[5] = None  # the device never answered: unknown, not "not skipped"
+                if rec[7] is _PENDING:
+                    rec[7] = None
             ready = len(held)
         steps, self.held = held[:ready], held[ready:]
         now = time.time()
@@ -313,7 +334,7 @@ class _Hook:
                   "data_wait_seconds": 0.0, "samples": 0, "sample_seconds": 0.0,
                   "iterators": 0, "first_batch_wait_seconds": 0.0}
         records = []
-        for n, end, dur, wait, batch, skipped, first in steps:
+        for n, end, dur, wait, batch, skipped, first, loss in steps:
             if first is not None:
                 window["iterators"] += first[0]
                 window["first_batch_wait_seconds"] += first[1]
@@ -330,7 +351,7 @@ class _Hook:
                 step=n, t=end + offset, step_seconds=dur,
                 data_wait_seconds=wait if (dur is not None or wait) else None,
                 batch_size=batch, skipped=skipped, first_batch=first is not None,
-                first_batch_wait_seconds=None if first is None else first[1]))
+                first_batch_wait_seconds=None if first is None else first[1], loss=loss))
         rank, local_rank, world = self._rank()
         gpu, uuid = self._gpu()
         mem = self._memory()
@@ -393,7 +414,7 @@ class _Hook:
         one non-blocking copy into pinned memory per report, on the training's stream,
         and read at a later report once the event says the copy is done."""
         if self.inflight is not None:
-            event, buf, recs, with_scale = self.inflight
+            event, buf, recs, with_scale, loss_rec = self.inflight
             done = event.query()
             if not done and final:
                 deadline = time.monotonic() + 1.0
@@ -402,6 +423,8 @@ class _Hook:
                     done = event.query()
             if done:
                 values = buf.tolist()
+                if loss_rec is not None:
+                    loss_rec[7] = values.pop()
                 if with_scale:
                     self.loss_scale = float(values.pop())
                 i = 0
@@ -425,10 +448,17 @@ class _Hook:
         if scale is not None and scale.device.type == "cpu":
             self.loss_scale = float(scale)
             scale = None
-        if self.inflight is not None or (not unresolved and scale is None):
+        if self.inflight is not None:
+            return
+        loss_rec, loss = self._take_loss()
+        if loss is not None and loss.device.type != "cuda":
+            if loss.device.type == "cpu":
+                loss_rec[7] = float(loss.detach())
+            loss = None  # another accelerator: reading it would wait for the device
+        if not unresolved and scale is None and loss is None:
             return
         tensors = [t for rec in unresolved for t in rec[5].tensors]
-        device = (tensors[0] if tensors else scale).device
+        device = (tensors[0] if tensors else scale if scale is not None else loss).device
         if device.type != "cuda" or any(t.device != device for t in tensors):
             # another accelerator, or flags spread over devices: read directly, once
             for rec in unresolved:
@@ -440,6 +470,11 @@ class _Hook:
         with_scale = scale is not None and scale.device == device
         if with_scale:
             tensors.append(scale.float())
+        if loss is not None and loss.device == device:
+            tensors.append(loss.detach())
+            loss_rec[7] = _PENDING
+        else:
+            loss_rec = None
         stream = self.stream if self.stream is not None and self.stream.device == device \
             else torch.cuda.current_stream(device)
         with torch.cuda.device(device), torch.cuda.stream(stream):
@@ -450,7 +485,25 @@ class _Hook:
             event.record(stream)
         for rec in unresolved:
             rec[5].submitted = True
-        self.inflight = (event, buf, unresolved, with_scale)
+        self.inflight = (event, buf, unresolved, with_scale, loss_rec)
+
+    def _take_loss(self) -> tuple[Any, Any]:
+        """(the held step record, its loss tensor) for the newest iteration, taken when
+        the report began, if its last top-level backward() ran on a loss (one
+        floating-point value); unscaled: for ``scaler.scale(loss).backward()`` the
+        backward() wrapper kept the tensor handed to ``scale()``, so the value is exact
+        whatever the scale does after. (None, None) otherwise."""
+        none = (None, None)
+        taken, self.loss_taken = self.loss_taken, None
+        if taken is None:
+            return none
+        if self.loss_of is taken:
+            self.loss_of = None  # read once
+        n, t = taken
+        if not isinstance(t, torch.Tensor) or t.numel() != 1 or not t.is_floating_point():
+            return none
+        rec = next((r for r in reversed(self.held) if r[0] == n), None)
+        return (rec, t) if rec is not None else none
 
     def _memory(self) -> dict[str, int | None]:
         dev = self._device()
@@ -651,6 +704,17 @@ def _wrap_scaler_step(orig: Callable[..., Any]) -> Callable[..., Any]:
     return step
 
 
+def _wrap_scaler_scale(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def scale(self: Any, outputs: Any) -> Any:
+        result = orig(self, outputs)
+        h = _hook
+        if h is not None:
+            h.scaled = (result, outputs)  # which loss a backward() on `result` was
+        return result
+    return scale
+
+
 def _wrap_scaler_update(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def update(self: Any, new_scale: Any = None) -> Any:
@@ -736,6 +800,12 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
         h = _hook
         if h is None or h.off:
             return orig(*args, **kwargs)
+        if not h.depth:
+            t = args[0] if args else kwargs.get("tensors")
+            scaled = h.scaled
+            if scaled is not None:  # a GradScaler is in use: the loss is what scale() got
+                t = scaled[1] if scaled[0] is t else None
+            h.loss_tensor = t
         h.depth += 1
         try:
             result = orig(*args, **kwargs)
@@ -845,22 +915,69 @@ def _wrap_checkpoint(orig: Callable[..., Any]) -> Callable[..., Any]:
 _scaler_update: Any = None
 _optimizer_hook_handle: Any = None
 _parameter_hook_handle: Any = None
+_problem: str | None = None  # why attach() failed, when it did
 _prev_excepthook: Any = None
 _prev_threading_excepthook: Any = None
 
 
-def _excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+def _died_of(value: BaseException) -> None:
+    """The process's training died of ``value``: say so in the exit report, now."""
     try:
         h = _hook
-        if h is not None:
+        if h is not None and h.pid == os.getpid() and not h.finished:
             h.exit_reason = "oom" if _is_oom(value) else (
                 "interrupted" if isinstance(value, KeyboardInterrupt) else "exception")
-            h.error = f"{tp.__name__}: {value}"[:protocol.MAX_TEXT]
+            h.error = f"{type(value).__name__}: {value}"[:protocol.MAX_TEXT]
             # report now: the rest of shutdown may hang (e.g. a collective that never ends)
             h.finish()
     except Exception:
         pass
+
+
+def _excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+    _died_of(value)
     (_prev_excepthook or sys.__excepthook__)(tp, value, tb)
+
+
+def _wrap_os_exit(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``os._exit``: how multiprocessing's fork and forkserver children leave (after
+    ``BaseProcess._bootstrap`` returns), and how many training scripts end to skip a
+    hanging shutdown. No ``atexit`` handler runs then: send the exit report first."""
+    @functools.wraps(orig)
+    def _exit(*args: Any, **kwargs: Any) -> Any:
+        _at_exit()
+        return orig(*args, **kwargs)
+    return _exit
+
+
+def _wrap_process_run(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``multiprocessing``'s ``BaseProcess.run``: ``_bootstrap`` catches the target's
+    exception and exits 1, so no ``sys.excepthook`` sees it."""
+    @functools.wraps(orig)
+    def run(self: Any) -> Any:
+        try:
+            return orig(self)
+        except Exception as err:
+            _died_of(err)
+            raise
+    return run
+
+
+def _wrap_spawn_wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.multiprocessing.spawn``'s ``_wrap(fn, i, args, error_file)``, each rank's
+    target: it catches the rank's exception, hands the traceback to the parent and exits 1
+    (Ctrl-C: 0), so neither ``sys.excepthook`` nor ``run()`` ever sees it. Pickled by
+    reference, so a spawned rank finds this wrapper once its hook has attached."""
+    @functools.wraps(orig)
+    def _wrap(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def rank_fn(*fn_args: Any, **fn_kwargs: Any) -> Any:
+            try:
+                return fn(*fn_args, **fn_kwargs)
+            except (Exception, KeyboardInterrupt) as err:
+                _died_of(err)
+                raise
+        return orig(rank_fn, *args, **kwargs)
+    return _wrap
 
 
 def _threading_excepthook(args: Any) -> None:
@@ -876,7 +993,7 @@ def _threading_excepthook(args: Any) -> None:
 
 def _at_exit() -> None:
     h = _hook
-    if h is not None:
+    if h is not None and h.pid == os.getpid():
         try:
             h.finish()
         except Exception:
@@ -931,7 +1048,7 @@ def attach_when_training() -> bool:
 
 def _attach(socket_path: str | None) -> bool:
     global _hook, _scaler_update, _optimizer_hook_handle, _parameter_hook_handle
-    global _prev_excepthook, _prev_threading_excepthook
+    global _prev_excepthook, _prev_threading_excepthook, _problem
     with _attach_lock:
         if _hook is not None:
             return True
@@ -942,6 +1059,7 @@ def _attach(socket_path: str | None) -> bool:
                    _wrap_iter_init)
             _patch(torch.utils.data.DataLoader, "_get_iterator", _wrap_get_iterator)
             _patch(GradScaler, "step", _wrap_scaler_step)
+            _patch(GradScaler, "scale", _wrap_scaler_scale)
             _scaler_update = _patch(GradScaler, "update", _wrap_scaler_update)
             _patch(torch.autocast, "__enter__", _wrap_autocast_enter)
             _patch(torch.utils.checkpoint, "checkpoint", _wrap_checkpoint)
@@ -949,6 +1067,11 @@ def _attach(socket_path: str | None) -> bool:
             _patch(torch.autograd, "backward", _wrap_backward)
             _patch(torch.optim.Optimizer, "__init__", _wrap_optimizer_init)
             _patch(torch.nn.modules.conv._ConvNd, "__init__", _wrap_conv_init)
+            _patch(os, "_exit", _wrap_os_exit)
+            _patch(multiprocessing.process.BaseProcess, "run", _wrap_process_run)
+            spawn = sys.modules.get("torch.multiprocessing.spawn")
+            if spawn is not None and callable(getattr(spawn, "_wrap", None)):
+                _patch(spawn, "_wrap", _wrap_spawn_wrap)
             _optimizer_hook_handle = register_optimizer_step_post_hook(_on_optimizer_step)
             register = getattr(torch.nn.modules.module,
                                "register_module_parameter_registration_hook", None)
@@ -959,11 +1082,17 @@ def _attach(socket_path: str | None) -> bool:
             _prev_threading_excepthook = threading.excepthook
             threading.excepthook = _threading_excepthook
             atexit.register(_at_exit)
-        except Exception:
+        except Exception as err:
+            _problem = f"{type(err).__name__}: {err}"[:protocol.MAX_TEXT]
             _undo_patches()
             return False
         _hook = hook
         return True
+
+
+def attach_problem() -> str | None:
+    """Why the last ``attach()`` failed (None when it did not)."""
+    return _problem
 
 
 def _undo_patches() -> None:

@@ -89,7 +89,8 @@ def snapshot_from_dict(data: Mapping[str, Any]) -> Snapshot:
 
     def host(d: Mapping[str, Any]) -> HostSample:
         d = _known(HostSample, d)
-        jobs = tuple(JobTree(**_known(JobTree, j)) for j in d.get("jobs") or ())
+        jobs = tuple(JobTree(**{**_known(JobTree, j), "gpus": tuple(j.get("gpus") or ())})
+                     for j in d.get("jobs") or ())
         return HostSample(**{**d, "cpu_util_per_core": tuple(d.get("cpu_util_per_core") or ()),
                              "jobs": jobs})
 

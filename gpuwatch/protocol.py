@@ -14,7 +14,7 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
                 "iterators": 1, "first_batch_wait_seconds": 0.015},
      "steps": {"step": [120, …], "t": […], "step_seconds": […],
                "data_wait_seconds": […], "batch_size": […], "skipped": […],
-               "first_batch": […], "first_batch_wait_seconds": […]},
+               "first_batch": […], "first_batch_wait_seconds": […], "loss": […]},
      "steps_omitted": 0,
      "loss_scale": 32768.0, "mem_allocated_bytes": …, "mem_reserved_bytes": …,
      "max_mem_allocated_bytes": …,
@@ -48,7 +48,7 @@ MAX_TEXT = 500  # characters in any string value (error text, config values)
 MAX_INT = 2**63 - 1  # integers beyond this can't be exported (float) or recorded faithfully
 KINDS = ("report", "exit")
 STEP_FIELDS = ("step", "t", "step_seconds", "data_wait_seconds", "batch_size", "skipped",
-               "first_batch", "first_batch_wait_seconds")
+               "first_batch", "first_batch_wait_seconds", "loss")
 WINDOW_FIELDS = ("steps", "skipped", "timed", "step_seconds", "data_wait_seconds", "samples",
                  "sample_seconds", "iterators", "first_batch_wait_seconds")
 
@@ -96,6 +96,8 @@ class StepRecord:
     first_batch: bool | None = None  # its data wait included a new iterator's first batch
     first_batch_wait_seconds: float | None = None  # that part of it (creating the iterator
     # and fetching its first batch); None when first_batch is not true
+    loss: float | None = None  # the value its last top-level backward() ran on, unscaled;
+    # read for at most one step per report (None on the others, and when not a number)
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,8 @@ def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
         "skipped": [s.skipped for s in steps],
         "first_batch": [s.first_batch for s in steps],
         "first_batch_wait_seconds": [_finite(s.first_batch_wait_seconds, 7) for s in steps],
+        "loss": [s.loss if isinstance(s.loss, float) and math.isfinite(s.loss) else None
+                 for s in steps],
     }
 
 
@@ -232,6 +236,16 @@ def _num(value: Any, key: str, *, positive: bool = False) -> float | None:
     return float(value)
 
 
+def _signed(value: Any, key: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            isinstance(value, int) and not -MAX_INT <= value <= MAX_INT or \
+            not math.isfinite(value):
+        raise ProtocolError(MALFORMED, f"{key} must be a finite number, got {value!r}")
+    return float(value)
+
+
 def _text(value: Any, key: str, limit: int = MAX_TEXT) -> str | None:
     if value is None:
         return None
@@ -294,7 +308,8 @@ def _steps(value: Any) -> tuple[StepRecord, ...]:
                               batch_size=batch, skipped=skipped, first_batch=first,
                               first_batch_wait_seconds=_num(
                                   cols["first_batch_wait_seconds"][i],
-                                  "steps.first_batch_wait_seconds")))
+                                  "steps.first_batch_wait_seconds"),
+                              loss=_signed(cols["loss"][i], f"steps.loss[{i}]")))
     return tuple(out)
 
 

@@ -32,7 +32,7 @@ import psutil
 from gpuwatch import logs, protocol
 from gpuwatch.errors import UserError
 from gpuwatch.samples import ConfigSample, JobEnd, JobStats, StepSample
-from gpuwatch.store import Store
+from gpuwatch.store import Store, unseen_steps
 
 log = logging.getLogger(__name__)
 
@@ -402,16 +402,21 @@ class HookReceiver:
         steps = [StepSample(t=min(s.t, latest), step=s.step, step_seconds=s.step_seconds,
                             data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
                             skipped=s.skipped, first_batch=s.first_batch,
-                            first_batch_wait_seconds=s.first_batch_wait_seconds, pid=pid,
+                            first_batch_wait_seconds=s.first_batch_wait_seconds, loss=s.loss,
+                            pid=pid,
                             rank=r.rank, gpu=gpu)
                  for s in r.steps]
+        # steps the datagram had no room to list still count (their sums, in the window)
+        unseen = unseen_steps(r.window, steps, t=steps[0].t if steps else min(r.t, latest),
+                              pid=pid, rank=r.rank, gpu=gpu) if r.steps_omitted else None
         if steps:
             # the scale and the allocator are read once per report: they belong to its end
             steps[-1] = replace(steps[-1], loss_scale=r.loss_scale,
                                 mem_allocated_bytes=r.mem_allocated_bytes,
                                 mem_reserved_bytes=r.mem_reserved_bytes,
                                 max_mem_allocated_bytes=r.max_mem_allocated_bytes)
-            self.store.add_steps(steps)
+        if steps or unseen is not None:
+            self.store.add_steps(steps, unseen=unseen)
         if r.config is not None:
             self.store.set_config(ConfigSample(t=r.t, pid=pid, rank=r.rank, values=r.config))
         self.store.set_job(stats)

@@ -92,6 +92,8 @@ class Recorder:
         behind (``unfinished``), and the caller goes on."""
         if self._thread is None:
             return
+        # what the jobs' open intervals summed so far belongs in the file
+        self.store.flush_steps()
         self.store.unsubscribe(self._offer)
         self._queue.put(_STOP)
         self._thread.join(timeout)

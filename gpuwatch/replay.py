@@ -5,8 +5,8 @@ The recording is read as a stream (never wholly in memory) and played in real ti
 
 - the ``gpu`` and ``host`` lines of one tick (the same ``t``, or within half a sample
   period of the tick's first line) become one ``Snapshot``;
-- ``step`` lines go to ``Store.add_steps`` and, aggregated, to ``Store.set_job`` as
-  ``JobStats`` (see ``_Job``); ``config`` lines go to ``Store.set_config``.
+- ``step`` and ``steps`` lines go to ``Store.add_steps`` and, aggregated, to
+  ``Store.set_job`` as ``JobStats`` (see ``_Job``); ``config`` lines go to ``Store.set_config``.
 
 Every ``t`` is shifted so the recording's first line happens now: a sample recorded at
 ``t0 + d`` is published at (and stamped with) ``start + d / speed``. Durations inside
@@ -46,6 +46,7 @@ from gpuwatch.samples import (
     JobStats,
     Snapshot,
     StepSample,
+    StepsSample,
 )
 from gpuwatch.store import Store
 from gpuwatch.trace import iter_trace, meta_infos
@@ -58,9 +59,28 @@ _GPM_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp1
                "fp32_active", "fp64_active")
 
 
+# one step line, or one `steps` line, as the job window sums it: (t, timed steps, their
+# step time, data wait (None: not measured) and its step time, batch sizes and their time)
+_Part = tuple[float, int, float, float | None, float, int | None, float]
+
+
+def _part(s: StepSample | StepsSample) -> _Part:
+    if isinstance(s, StepsSample):
+        ss = s.step_seconds or 0.0
+        dw = s.data_wait_seconds if s.timed else None
+        return (s.t, s.timed, ss, dw, ss if dw is not None else 0.0, s.samples,
+                s.sample_seconds or 0.0)
+    ss = s.step_seconds
+    if ss is None:
+        return (s.t, 0, 0.0, None, 0.0, None, 0.0)
+    dw = s.data_wait_seconds
+    return (s.t, 1, ss, dw, ss if dw is not None else 0.0, s.batch_size,
+            ss if s.batch_size is not None else 0.0)
+
+
 @dataclass
 class _Job:
-    """Running aggregates of one job's step lines, across passes."""
+    """Running aggregates of one job's step (and `steps`) lines, across passes."""
 
     pid: int
     rank: int | None = None
@@ -70,21 +90,28 @@ class _Job:
     step_base: int = 0  # added to recorded step numbers in this pass
     first_step: int | None = None  # the lowest and highest step numbers of this pass
     last_step: int | None = None
-    last: StepSample | None = None
-    window: deque[StepSample] = field(default_factory=deque)
+    last: StepSample | StepsSample | None = None
+    window: deque[_Part] = field(default_factory=deque)
 
-    def add(self, step: StepSample) -> None:
-        self.steps_total += 1
-        if step.skipped:
-            self.skipped_total += 1
+    def add(self, step: StepSample | StepsSample) -> None:
+        if isinstance(step, StepsSample):
+            self.steps_total += step.steps
+            self.skipped_total += step.skipped or 0
+            lo, hi = step.first_step, step.last_step
+        else:
+            self.steps_total += 1
+            if step.skipped:
+                self.skipped_total += 1
+            lo = hi = step.step
         self.rank = step.rank if step.rank is not None else self.rank
         self.gpu = step.gpu if step.gpu is not None else self.gpu
-        self.first_step = step.step if self.first_step is None else min(self.first_step, step.step)
-        self.last_step = step.step if self.last_step is None else max(self.last_step, step.step)
+        if lo is not None and hi is not None:
+            self.first_step = lo if self.first_step is None else min(self.first_step, lo)
+            self.last_step = hi if self.last_step is None else max(self.last_step, hi)
         self.last = step
-        self.window.append(step)
+        self.window.append(_part(step))
         # the window is in recorded time, so it means the same at any replay speed
-        while self.window and self.window[0].t < step.t - JOB_WINDOW_SECONDS:
+        while self.window and self.window[0][0] < step.t - JOB_WINDOW_SECONDS:
             self.window.popleft()
 
     def next_pass(self) -> None:
@@ -94,7 +121,10 @@ class _Job:
         self.window.clear()
 
     def stats(self, t: float, default_gpu: int | None) -> JobStats:
-        timed = [s for s in self.window if s.step_seconds is not None]
+        w = self.window
+        timed = sum(p[1] for p in w)
+        waits = [(p[3], p[4]) for p in w if p[1] and p[3] is not None]
+        batches = [(p[5], p[6]) for p in w if p[1] and p[5] is not None]
         last = self.last
         return JobStats(
             pid=self.pid,
@@ -103,21 +133,18 @@ class _Job:
             t=t,
             steps_total=self.steps_total,
             skipped_steps_total=self.skipped_total,
-            step_seconds=_per(timed, lambda s: s.step_seconds, lambda s: 1),
-            data_wait_ratio=_per(timed, lambda s: s.data_wait_seconds, lambda s: s.step_seconds),
+            step_seconds=sum(p[2] for p in w) / timed if timed else None,
+            data_wait_ratio=_ratio(waits),
             loss_scale=last.loss_scale if last else None,
-            samples_per_second=_per(timed, lambda s: s.batch_size, lambda s: s.step_seconds),
+            samples_per_second=_ratio(batches),
             mem_allocated_bytes=last.mem_allocated_bytes if last else None,
             mem_reserved_bytes=last.mem_reserved_bytes if last else None,
             max_mem_allocated_bytes=last.max_mem_allocated_bytes if last else None,
         )
 
 
-def _per(steps: Iterable[StepSample], num: Callable[[StepSample], float | None],
-         den: Callable[[StepSample], float | None]) -> float | None:
-    """sum(num) / sum(den) over the steps that have both; None when there is nothing."""
-    pairs = [(n, d) for n, d in ((num(s), den(s)) for s in steps)
-             if n is not None and d is not None]
+def _ratio(pairs: list[tuple[float, float]]) -> float | None:
+    """sum(num) / sum(den); None when there is nothing."""
     total = sum(d for _, d in pairs)
     return sum(n for n, _ in pairs) / total if pairs and total > 0 else None
 
@@ -220,6 +247,7 @@ class Replayer:
                 grown = self._play(base, end)
                 if self._stop.is_set():
                     break
+                self.store.flush_steps()  # what the pass's last steps summed
                 self.passes += 1
                 if not self.loop:
                     self._end_jobs(base + (end - self.first_t) / self.speed)
@@ -244,7 +272,7 @@ class Replayer:
         assert self.first_t is not None
         first_t, speed, half = self.first_t, self.speed, self.period / 2
         group: list[GpuSample | HostSample] = []
-        steps: list[StepSample] = []
+        steps: list[StepSample | StepsSample] = []
         _meta, samples = iter_trace(self.path)
 
         def at(t: float) -> float:
@@ -275,6 +303,14 @@ class Replayer:
                 job = self._job_for(s)
                 steps.append(replace(s, t=due, step=s.step + job.step_base))
                 job.add(s)
+            elif isinstance(s, StepsSample):
+                job = self._job_for(s)
+                base = job.step_base
+                steps.append(replace(
+                    s, t=due, begin_t=None if s.begin_t is None else at(s.begin_t),
+                    first_step=None if s.first_step is None else s.first_step + base,
+                    last_step=None if s.last_step is None else s.last_step + base))
+                job.add(s)
             elif isinstance(s, ConfigSample):
                 self._publish_steps(steps)
                 self.store.set_config(replace(s, t=due))
@@ -283,14 +319,14 @@ class Replayer:
             self._publish_group(group, at(group[0].t))
         return newest
 
-    def _job_for(self, step: StepSample) -> _Job:
+    def _job_for(self, step: StepSample | StepsSample) -> _Job:
         pid = step.pid if step.pid is not None else self.default_pid
         job = self._jobs.get(pid)
         if job is None:
             job = self._jobs[pid] = _Job(pid=pid)
         return job
 
-    def _publish_steps(self, steps: list[StepSample]) -> None:
+    def _publish_steps(self, steps: list[StepSample | StepsSample]) -> None:
         if not steps:
             return
         self.store.add_steps(list(steps))

@@ -142,6 +142,43 @@ class StepSample:
 
 
 @dataclass(frozen=True, slots=True)
+class StepsSample:
+    """A job's steps of one interval, summed (`steps` trace line): what stands for its
+    `step` lines where the job steps faster than those are kept (docs/trace-format.md).
+
+    Counts and sums are exact, so consumers still get exact step counts, skipped counts,
+    means and the data-wait share; the percentiles describe the steps' durations."""
+
+    t: float  # end of the last step it counts
+    steps: int  # steps it counts (none of them has a `step` line of its own)
+    begin_t: float | None = None  # when the first of them began
+    first_step: int | None = None  # step numbers of the first and last of them
+    last_step: int | None = None
+    skipped: int | None = None  # of those whose skipping is known, how many were skipped
+    timed: int = 0  # steps whose duration is known; the sums below are over these
+    step_seconds: float | None = None  # summed
+    data_wait_seconds: float | None = None  # summed
+    samples: int | None = None  # batch sizes summed over timed steps that had one
+    sample_seconds: float | None = None  # the step time of those same steps
+    step_seconds_min: float | None = None
+    step_seconds_p50: float | None = None
+    step_seconds_p90: float | None = None
+    step_seconds_p99: float | None = None
+    step_seconds_max: float | None = None
+    batch_size: int | None = None  # of the last step that had one
+    first_batch: int | None = None  # steps whose data wait included a new iterator's first
+    first_batch_wait_seconds: float | None = None  # that part of their wait, summed
+    first_batch_data_wait_seconds: float | None = None  # their whole data wait, summed
+    loss_scale: float | None = None  # the last known
+    mem_allocated_bytes: int | None = None  # the allocator, as last known
+    mem_reserved_bytes: int | None = None
+    max_mem_allocated_bytes: int | None = None
+    pid: int | None = None
+    rank: int | None = None
+    gpu: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ConfigSample:
     """What the hook learned of a job's configuration (`config` trace line)."""
 
@@ -220,4 +257,4 @@ class Snapshot:
     nvml_available: bool = True
 
 
-Sample = GpuSample | HostSample | StepSample | ConfigSample | JobEnd
+Sample = GpuSample | HostSample | StepSample | StepsSample | ConfigSample | JobEnd

@@ -4,14 +4,24 @@ Writers (the sampler, the hook receiver, replay) publish; readers (the exporter,
 advisor, the recorder) read. The latest snapshot is swapped atomically (a reference
 assignment), so a scrape never waits on a tick. History is kept per kind in bounded
 deques: at most ``history_seconds`` of time and ``max_records`` records each.
+
+Training steps are thinned as they come in (``StepThinner``), so the step history, and
+the recording made from it, stay bounded whatever the step rate: each job's steps pass
+one by one up to ``step_lines_per_second`` in a second; the rest of that second, and
+every second after one that overflowed, is kept as one ``StepsSample`` per job holding
+exact counts and sums. The live advisor reads the history every few seconds; at 2 000
+steps/s per job, one record per step would overrun ``max_records`` between two reads.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from gpuwatch.samples import (
     ConfigSample,
@@ -22,13 +32,259 @@ from gpuwatch.samples import (
     Sample,
     Snapshot,
     StepSample,
+    StepsSample,
 )
 
 Listener = Callable[[Sample], None]
 
+STEP_LINES_PER_SECOND = 20  # per job: steps kept one by one in a second, at most
+STEP_INTERVAL = 1.0  # seconds: what one StepsSample of a job covers at most
+# an interval's steps may arrive this long after its end (the hook reports every 0.5 s);
+# after that, what it summed is released even without a newer step (a job that stopped)
+STEP_GRACE = 0.75
+MAX_DURATIONS = 4_096  # step times kept per interval for its percentiles (then sampled)
+MAX_OPEN_JOBS = 1_024  # jobs with an open interval; beyond, the oldest is released
+
+
+@dataclass
+class _Sums:
+    """A job's steps of one interval, summed (what becomes a StepsSample)."""
+
+    t: float
+    steps: int = 0
+    begin_t: float | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    skipped: int | None = None
+    timed: int = 0
+    step_seconds: float = 0.0
+    data_wait_seconds: float | None = None
+    samples: int | None = None
+    sample_seconds: float = 0.0
+    batch_size: int | None = None
+    first_batch: int | None = None
+    first_batch_wait_seconds: float = 0.0
+    first_batch_data_wait_seconds: float = 0.0
+    loss_scale: float | None = None
+    mem_allocated_bytes: int | None = None
+    mem_reserved_bytes: int | None = None
+    max_mem_allocated_bytes: int | None = None
+    pid: int | None = None
+    rank: int | None = None
+    gpu: int | None = None
+    durations: list[float] | None = None
+    seen: int = 0  # durations offered (the reservoir keeps MAX_DURATIONS of them)
+
+    def add(self, s: StepSample, rng: random.Random) -> None:
+        self.steps += 1
+        self.t = max(self.t, s.t)
+        begin = s.t - (s.step_seconds or 0.0)
+        self.begin_t = begin if self.begin_t is None else min(self.begin_t, begin)
+        self.first_step = s.step if self.first_step is None else min(self.first_step, s.step)
+        self.last_step = s.step if self.last_step is None else max(self.last_step, s.step)
+        if s.skipped is not None:
+            self.skipped = (self.skipped or 0) + (1 if s.skipped else 0)
+        ss, dw = s.step_seconds, s.data_wait_seconds
+        if ss is not None:
+            self.timed += 1
+            self.step_seconds += ss
+            if dw is not None:
+                self.data_wait_seconds = (self.data_wait_seconds or 0.0) + dw
+            if s.batch_size is not None:
+                self.samples = (self.samples or 0) + s.batch_size
+                self.sample_seconds += ss
+            self._duration(ss, rng)
+        if s.batch_size is not None:
+            self.batch_size = s.batch_size
+        if s.first_batch is not None:
+            self.first_batch = (self.first_batch or 0) + (1 if s.first_batch else 0)
+            if s.first_batch:
+                self.first_batch_wait_seconds += s.first_batch_wait_seconds or 0.0
+                self.first_batch_data_wait_seconds += dw or 0.0
+        for name in ("loss_scale", "mem_allocated_bytes", "mem_reserved_bytes",
+                     "max_mem_allocated_bytes", "pid", "rank", "gpu"):
+            v = getattr(s, name)
+            if v is not None:
+                setattr(self, name, v)
+
+    def add_unseen(self, u: StepsSample) -> None:
+        """Steps known only by their sums (those a hook datagram had no room for)."""
+        self.steps += u.steps
+        if u.skipped is not None:
+            self.skipped = (self.skipped or 0) + u.skipped
+        self.timed += u.timed
+        self.step_seconds += u.step_seconds or 0.0
+        if u.data_wait_seconds is not None:
+            self.data_wait_seconds = (self.data_wait_seconds or 0.0) + u.data_wait_seconds
+        if u.samples is not None:
+            self.samples = (self.samples or 0) + u.samples
+            self.sample_seconds += u.sample_seconds or 0.0
+        if u.first_batch:
+            self.first_batch = (self.first_batch or 0) + u.first_batch
+            self.first_batch_wait_seconds += u.first_batch_wait_seconds or 0.0
+            self.first_batch_data_wait_seconds += u.first_batch_data_wait_seconds or 0.0
+
+    def _duration(self, ss: float, rng: random.Random) -> None:
+        # a reservoir: the percentiles stay honest estimates without keeping every step
+        self.seen += 1
+        if self.durations is None:
+            self.durations = []
+        if len(self.durations) < MAX_DURATIONS:
+            self.durations.append(ss)
+        else:
+            i = rng.randrange(self.seen)
+            if i < MAX_DURATIONS:
+                self.durations[i] = ss
+
+    def sample(self) -> StepsSample:
+        q: dict[str, float] = {}
+        if self.durations:
+            d = sorted(self.durations)
+            q = {"step_seconds_min": d[0], "step_seconds_max": d[-1]}
+            for p in (50, 90, 99):  # nearest rank
+                q[f"step_seconds_p{p}"] = d[max(0, math.ceil(p / 100 * len(d)) - 1)]
+        timed = self.timed > 0
+        fb = bool(self.first_batch)
+        return StepsSample(
+            t=self.t, steps=self.steps, begin_t=self.begin_t, first_step=self.first_step,
+            last_step=self.last_step, skipped=self.skipped, timed=self.timed,
+            step_seconds=self.step_seconds if timed else None,
+            data_wait_seconds=self.data_wait_seconds if timed else None,
+            samples=self.samples,
+            sample_seconds=self.sample_seconds if self.samples is not None else None,
+            batch_size=self.batch_size, first_batch=self.first_batch,
+            first_batch_wait_seconds=self.first_batch_wait_seconds if fb else None,
+            first_batch_data_wait_seconds=self.first_batch_data_wait_seconds if fb else None,
+            loss_scale=self.loss_scale, mem_allocated_bytes=self.mem_allocated_bytes,
+            mem_reserved_bytes=self.mem_reserved_bytes,
+            max_mem_allocated_bytes=self.max_mem_allocated_bytes,
+            pid=self.pid, rank=self.rank, gpu=self.gpu, **q)
+
+
+@dataclass
+class _Open:
+    """A job's open interval: steps passed one by one so far, and the sums of the rest."""
+
+    index: int
+    lines: int = 0
+    sums: _Sums | None = None
+    fast: bool = False  # the interval before overflowed: sum from the first step
+
+
+JobKey = tuple[int | None, int | None, int | None]
+
+
+class StepThinner:
+    """Per job, steps pass one by one up to ``per_second`` in an interval; the rest of it
+    (and all of an interval that follows one that overflowed) come out as one
+    ``StepsSample`` when the interval closes: at the job's first step of a later interval,
+    or ``grace`` seconds after its end (``due``). Not thread-safe: the store locks it."""
+
+    def __init__(self, per_second: float = STEP_LINES_PER_SECOND,
+                 interval: float = STEP_INTERVAL, grace: float = STEP_GRACE) -> None:
+        self.interval = interval
+        self.limit = max(0, int(per_second * interval))
+        self.grace = grace
+        self._open: dict[JobKey, _Open] = {}
+        self._rng = random.Random(0)  # reproducible percentiles
+
+    @staticmethod
+    def key(s: StepSample | StepsSample) -> JobKey:
+        return (s.pid, s.rank, s.gpu)
+
+    def add(self, s: StepSample | StepsSample, out: list[StepSample | StepsSample]) -> None:
+        """Take one step (or ``unseen`` steps known only by their sums: those a hook
+        datagram had no room to list); append what is ready to ``out``. A ``StepsSample``
+        otherwise is a summary already (a recording's) and passes as it is."""
+        if isinstance(s, StepsSample):
+            out.append(s)
+            return
+        self._take(s, out)
+
+    def add_unseen(self, s: StepsSample, out: list[StepSample | StepsSample]) -> None:
+        """Steps known only by their sums, that precede the job's next step: they join its
+        open interval's sums."""
+        self._take(s, out)
+
+    def _take(self, s: StepSample | StepsSample, out: list[StepSample | StepsSample]) -> None:
+        key = self.key(s)
+        index = math.floor(s.t / self.interval)
+        o = self._open.get(key)
+        fast = False
+        if o is not None and index > o.index:
+            # a job faster than the limit stays summed from its next interval's first step
+            fast = index == o.index + 1 and o.lines + (o.sums.steps if o.sums else 0) > self.limit
+            self._release(key, out)
+            o = None
+        if o is None:
+            if len(self._open) >= MAX_OPEN_JOBS:
+                self._release(next(iter(self._open)), out)
+            o = self._open[key] = _Open(index=index, fast=fast)
+        # a step of an interval already closed joins the open one: late, but counted once
+        if isinstance(s, StepsSample):
+            self._sums(o, s.t).add_unseen(s)
+        elif o.sums is None and not o.fast and o.lines < self.limit:
+            o.lines += 1
+            out.append(s)
+        else:
+            self._sums(o, s.t).add(s, self._rng)
+
+    def _sums(self, o: _Open, t: float) -> _Sums:
+        if o.sums is None:
+            o.sums = _Sums(t=t)
+        return o.sums
+
+    def _release(self, key: JobKey, out: list[StepSample | StepsSample]) -> None:
+        o = self._open.pop(key)
+        if o.sums is not None and o.sums.steps:
+            out.append(o.sums.sample())
+
+    def due(self, now: float, out: list[StepSample | StepsSample]) -> None:
+        """Release the intervals that ended more than ``grace`` seconds before ``now``."""
+        for key, o in list(self._open.items()):
+            if (o.index + 1) * self.interval + self.grace <= now:
+                self._release(key, out)
+
+    def flush(self, out: list[StepSample | StepsSample], pid: int | None = None) -> None:
+        """Release every open interval (of ``pid`` only, where given)."""
+        for key in list(self._open):
+            if pid is None or key[0] == pid:
+                self._release(key, out)
+
+
+def unseen_steps(window: Any, steps: Sequence[StepSample], *, t: float, pid: int | None,
+                 rank: int | None, gpu: int | None) -> StepsSample | None:
+    """The steps a hook datagram counted in its ``window`` but had no room to list
+    (``steps_omitted``): the window's sums less those of the steps it listed."""
+    listed = len(steps)
+    n = int(window.steps) - listed
+    if n <= 0:
+        return None
+    timed = [s for s in steps if s.step_seconds is not None]
+    with_batch = [s for s in timed if s.batch_size is not None]
+    first = [s for s in steps if s.first_batch]
+
+    def rest(total: float, part: float) -> float:
+        return max(0.0, float(total) - part)
+
+    return StepsSample(
+        t=t, steps=n, pid=pid, rank=rank, gpu=gpu,
+        skipped=max(0, int(window.skipped) - sum(1 for s in steps if s.skipped)),
+        timed=max(0, int(window.timed) - len(timed)),
+        step_seconds=rest(window.step_seconds, sum(s.step_seconds or 0.0 for s in timed)),
+        data_wait_seconds=rest(window.data_wait_seconds,
+                               sum(s.data_wait_seconds or 0.0 for s in timed)),
+        samples=max(0, int(window.samples) - sum(s.batch_size or 0 for s in with_batch)),
+        sample_seconds=rest(window.sample_seconds,
+                            sum(s.step_seconds or 0.0 for s in with_batch)),
+        first_batch=max(0, int(window.iterators) - len(first)),
+        first_batch_wait_seconds=rest(window.first_batch_wait_seconds,
+                                      sum(s.first_batch_wait_seconds or 0.0 for s in first)))
+
 
 class Store:
-    def __init__(self, history_seconds: float = 900.0, max_records: int = 20_000) -> None:
+    def __init__(self, history_seconds: float = 900.0, max_records: int = 20_000, *,
+                 step_lines_per_second: float = STEP_LINES_PER_SECOND) -> None:
         self.history_seconds = history_seconds
         self.max_records = max_records
         self._lock = threading.Lock()
@@ -38,7 +294,8 @@ class Store:
         self._latest: Snapshot | None = None
         self._gpu: dict[int, deque[GpuSample]] = {}
         self._host: deque[HostSample] = deque(maxlen=max_records)
-        self._steps: deque[StepSample] = deque(maxlen=max_records)
+        self._steps: deque[StepSample | StepsSample] = deque(maxlen=max_records)
+        self._thinner = StepThinner(step_lines_per_second)
         self._configs: dict[tuple[int | None, int | None], ConfigSample] = {}
         self._jobs: dict[int, JobStats] = {}
         self._ends: deque[JobEnd] = deque(maxlen=1000)
@@ -64,23 +321,52 @@ class Store:
             if snapshot.host is not None:
                 self._host.append(snapshot.host)
                 self._trim(self._host, snapshot.t)
+            # a job that stopped stepping: what its last interval summed is due by now
+            steps: list[StepSample | StepsSample] = []
+            self._thinner.due(snapshot.t, steps)
+            self._keep_steps(steps)
             listeners = list(self._listeners) if self._listeners else ()
         for fn in listeners:
             for g in snapshot.gpus:
                 fn(g)
             if snapshot.host is not None:
                 fn(snapshot.host)
-
-    def add_steps(self, steps: Iterable[StepSample]) -> None:
-        steps = list(steps)
-        with self._lock:
-            self._steps.extend(steps)
-            if steps:
-                self._trim(self._steps, steps[-1].t)
-            listeners = list(self._listeners)
-        for fn in listeners:
             for s in steps:
                 fn(s)
+
+    def add_steps(self, steps: Iterable[StepSample | StepsSample],
+                  unseen: StepsSample | None = None) -> None:
+        """Training steps, thinned per job (``StepThinner``) on their way into the history
+        and to the listeners; ``unseen``: steps before them known only by their sums."""
+        out: list[StepSample | StepsSample] = []
+        with self._lock:
+            if unseen is not None:
+                self._thinner.add_unseen(unseen, out)
+            add = self._thinner.add
+            for s in steps:
+                add(s, out)
+            self._keep_steps(out)
+            listeners = list(self._listeners)
+        for fn in listeners:
+            for s in out:
+                fn(s)
+
+    def flush_steps(self, pid: int | None = None) -> None:
+        """Release every job's open interval (``pid``'s only, where given): at a job's end,
+        and before a recording is closed."""
+        out: list[StepSample | StepsSample] = []
+        with self._lock:
+            self._thinner.flush(out, pid)
+            self._keep_steps(out)
+            listeners = list(self._listeners)
+        for fn in listeners:
+            for s in out:
+                fn(s)
+
+    def _keep_steps(self, steps: list[StepSample | StepsSample]) -> None:
+        if steps:
+            self._steps.extend(steps)
+            self._trim(self._steps, max(s.t for s in steps))
 
     def set_config(self, config: ConfigSample) -> None:
         with self._lock:
@@ -104,7 +390,8 @@ class Store:
 
     def add_job_end(self, end: JobEnd) -> None:
         """A training process ended: kept (the last 1000) and passed to the listeners (the
-        recorder writes it as a `job_end` line)."""
+        recorder writes it as a `job_end` line), after what the job's last steps summed."""
+        self.flush_steps(end.pid)
         with self._lock:
             self._ends.append(end)
             listeners = list(self._listeners)
@@ -154,6 +441,7 @@ class Store:
             self._gpu.clear()
             self._host.clear()
             self._steps.clear()
+            self._thinner = StepThinner(self._thinner.limit / self._thinner.interval)
             self._configs.clear()
             self._jobs.clear()
             self._ends.clear()
@@ -187,7 +475,7 @@ class Store:
         with self._lock:
             return [s for s in self._host if s.t >= since]
 
-    def step_history(self, since: float = 0.0) -> list[StepSample]:
+    def step_history(self, since: float = 0.0) -> list[StepSample | StepsSample]:
         with self._lock:
             return [s for s in self._steps if s.t >= since]
 

@@ -48,6 +48,7 @@ from gpuwatch.samples import (
     JobTree,
     Sample,
     StepSample,
+    StepsSample,
 )
 
 if TYPE_CHECKING:
@@ -262,6 +263,17 @@ _STEP: dict[str, Check] = {
     "pid": _count, "rank": _count,
     "gpu": _count,
 }
+_STEPS: dict[str, Check] = {
+    "steps": _count, "begin_t": _nonneg, "first_step": _any_int, "last_step": _any_int,
+    "skipped": _count, "timed": _count, "step_seconds": _nonneg, "data_wait_seconds": _nonneg,
+    "samples": _count, "sample_seconds": _nonneg,
+    "step_seconds_min": _nonneg, "step_seconds_p50": _nonneg, "step_seconds_p90": _nonneg,
+    "step_seconds_p99": _nonneg, "step_seconds_max": _nonneg, "batch_size": _count,
+    "first_batch": _count, "first_batch_wait_seconds": _nonneg,
+    "first_batch_data_wait_seconds": _nonneg, "loss_scale": _nonneg,
+    "mem_allocated_bytes": _count, "mem_reserved_bytes": _count,
+    "max_mem_allocated_bytes": _count, "pid": _count, "rank": _count, "gpu": _count,
+}
 _CONFIG: dict[str, Check] = {"pid": _count, "rank": _count}
 _JOB_END: dict[str, Check] = {
     "pid": _count, "exit_reason": _string, "rank": _count, "gpu": _count, "error": _string,
@@ -279,6 +291,7 @@ _KINDS: dict[str, tuple[type, dict[str, Check], tuple[str, ...]]] = {
     "gpu": (GpuSample, _GPU, ("gpu",)),
     "host": (HostSample, _HOST, ()),
     "step": (StepSample, _STEP, ("step",)),
+    "steps": (StepsSample, _STEPS, ("steps",)),
     "config": (ConfigSample, _CONFIG, ()),
     "job_end": (JobEnd, _JOB_END, ("pid", "exit_reason")),
 }

@@ -401,26 +401,34 @@ def training() -> db.Dashboard:
     b = (b.with_row(db.Row("Speed"))
          .with_panel(series("Step time", "s",
                             [(f"gpuwatch_train_step_seconds{{{JOB}}}", LEGEND_JOB)], lo=0,
-                            desc="Mean step time over each report of the hook."))
+                            span=6, desc="Mean step time over each report of the hook."))
          .with_panel(series("Throughput", "suffix: samples/s",
                             [(f"gpuwatch_train_samples_per_second{{{JOB}}}", LEGEND_JOB)],
-                            lo=0, desc="Training samples per second."))
+                            lo=0, span=6, desc="Training samples per second."))
          .with_panel(ratio("Data wait", [(f"gpuwatch_train_data_wait_ratio{{{JOB}}}",
-                                          LEGEND_JOB)],
+                                          LEGEND_JOB)], span=6,
                            desc="Share of the step spent blocked on the DataLoader: above "
-                                "~10 % the GPU waits for input.")))
-    b = (b.with_row(db.Row("Where the step time goes"))
-         .with_panel(ratio("Step-time breakdown",
-                           [(f"gpuwatch_train_time_share_ratio{{{JOB}}}",
-                             LEGEND_JOB + " {{category}}")], stacked=True, span=16,
-                           desc="Each step split into waiting for data, host-bound work "
-                                "(Python, launches, syncs), GPU compute, waiting on peers "
-                                "and the rest. Select one rank to read one stack."))
+                                "~10 % the GPU waits for input."))
          .with_panel(ratio("GPU utilization and SM active",
                            [(f"gpuwatch_gpu_utilization_ratio{{{GPU}}}", LEGEND_GPU + " util"),
                             (f"gpuwatch_gpu_sm_active_ratio{{{GPU}}}",
-                             LEGEND_GPU + " SM active")], span=8,
+                             LEGEND_GPU + " SM active")], span=6,
                            desc="The job's GPUs from NVML and GPM, beside its steps.")))
+    # a job without a pid label is the advisor's estimate for a GPU without the hook
+    shares = (f'label_replace(gpuwatch_train_time_share_ratio{{{JOB}}}, '
+              f'"pid", "-", "pid", "")')
+    b = (b.with_row(db.Row("Where the step time goes"))
+         .with_panel(ratio("Step-time breakdown (selected jobs together)",
+                           [(f"avg by (category) (gpuwatch_train_time_share_ratio{{{JOB}}})",
+                             "{{category}}")], stacked=True, span=12,
+                           desc="Each step split into waiting for data, host-bound work "
+                                "(Python, launches, syncs), GPU compute, waiting on peers "
+                                "and the rest, averaged over the selected jobs: pick one "
+                                "host and rank to read one job."))
+         .with_panel(ratio("Step-time breakdown per job",
+                           [(shares, LEGEND_JOB + ": {{category}}")], span=12,
+                           desc="The same shares, one line per job and category; a rank "
+                                "whose sync share stands out waits on a straggler.")))
     b = (b.with_row(db.Row("Precision and memory"))
          .with_panel(series("Loss scale", "none",
                             [(f"gpuwatch_train_loss_scale{{{JOB}}}", LEGEND_JOB)], log=True,

@@ -224,14 +224,14 @@ def draw_timeseries(ax: Any, panel: Panel, data: list, start: float, end: float)
     custom = defaults.get("custom", {})
     stacked = custom.get("stacking", {}).get("mode") == "normal"
     log = custom.get("scaleDistribution", {}).get("type") == "log"
-    base = None
+    base: dict[float, float] = {}  # stacked: the sum so far at each timestamp
     for label, ts, ys in data:
         xs = [mdates.date2num(_dt(t)) for t in ts]
         if stacked:
-            lower = base if base is not None and len(base) == len(ys) else [0.0] * len(ys)
+            lower = [base.get(t, 0.0) for t in ts]
             upper = [a + b for a, b in zip(lower, ys, strict=True)]
-            ax.fill_between(xs, lower, upper, label=label, alpha=0.7, linewidth=0)
-            base = upper
+            ax.fill_between(xs, lower, upper, label=label, alpha=0.8, linewidth=0)
+            base.update(zip(ts, upper, strict=True))
         else:
             ax.plot(xs, ys, label=label, linewidth=1.1)
     if log:

@@ -83,6 +83,7 @@ def build(*, steps: dict[int, list[dict[str, Any]]], gpu: GpuFn,
         h = host(rel) if rel >= 0 else {"job_cpu_cores": 1.0 * ngpu, "job_main_cpu_cores":
                                         1.0 * ngpu, "job_workers_cpu_cores": 0.0,
                                         "job_processes": ngpu}
+        h = dict(h)
         busy = min(0.95, (h.get("job_cpu_cores") or 0) / HOST_CPUS + 0.02)
         lines.append({"t": t, "kind": "host", "cpu_util": busy,
                       "cpu_util_per_core": [busy] * HOST_CPUS, "load1": busy * HOST_CPUS,
@@ -195,11 +196,20 @@ def ddp(seconds: float = 40.0, slow: bool = True) -> Run:
                     "fp32_active": 0.01, "dram_active": 0.15}
         return {"util": 0.38, "sm_active": 0.34, "tensor_active": 0.12, "fp32_active": 0.01,
                 "dram_active": 0.15}
+    # each rank's own tree, as the host layer splits a launcher's job per GPU: rank 1's
+    # single worker pegged while its main process mostly waits (the script's --slow-rank)
+    trees = [{"pid": 4000, "gpus": [0], "main_cpu_cores": 1.0, "workers_cpu_cores": 0.4,
+              "cpu_cores": 1.4, "processes": 5},
+             {"pid": 4001, "gpus": [1], "main_cpu_cores": 0.35 if slow else 1.0,
+              "workers_cpu_cores": 1.0 if slow else 0.4, "cpu_cores": 1.35 if slow else 1.4,
+              "processes": 2 if slow else 5}]
     run = build(steps=steps, gpu=gpu,
-                host=lambda rel: {"job_cpu_cores": 2.0 + (4.0 if slow else 1.0),
-                                  "job_main_cpu_cores": 2.0,
-                                  "job_workers_cpu_cores": 4.0 if slow else 1.0,
-                                  "job_processes": 10},
+                host=lambda rel: {"job_cpu_cores": sum(t["cpu_cores"] for t in trees),
+                                  "job_main_cpu_cores": sum(t["main_cpu_cores"] for t in trees),
+                                  "job_workers_cpu_cores": sum(t["workers_cpu_cores"]
+                                                               for t in trees),
+                                  "job_processes": sum(t["processes"] for t in trees),
+                                  "jobs": trees},
                 configs={r: {"rank": r, "world_size": 2, "num_workers": 4,
                              "persistent_workers": True, "pin_memory": True,
                              "uses_dataloader": True, "autocast_dtype": "bfloat16",

@@ -85,6 +85,17 @@ def test_gan_gets_persistent_workers_and_its_host_time(tmp_path):
     assert report["advice"][0]["id"] == "gpu-underused"
 
 
+def test_one_long_epoch_is_no_restart(tmp_path):
+    """persistent_workers=False, but the run never starts a second epoch: the first
+    batch's wait (the workers starting once) is no reason to change anything."""
+    run = synthetic.gan()
+    for d in run.lines:
+        if d["kind"] == "step" and d["step"] > 0 and d.get("first_batch"):
+            d["first_batch"] = False
+            d["data_wait_seconds"] = 0.004
+    assert "enable-persistent-workers" not in ids(judge(tmp_path, run))
+
+
 def test_slow_rank_is_named_and_its_peer_waits(tmp_path):
     run = synthetic.ddp(slow=True)
     report = judge(tmp_path, run)
@@ -102,6 +113,17 @@ def test_slow_rank_is_named_and_its_peer_waits(tmp_path):
     assert r1["time_share"]["data"] == pytest.approx(run.truth[1]["data"], abs=TOLERANCE)
     assert r1["time_share"]["sync"] == 0
     assert onset(report, run, "straggler-rank", 1) <= WARNING_ONSET
+
+
+def test_slow_rank_without_the_hook_gets_per_rank_evidence(tmp_path):
+    """The daemon beside a torchrun job it did not start: each GPU's own rank and workers
+    (the host layer's per-GPU trees) say that rank 1's single worker is pegged."""
+    report = judge(tmp_path, synthetic.ddp(slow=True).without_hook())
+    assert "add-dataloader-workers" in ids(report, 1)
+    assert "add-dataloader-workers" not in ids(report, 0)
+    a = advice(report, "add-dataloader-workers", 1)
+    assert a["evidence"]["job_workers"] == 1 and a["evidence"]["workers_busy_ratio"] >= 0.8
+    assert job(report, 1)["bottleneck"] == "data" and job(report, 1)["source"] == "nvml"
 
 
 def test_balanced_twin_has_no_straggler(tmp_path):

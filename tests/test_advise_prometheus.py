@@ -165,7 +165,8 @@ def test_prometheus_not_answering():
 
 def ranks_openmetrics(end: float, ranks: list[dict], seconds: int = 120) -> str:
     """Hook series of one job's ranks on several hosts, 1 Hz for ``seconds`` until ``end``:
-    each rank dict gives instance, rank, pid, data wait and (optionally) its sync share."""
+    each rank dict gives instance, rank, pid, data wait and (optionally) its step-time
+    shares by category."""
     fams: dict[str, list[str]] = defaultdict(list)
     for r in ranks:
         lab = (f'instance="{r["instance"]}",job="gpuwatch",pid="{r["pid"]}",rank="{r["rank"]}",'
@@ -178,9 +179,9 @@ def ranks_openmetrics(end: float, ranks: list[dict], seconds: int = 120) -> str:
                 f"gpuwatch_train_step_seconds{{{lab}}} 0.5 {t:.3f}")
             fams["gpuwatch_train_data_wait_ratio"].append(
                 f"gpuwatch_train_data_wait_ratio{{{lab}}} {r['wait']} {t:.3f}")
-            if r.get("sync") is not None:
+            for cat, share in r.get("shares", {}).items():
                 fams["gpuwatch_train_time_share_ratio"].append(
-                    f'gpuwatch_train_time_share_ratio{{{lab},category="sync"}} {r["sync"]} '
+                    f'gpuwatch_train_time_share_ratio{{{lab},category="{cat}"}} {share} '
                     f"{t:.3f}")
     out = []
     for name, samples in fams.items():
@@ -191,14 +192,19 @@ def ranks_openmetrics(end: float, ranks: list[dict], seconds: int = 120) -> str:
 
 
 def test_ranks_of_one_job_compared_across_hosts(prometheus):
-    """Ranks 0 and 2 on node-a wait half of each step for rank 1 on node-b, which is
-    starved for data: the fleet report names rank 1 on node-b as the straggler."""
+    """Ranks 0 and 2 on node-a wait half of each step for ranks 1 and 3 on node-b, which
+    are starved for data: the fleet report scores every rank and names the slowest (rank 1
+    on node-b) as the straggler."""
     end = time.time() - 30
+    waiting = {"data": 0.02, "sync": 0.5, "gpu": 0.4, "host": 0.05, "other": 0.03}
     url = prometheus(ranks_openmetrics(end, [
-        {"instance": "node-a:9442", "rank": 0, "pid": 100, "wait": 0.02, "sync": 0.5},
-        {"instance": "node-a:9442", "rank": 2, "pid": 102, "wait": 0.02, "sync": 0.5,
+        {"instance": "node-a:9442", "rank": 0, "pid": 100, "wait": 0.02, "shares": waiting},
+        {"instance": "node-a:9442", "rank": 2, "pid": 102, "wait": 0.02, "shares": waiting,
          "gpu": 1},
-        {"instance": "node-b:9442", "rank": 1, "pid": 200, "wait": 0.45, "sync": 0.0},
+        {"instance": "node-b:9442", "rank": 1, "pid": 200, "wait": 0.45,
+         "shares": {"data": 0.45, "sync": 0.0, "gpu": 0.45, "host": 0.05, "other": 0.05}},
+        {"instance": "node-b:9442", "rank": 3, "pid": 203, "wait": 0.45, "gpu": 1,
+         "shares": {"data": 0.45, "sync": 0.0, "gpu": 0.45, "host": 0.05, "other": 0.05}},
     ]))
     proc = run_cli("advise", "--prometheus", url, "--window", "300", "--format", "json")
     assert proc.returncode == 0, proc.stderr
@@ -206,12 +212,14 @@ def test_ranks_of_one_job_compared_across_hosts(prometheus):
     jobs = {(h["instance"], j["rank"], j["pid"], j["gpu"]) for h in report["hosts"]
             for j in h["jobs"]}
     assert jobs == {("node-a:9442", 0, 100, 0), ("node-a:9442", 2, 102, 1),
-                    ("node-b:9442", 1, 200, 0)}
+                    ("node-b:9442", 1, 200, 0), ("node-b:9442", 3, 203, 1)}
     block = report["ranks"]
+    assert block["basis"] == "own_time"
     assert [(r["rank"], r["instance"], r["own_seconds"], r["rank_score"])
             for r in block["ranks"]] == [(0, "node-a:9442", 0.25, 1.0),
                                          (1, "node-b:9442", 0.5, 0.5),
-                                         (2, "node-a:9442", 0.25, 1.0)]
+                                         (2, "node-a:9442", 0.25, 1.0),
+                                         (3, "node-b:9442", 0.5, 0.5)]
     s = block["straggler"]
     assert (s["instance"], s["rank"], s["pid"], s["rank_score"],
             s["speedup_at_median_pace"]) == ("node-b:9442", 1, 200, 0.5, 2.0)
@@ -223,20 +231,67 @@ def test_ranks_of_one_job_compared_across_hosts(prometheus):
     assert json.loads(one.stdout)["ranks"] is None
 
 
-def test_ranks_without_wait_share_and_of_several_jobs(prometheus):
+def test_ranks_one_per_host_and_of_several_jobs(prometheus):
+    """One rank per host: no daemon sees whom its rank waits for (sync 0 everywhere), so
+    the ranks are compared by what they lose on their own; a third host's rank 0 belongs
+    to another job and makes the comparison refuse until --match narrows it."""
     end = time.time() - 30
+    busy = {"data": 0.02, "sync": 0.0, "gpu": 0.9, "host": 0.05, "other": 0.03}
     url = prometheus(ranks_openmetrics(end, [
-        {"instance": "node-a:9442", "rank": 0, "pid": 100, "wait": 0.02},
-        {"instance": "node-b:9442", "rank": 1, "pid": 200, "wait": 0.45},
-        # another job's rank 0 on a third host
-        {"instance": "node-c:9442", "rank": 0, "pid": 300, "wait": 0.0},
+        {"instance": "node-a:9442", "rank": 0, "pid": 100, "wait": 0.02, "shares": busy},
+        {"instance": "node-b:9442", "rank": 1, "pid": 200, "wait": 0.40,
+         "shares": {"data": 0.40, "sync": 0.0, "gpu": 0.4, "host": 0.15, "other": 0.05}},
+        {"instance": "node-c:9442", "rank": 0, "pid": 300, "wait": 0.0, "shares": busy},
+        # a job whose daemons export no breakdown: data wait only
+        {"instance": "node-d:9442", "rank": 0, "pid": 400, "wait": 0.01},
+        {"instance": "node-e:9442", "rank": 1, "pid": 500, "wait": 0.5},
+        # a balanced twin of node-b
+        {"instance": "node-f:9442", "rank": 1, "pid": 600, "wait": 0.02, "shares": busy},
     ]))
-    both = run_cli("advise", "--prometheus", url, "--window", "300", "--format", "json")
-    block = json.loads(both.stdout)["ranks"]
+
+    def ranks(*match: str) -> dict:
+        proc = run_cli("advise", "--prometheus", url, "--window", "300", "--format", "json",
+                       *match)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["ranks"]
+
+    block = ranks()
     assert block["straggler"] is None and "several jobs" in block["note"]
-    one_job = run_cli("advise", "--prometheus", url, "--window", "300", "--format", "json",
-                      "--match", 'instance=~"node-(a|b):9442"')
-    block = json.loads(one_job.stdout)["ranks"]
-    assert "ranks compared by step time and data wait only" in block["note"]
+    block = ranks("--match", 'instance=~"node-(a|b):9442"')
+    assert block["basis"] == "stall" and "data wait + host" in block["note"]
     s = block["straggler"]
-    assert (s["instance"], s["rank"], s["data_wait_ratio"]) == ("node-b:9442", 1, 0.45)
+    assert (s["instance"], s["rank"], s["stall_ratio"], s["others_stall_ratio"]) == (
+        "node-b:9442", 1, 0.55, 0.07)
+    block = ranks("--match", 'instance=~"node-(d|e):9442"')
+    assert "data wait only" in block["note"]
+    s = block["straggler"]
+    assert (s["instance"], s["rank"], s["stall_ratio"]) == ("node-e:9442", 1, 0.5)
+    # ranks that lose about the same: compared, no straggler
+    block = ranks("--match", 'instance=~"node-(a|f):9442"')
+    assert [r["rank"] for r in block["ranks"]] == [0, 1] and block["straggler"] is None
+    text = run_cli("advise", "--prometheus", url, "--window", "300", "--match",
+                   'instance=~"node-(a|b):9442"').stdout
+    assert "Straggler: rank 1 on node-b:9442 (GPU 0): it loses 55% of each step" in text
+
+
+def test_fleet_lists_a_lost_gpu_and_renders_per_host(prometheus):
+    """A GPU seen only as lost (gpuwatch_gpu_up 0, no other series) is still listed under
+    its host; the Markdown report has a section per host."""
+    end = time.time() - 30
+    text = openmetrics(load("input_bound"), end, "node-a:9442")
+    lost = [f'gpuwatch_gpu_up{{instance="node-a:9442",job="gpuwatch",gpu="{g}",uuid=""}} '
+            f"{v} {end - 60 + i:.3f}" for g, v in ((0, 1), (1, 0)) for i in range(60)]
+    text = text.replace("# EOF\n", "# TYPE gpuwatch_gpu_up gauge\n" + "\n".join(lost)
+                        + "\n# EOF\n")
+    url = prometheus(text)
+    proc = run_cli("advise", "--prometheus", url, "--window", "600", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (host,) = json.loads(proc.stdout)["hosts"]
+    assert [(g["gpu"], g["up"]) for g in host["gpus"]] == [(0, True), (1, False)]
+    out = run_cli("advise", "--prometheus", url, "--window", "600").stdout
+    assert "== node-a:9442: 2 GPU(s), lost: GPU 1 ==" in out
+    md = run_cli("advise", "--prometheus", url, "--window", "600", "--format", "markdown")
+    assert md.returncode == 0, md.stderr
+    assert md.stdout.startswith("# gpuwatch fleet advice: Prometheus ")
+    assert "\n## node-a:9442: 2 GPU(s), lost: GPU 1\n" in md.stdout
+    assert "add-dataloader-workers" in md.stdout

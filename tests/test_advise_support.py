@@ -116,6 +116,8 @@ def multi_gpu(lines: list[dict[str, Any]], n: int, ddp: bool = False) -> list[di
             for f in ("job_cpu_cores", "job_processes", "job_rss_bytes"):
                 if d.get(f) is not None:
                     d[f] = d[f] * n
+            if d.get("jobs"):  # one tree per rank, as the host layer writes them
+                d["jobs"] = [dict(j, pid=j["pid"] + i) for i in range(n) for j in d["jobs"]]
             return d
         if d["kind"] != "gpu":
             return d
@@ -200,5 +202,8 @@ def io_bound(lines: list[dict[str, Any]], share: float, workers_cores: float = 0
             if "job_main_cpu_cores" in d:
                 d["job_main_cpu_cores"] = main
                 d["job_workers_cpu_cores"] = workers_cores
+            if d.get("jobs"):  # the one job tree the sums are made of says the same
+                d["jobs"] = [dict(j, cpu_cores=main + workers_cores, main_cpu_cores=main,
+                                  workers_cpu_cores=workers_cores) for j in d["jobs"]]
         return d
     return transform(lines, edit)

@@ -117,6 +117,22 @@ def test_fleet_report_per_host_nothing_crossing(gpuwatch_daemon, prometheus, exp
     bad = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"]
            if r["health"] not in ("ok", "unknown") or r.get("lastError")]
     assert bad == []
+    # each daemon's live advice reaches Alertmanager's side as its own alert (pending: the
+    # rules' `for` is longer than this test), and healthy hosts raise no health alert
+    def advice_alerts() -> set[tuple[str, str]]:
+        got = {(a["labels"]["instance"], a["labels"]["rule"])
+               for a in prom.api("alerts")["alerts"]
+               if a["labels"]["alertname"] == "GpuwatchAdviceWarning"}
+        want = {(inst, rule) for inst in HOSTS for rule in expected[inst]}
+        return got if want <= got else set()
+
+    got = wait_for(advice_alerts, "advice alerts for each host", timeout=30, interval=1.0)
+    for inst, rule in got:
+        others = set().union(*(expected[o] for o in HOSTS if o != inst))
+        assert rule not in others, f"{inst} alerted another host's advice {rule}"
+    other_alerts = {a["labels"]["alertname"] for a in prom.api("alerts")["alerts"]
+                    if not a["labels"]["alertname"].startswith("GpuwatchAdvice")}
+    assert other_alerts == set()
 
 
 def test_match_selector_errors(prometheus):

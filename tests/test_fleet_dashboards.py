@@ -125,8 +125,9 @@ def test_dashboards_are_grafana_10_with_the_variables_units_and_legends():
             assert panel.targets, where
             for target in panel.targets:
                 assert '$instance' in target.expr, f"{where}: {target.expr} ignores $instance"
-                if panel.type == "stat":
-                    continue
+                grouped = re.search(r"^\w+ by \(([^)]*)\)", target.expr)
+                if panel.type == "stat" or (grouped and "instance" not in grouped.group(1)):
+                    continue  # one number, or aggregated over hosts on purpose
                 assert "{{instance}}" in target.legend, f"{where}: legend without the host"
                 if 'gpu=~"$gpu"' in target.expr and "by (instance)" not in target.expr:
                     assert "GPU {{gpu}}" in target.legend, f"{where}: legend without the GPU"
@@ -274,3 +275,22 @@ def test_every_dashboard_and_rule_query_against_two_hosts(gpuwatch_daemon, prome
         for title, n in per_panel.items():
             if (uid, title) in wanted:
                 assert n > 0, f"{uid} / {title} rendered empty"
+
+
+def test_the_renderer_writes_units_as_grafana_does():
+    assert gr.format_value(0.5, "percentunit") == "50%"
+    assert gr.format_value(80 * 2**30, "bytes") == "80 GiB"
+    assert gr.format_value(1.98e9, "hertz") == "1.98 GHz"
+    assert gr.format_value(0.023, "s") == "23 ms"
+    assert gr.format_value(3200, "suffix: samples/s") == "3.2 K samples/s"
+    assert gr.format_value(2.0, "none", decimals=0) == "2"
+
+
+def test_every_variable_a_query_uses_is_given_a_value():
+    for board in boards().values():
+        values = gr.all_values(board, 1.0)
+        for panel in gr.panels(board):
+            for target in panel.targets:
+                assert "$" not in gr.substitute(target.expr, values)
+    with pytest.raises(KeyError, match=r"\$nope"):
+        gr.substitute('x{a=~"$nope"}', {})

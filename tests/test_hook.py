@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -107,14 +108,19 @@ def test_detach_restores_torch() -> None:
     from torch.amp.grad_scaler import GradScaler
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    before = (GradScaler.step, GradScaler.update, _BaseDataLoaderIter.__next__,
-              torch.autocast.__enter__, torch.utils.checkpoint.checkpoint, sys.excepthook)
+    def patched() -> tuple:
+        return (GradScaler.step, GradScaler.update, _BaseDataLoaderIter.__next__,
+                _BaseDataLoaderIter.__init__, torch.utils.data.DataLoader._get_iterator,
+                torch.autocast.__enter__, torch.utils.checkpoint.checkpoint,
+                torch.autograd.backward, torch.optim.Optimizer.__init__,
+                torch.nn.modules.conv._ConvNd.__init__, sys.excepthook)
+
+    before = patched()
     assert hook.attach("/nonexistent/gpuwatch.sock")
-    assert GradScaler.step is not before[0]
+    during = patched()
+    assert all(a is not b for a, b in zip(before, during, strict=True))
     hook.detach()
-    after = (GradScaler.step, GradScaler.update, _BaseDataLoaderIter.__next__,
-             torch.autocast.__enter__, torch.utils.checkpoint.checkpoint, sys.excepthook)
-    assert after == before
+    assert patched() == before
     assert not hook.is_attached()
 
 
@@ -164,3 +170,53 @@ def test_injection_does_not_import_torch_or_hide_another_sitecustomize(tmp_path:
     assert seen["theirs"] == "yes"
     assert inject_dir() not in seen["path"]
     assert str(theirs) in seen["path"]
+
+
+def _import_torch_with(pythonpath: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    code = ("import torch, sys; from gpuwatch import hook; m = torch.nn.Linear(2, 1); "
+            "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+            "for _ in range(5):\n m(torch.ones(1, 2)).sum().backward(); o.step()\n"
+            "print(hook.is_attached(), hook.stats()['steps_total'], hook.__file__)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH")}
+    env.update(PYTHONPATH=os.pathsep.join(pythonpath), GPUWATCH_SOCKET="/nonexistent/x")
+    return subprocess.run([sys.executable, "-c", code], check=False, env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_injection_reached_twice_attaches_once(tmp_path: Path) -> None:
+    """The inject directory on the path twice (through a symlink), and a second gpuwatch
+    install's inject directory beside it (a job that runs its own `gpuwatch run`): the
+    import watchers used to ask each other forever (RecursionError on `import torch`)."""
+    link = tmp_path / "inject-link"
+    link.symlink_to(inject_dir())
+    other = tmp_path / "other"
+    shutil.copytree(REPO / "gpuwatch", other / "gpuwatch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for path in ([inject_dir(), str(link)],
+                 [str(other / "gpuwatch" / "_inject"), inject_dir()]):
+        run = _import_torch_with(path, tmp_path)
+        assert run.returncode == 0, run.stderr
+        attached, steps, _where = run.stdout.split()
+        assert (attached, steps) == ("True", "5"), path  # one hook: no step counted twice
+
+
+def test_a_hook_that_cannot_attach_says_so_once_and_the_job_runs(tmp_path: Path) -> None:
+    """A broken hook (here: a gpuwatch whose hook module fails to import, as it would on a
+    Python it does not support): the job runs, and is told once why it is not measured."""
+    other = tmp_path / "other"
+    shutil.copytree(REPO / "gpuwatch", other / "gpuwatch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (other / "gpuwatch" / "hook.py").write_text("raise ImportError('no hook for you')\n")
+    code = ("import subprocess, sys, torch\n"
+            "subprocess.run([sys.executable, '-c', 'import torch'], check=True)\n"
+            "print(torch.ones(2).sum().item())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH")}
+    env["PYTHONPATH"] = str(other / "gpuwatch" / "_inject")
+    run = subprocess.run([sys.executable, "-c", code], check=False, env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "2.0"
+    said = [ln for ln in run.stderr.splitlines() if ln.startswith("gpuwatch:")]
+    version = sys.version.split()[0]
+    assert said == [f"gpuwatch: the torch hook is off in this job (on Python {version}: "
+                    f"ImportError: no hook for you); training runs unmeasured"]  # just once

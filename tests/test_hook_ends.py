@@ -2,18 +2,21 @@
 
 Real torch on the CPU: train_cpu.py dies of a real allocator failure under
 ``gpuwatch run --record``; the report must say that it died, of what, when and after how
-many steps, in text, Markdown and JSON (``job_ends``).
+many steps, in text, Markdown and JSON (``job_ends``), and the daemon's live /api/advice
+lists the same ``job_ends``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from conftest import DaemonProcess, clean_env, http_get, wait_for
 
 from gpuwatch import trace
 from gpuwatch.errors import FileFormatError
@@ -83,3 +86,33 @@ def test_job_end_lines_round_trip_and_are_checked(tmp_path: Path) -> None:
         trace.read_trace(str(bad))
     assert "bad.jsonl:2: missing field 'exit_reason'" in str(err.value)
     assert "bad.jsonl:3: field 'steps_total' must be a whole number >= 0" in str(err.value)
+
+
+def test_the_live_api_advice_lists_job_ends_as_the_replay_does(
+        gpuwatch_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """A job attached to a running daemon dies of an allocator failure: the daemon's
+    /api/advice gets the same top-level `job_ends` as `advise --replay` of its recording."""
+    pytest.importorskip("torch")
+    rec, truth = tmp_path / "rec.jsonl", tmp_path / "truth.jsonl"
+    d = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--interval", "0.5",
+                        "--record", str(rec))
+    sock = re.search(r"hook socket (\S+)", d.stderr())
+    assert sock, d.stderr()
+    run = subprocess.run([sys.executable, TRAIN, "--steps", "50", "--workers", "0",
+                          "--step-ms", "20", "--crash", "oom", "--crash-at", "8", "--attach",
+                          "--out", str(truth)],
+                         check=False, env=clean_env(GPUWATCH_SOCKET=sock.group(1)), cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    pid = json.loads(truth.read_text().splitlines()[0])["pid"]
+
+    def ends() -> list[dict] | None:
+        status, _, body = http_get(d.url + "/api/advice")
+        return json.loads(body).get("job_ends") if status == 200 else None
+
+    [live] = wait_for(ends, "job_ends in /api/advice", 60, d.proc)
+    assert (live["pid"], live["exit_reason"], live["steps_total"]) == (pid, "oom", 8)
+    assert "can't allocate memory" in live["error"]
+    assert live["summary"].startswith(f"job pid {pid} died of out of memory (")
+    assert d.stop() == 0
+    assert json.loads(advise(rec, "json"))["job_ends"] == [live]

@@ -5,7 +5,9 @@
   scale collapse (skipped steps, decided on the GPU by fused AdamW, counted exactly), and
   an input-bound run (``--workers 0 --cpu-ms 2``: the data-wait share must be high and
   agree with the workload's own);
-- two ranks with NCCL under torchrun, one GPU each (skipped with fewer than two GPUs).
+- two ranks with NCCL under torchrun, one GPU each (skipped with fewer than two GPUs);
+- the loss, read by the reporting thread with no device synchronization
+  (``torch.cuda.set_sync_debug_mode("error")``), equal to the loop's own.
 
 Each test prints what it saw.
 """
@@ -18,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +137,57 @@ def test_two_ranks_on_two_gpus_under_torchrun(tmp_path: Path) -> None:
         assert {s.get("rank") for s in mine} == {rank}
         assert len(gpus) == 1 and None not in gpus
     assert len({s.get("gpu") for s in got}) == 2  # one GPU each
+
+
+def test_the_loss_is_read_without_a_device_sync(tmp_path: Path) -> None:
+    """fp16 autocast, GradScaler and fused Adam on the GPU; every op of the loop and of the
+    hook's reporting thread runs under sync debug mode "error" (a sync would raise, and the
+    hook would count it in hook_errors). The hook's losses must be the loop's own, exactly
+    (both read from the same float32 tensor after the loop)."""
+    from gpuwatch import hook
+    from gpuwatch.receiver import HookReceiver
+    from gpuwatch.samples import StepSample
+    from gpuwatch.store import Store
+
+    store = Store()
+    path = str(tmp_path / "hook.sock")
+    receiver = HookReceiver(store, path)
+    receiver.start()
+    assert hook.attach(path)
+    try:
+        dev = torch.device("cuda")
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 1)).to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        scaler = torch.amp.GradScaler("cuda")
+        x, y = torch.randn(64, 256, device=dev), torch.randn(64, 1, device=dev)
+        losses = []
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(400):
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = torch.nn.functional.mse_loss(model(x).float(), y)
+                opt.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                losses.append(loss.detach().clone())
+                time.sleep(0.005)  # 2 s of steps: several reports, each reading a loss
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        h = hook._hook
+        assert h is not None
+        h.finish()
+        errors = h.errors
+    finally:
+        hook.detach()
+        receiver.flush()
+        receiver.stop()
+    truth = [float(t) for t in losses]
+    got = {s.step: s.loss for s in store.timeline() if isinstance(s, StepSample)
+           and s.loss is not None}
+    print(f"hook errors {errors}; losses read at steps {sorted(got)}")
+    assert errors == 0
+    assert len(got) >= 3
+    assert all(v == truth[k] for k, v in got.items())

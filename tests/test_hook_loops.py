@@ -162,3 +162,44 @@ def test_new_window_and_step_fields_round_trip_and_are_validated() -> None:
     msg["steps"]["first_batch_wait_seconds"] = [-1, None]
     with pytest.raises(protocol.ProtocolError, match="first_batch_wait_seconds"):
         protocol.decode(json.dumps(msg).encode())
+
+
+def test_the_loss_column_round_trips_and_is_validated() -> None:
+    header = {"kind": "report", "pid": 7, "seq": 0, "t": 100.0, "window": {"steps": 3}}
+    steps = [protocol.StepRecord(step=0, t=99.0), protocol.StepRecord(step=1, t=99.2, loss=-1.5),
+             protocol.StepRecord(step=2, t=99.4, loss=float("nan"))]
+    r = protocol.decode(protocol.encode(header, steps))
+    assert [s.loss for s in r.steps] == [None, -1.5, None]  # GAN losses go negative
+    msg = json.loads(protocol.encode(header, steps))
+    for bad in (["x", None, None], [True, None, None], [10**400, None, None], [None]):
+        msg["steps"]["loss"] = bad
+        with pytest.raises(protocol.ProtocolError, match="loss"):
+            protocol.decode(json.dumps(msg).encode())
+
+
+def test_the_loss_is_the_unscaled_value_of_the_iterations_last_backward(
+        attached: hook._Hook) -> None:
+    """A GAN's three backward() calls: the iteration's loss is the last one's; with a
+    GradScaler, the loss handed to scale(), not the scaled tensor backward() ran on."""
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    attached.thread = object()  # no reporter thread: this test reports by hand
+    sent: list[bytes] = []
+    attached._send = sent.append  # type: ignore[method-assign]
+    losses = []
+    for i in range(3):
+        (w * 3).sum().backward()
+        (w * 5).sum().backward()
+        loss = (w * w).sum() * (i + 1)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+        if i == 1:
+            attached.report()
+    attached.report()
+    got = [s for data in sent for s in protocol.decode(data).steps]
+    assert [s.step for s in got] == [0, 1, 2]
+    assert [s.loss for s in got] == [None, losses[1], losses[2]]  # one per report
+    assert losses[2] != losses[1] and losses[2] < 1024  # unscaled

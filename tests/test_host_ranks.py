@@ -5,21 +5,26 @@ the ranks on GPUs 0 and 1, through the real Sampler and host layer into a record
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import wait_for
 from nvml_stub import NvmlStub, StubGpu
+from test_advise_support import advise_json, load, run_cli, transform, without_steps, write
 
 from gpuwatch.host import HostSampler
+from gpuwatch.recorder import Recorder
 from gpuwatch.sampler import Sampler, gpu_processes
 from gpuwatch.samples import GpuProcess, GpuSample
 from gpuwatch.store import Store
+from gpuwatch.trace import make_meta
 
 GiB = 2**30
 # spins (busy) or sleeps (idle) until its parent is gone: nothing outlives the test
@@ -84,7 +89,7 @@ def tick_until_measured(sampler: Sampler, tree: Tree) -> dict[int, object]:
     def ready() -> bool:
         time.sleep(0.3)
         jobs = {j.pid: j for j in sampler.tick().host.jobs}
-        return all(r in jobs and jobs[r].processes == 3 and jobs[r].cpu_cores > 0.05
+        return all(r in jobs and jobs[r].processes == 3 and jobs[r].cpu_cores > 0.02
                    for r in tree.ranks)
 
     wait_for(ready, "both ranks and their workers seen", timeout=30)
@@ -106,9 +111,10 @@ def test_each_gpu_has_its_own_rank_and_workers(ddp_tree: Tree, launcher_context:
     assert r0.gpus == (0,) and r1.gpus == (1,)
     assert r0.processes == 3 and r1.processes == 3  # each rank with its own 2 workers
     # rank 1's own workers are pegged while its main process waits; rank 0 the reverse
-    # (the machine may be shared: spinning processes get what the scheduler gives them)
-    assert r1.workers_cpu_cores > r1.main_cpu_cores + 0.1, r1
-    assert r0.main_cpu_cores > r0.workers_cpu_cores + 0.1 and r0.workers_cpu_cores < 0.2, r0
+    # (on a shared machine a spinning process gets what the scheduler gives it: compare,
+    # don't expect whole cores; a sleeping loop uses next to nothing)
+    assert r1.workers_cpu_cores > 2 * r1.main_cpu_cores and r1.main_cpu_cores < 0.05, r1
+    assert r0.main_cpu_cores > 2 * r0.workers_cpu_cores and r0.workers_cpu_cores < 0.05, r0
     if launcher_context:
         launcher = jobs[ddp_tree.launcher]
         assert launcher.processes == 1 and launcher.gpus == (0,)  # a job of its own
@@ -135,3 +141,90 @@ def test_a_gpus_main_process_holds_the_most_of_its_memory() -> None:
             GpuSample(t=0.0, gpu=2, processes=())]
     on_gpus, mains = gpu_processes(gpus)
     assert on_gpus == {10: [0], 11: [0], 12: [1]} and mains == [11, 12]
+
+
+def test_a_recording_of_the_ranks_keeps_each_gpus_tree(ddp_tree: Tree, tmp_path: Path) -> None:
+    """Sampler (stubbed NVML, real host layer) -> Recorder -> file -> `gpuwatch advise`:
+    the host lines carry one tree per rank with its GPU, and the advisor's per-GPU view
+    (the `jobs` breakdown without the hook) reads each rank's own CPU."""
+    stub = stub_for(ddp_tree, launcher_context=True)
+    store = Store()
+    sampler = Sampler(store, nvml_module=stub, host=HostSampler())
+    rec = tmp_path / "ddp.jsonl"
+    recorder = Recorder(store, str(rec), make_meta(infos=sampler.infos, host_cpus=2,
+                                                   sample_hz=4), reorder_seconds=0.0)
+    recorder.start()
+    try:
+        tick_until_measured(sampler, ddp_tree)
+        for _ in range(12):  # 3 s more at 4 Hz
+            time.sleep(0.25)
+            sampler.tick()
+    finally:
+        recorder.stop()
+        for g in stub.gpus:
+            g.release()
+        sampler.stop()
+    lines = [json.loads(x) for x in rec.read_text().splitlines()]
+    trees = [j for d in lines if d["kind"] == "host" for j in d.get("jobs", ())]
+    by_pid = {j["pid"]: j for j in trees}
+    assert by_pid[ddp_tree.ranks[0]]["gpus"] == [0] and by_pid[ddp_tree.ranks[1]]["gpus"] == [1]
+    assert by_pid[ddp_tree.launcher]["processes"] == 1
+    proc = run_cli("advise", "--replay", str(rec), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [g["gpu"] for g in report["gpus"]] == [0, 1]
+    # each GPU's breakdown reads its own rank's main process: rank 0's spins (the GPU's
+    # idle time is host-bound), rank 1's sleeps (none of it is); one host-wide average
+    # would give both GPUs the same host share
+    jobs = {j["gpu"]: j for j in report["jobs"]}
+    assert jobs[0]["time_share"]["host"] > jobs[1]["time_share"]["host"] + 0.01, jobs
+
+
+def ddp_variant(tmp_path: Path, with_gpus: bool = True) -> Path:
+    """A real single-GPU recording (2 DataLoader workers pegged, the GPU starved; the hook's
+    lines dropped) made into a 2-GPU DDP job without the hook: GPU 1 is the starved rank
+    (pid 2000, its own 2 workers pegged), GPU 0 a busy rank (pid 1000, main process pegged,
+    its workers idle). ``with_gpus`` False: trees as older recordings wrote them, mapped to
+    their GPU by the pid the gpu lines list."""
+    def split(d: dict) -> object:
+        if d["kind"] == "gpu":
+            starved = dict(d, gpu=1, processes=[dict(p, pid=2000) for p in d["processes"]])
+            working = d.get("util", 0) > 0.05
+            busy = dict(d, gpu=0, util=0.95 if working else d.get("util"),
+                        processes=[dict(p, pid=1000) for p in d["processes"]])
+            if d.get("sm_active") is not None:
+                busy["sm_active"] = 0.9 if working else 0.0
+            return [busy, starved]
+        if d["kind"] == "host" and d.get("jobs"):
+            (j,) = d["jobs"]
+            r0 = dict(j, pid=1000, main_cpu_cores=1.0, workers_cpu_cores=0.1, cpu_cores=1.1)
+            r1 = dict(j, pid=2000)
+            if with_gpus:
+                r0["gpus"], r1["gpus"] = [0], [1]
+            jobs = [r0, r1]
+            d = dict(d, jobs=jobs, job_processes=6,
+                     job_cpu_cores=round(r0["cpu_cores"] + r1["cpu_cores"], 3),
+                     job_main_cpu_cores=round(r0["main_cpu_cores"] + r1["main_cpu_cores"], 3),
+                     job_workers_cpu_cores=round(
+                         r0["workers_cpu_cores"] + r1["workers_cpu_cores"], 3))
+        return d
+    return write(tmp_path / "ddp.jsonl", transform(without_steps(load("h200_input_bound_w2")),
+                                                   split))
+
+
+@pytest.mark.parametrize("with_gpus", [True, False])
+def test_per_rank_evidence_names_the_starved_ranks_own_workers(tmp_path: Path,
+                                                               with_gpus: bool) -> None:
+    report = advise_json(ddp_variant(tmp_path, with_gpus))
+    (slow,) = [a for a in report["advice"] if a["id"] == "add-dataloader-workers"]
+    assert slow["gpu"] == 1
+    # rank 1's own figures, not the host's average over both ranks
+    assert slow["evidence"]["workers_busy_ratio"] >= 0.8
+    assert slow["evidence"]["main_busy_ratio"] < 0.5
+    assert slow["evidence"]["job_workers"] == pytest.approx(2)
+    on0 = [a for a in report["advice"] if a["gpu"] == 0]
+    assert all(a["id"] != "add-dataloader-workers" for a in on0)
+    assert all(a["evidence"].get("main_busy_ratio", 1.0) > 0.9 for a in on0)
+    jobs = {j["gpu"]: j for j in report["jobs"]}
+    assert jobs[1]["bottleneck"] == "data" and jobs[0]["bottleneck"] != "data"
+    assert jobs[1]["time_share"]["data"] > 0.5 > jobs[0]["time_share"]["data"]

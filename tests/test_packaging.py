@@ -73,10 +73,31 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True, timeout=300)
+    _see_our_dependencies(venv)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps",
                     "--no-index", str(wheel)], check=True, capture_output=True, text=True,
                    env=_clean_env(), cwd=root, timeout=300)
     return venv
+
+
+def _see_our_dependencies(venv: Path) -> None:
+    """Let ``venv`` import the dependencies of the environment running the tests.
+
+    ``--system-site-packages`` gives it the base interpreter's packages: right in CI, but
+    inside a virtualenv (the README's `pip install -e '.[test]'` there) the dependencies
+    live in that virtualenv instead. Its site-packages go on the new venv's path after the
+    venv's own (so the wheel's gpuwatch wins), as plain path lines: the .pth files there
+    (this checkout's editable install among them) are not run."""
+    if sys.prefix == sys.base_prefix:
+        return
+    import site
+
+    ours = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True, env=_clean_env(),
+                             timeout=120).stdout.strip()
+    (Path(purelib) / "_gpuwatch_test_deps.pth").write_text("".join(d + "\n" for d in ours))
 
 
 def _venv_python(venv: Path, code: str) -> str:

@@ -11,12 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, daemon_env, http_get, parse_metrics, wait_for
+from conftest import NVML_GPUS, REPO, daemon_env, http_get, parse_metrics, wait_for
 
 from gpuwatch.samples import GpuSample, Health, Snapshot
 from gpuwatch.sdnotify import Notifier, SamplingProgress
@@ -318,3 +319,39 @@ def test_sampling_progress_counts_stalls_per_gpu():
     assert advance((), lost=(0, 1))  # no live GPU: ticks alone are progress
     now[0] += 10  # no new tick at all
     assert not progress.check()
+
+
+@pytest.mark.gpu
+def test_nvml_works_under_the_units_memory_deny_write_execute(tmp_path):
+    """MemoryDenyWriteExecute=true (the unit's) as the kernel's PR_SET_MDWE: the real
+    NVML library still loads and every GPU is sampled. Needs Linux 6.3+ and a GPU."""
+    code = ("import ctypes, sys\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "if libc.prctl(65, 1, 0, 0, 0) != 0: sys.exit(77)\n"  # PR_SET_MDWE, refuse W+X
+            "from gpuwatch.cli import main\n"
+            "sys.exit(main(['run', '--web.listen-address', '127.0.0.1:0', '--interval', '0.5']))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=daemon_env(tmp_path),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        lines.extend(proc.stderr)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        if proc.poll() == 77:
+            pytest.skip("this kernel has no PR_SET_MDWE")
+        url = wait_for(lambda: (m := re.search(r"serving (http://\S+)/metrics", "".join(lines)))
+                       and m.group(1), "the serving line", 60, proc)
+
+        def gpus() -> set[str]:
+            m = parse_metrics(http_get(url + "/metrics")[2])
+            return {dict(labels)["gpu"] for (name, labels), _ in m.items()
+                    if name == "gpuwatch_gpu_utilization_ratio"}
+
+        wait_for(lambda: len(gpus()) == NVML_GPUS, "every GPU sampled under MDWE", 60, proc)
+    finally:
+        err = _stop(proc)
+    assert "Traceback" not in err

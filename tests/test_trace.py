@@ -20,6 +20,7 @@ from gpuwatch.samples import (
     GpuProcess,
     GpuSample,
     HostSample,
+    JobEnd,
     JobTree,
     StepSample,
 )
@@ -34,7 +35,8 @@ from gpuwatch.trace import (
 )
 
 META = {"kind": "meta", "format": "gpuwatch-trace/1", "host_cpus": 2, "sample_hz": 10}
-KIND = {GpuSample: "gpu", HostSample: "host", StepSample: "step", ConfigSample: "config"}
+KIND = {GpuSample: "gpu", HostSample: "host", StepSample: "step", ConfigSample: "config",
+        JobEnd: "job_end"}
 
 
 def write_lines(path: Path, *lines: object, end: str = "\n") -> Path:

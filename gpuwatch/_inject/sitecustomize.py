@@ -17,14 +17,42 @@ from __future__ import annotations
 import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+# realpath: this directory may be reached twice, once through a symlink
+_HERE = os.path.dirname(os.path.realpath(__file__))
+_SAID = "GPUWATCH_HOOK_PROBLEM_SAID"  # set once the job was told why it is not measured
 
 
 def _same_dir(entry):
     try:
-        return os.path.abspath(entry or os.curdir) == _HERE
+        return os.path.realpath(entry or os.curdir) == _HERE
     except Exception:
         return False
+
+
+def _say_once(why):
+    """Tell the job once (not each of its processes) that the hook could not attach."""
+    if os.environ.get(_SAID):
+        return
+    os.environ[_SAID] = "1"  # inherited by the job's other processes: they stay quiet
+    try:
+        print(f"gpuwatch: the torch hook is off in this job ({why}); training runs "
+              f"unmeasured", file=sys.stderr)
+    except Exception:
+        pass
+
+
+def _attach():
+    try:
+        hook = _import_hook_module()
+    except Exception as err:  # e.g. a Python the hook does not support
+        _say_once(f"on Python {sys.version.split()[0]}: {type(err).__name__}: {err}")
+        return
+    try:
+        if not hook.attach_when_training():
+            why = getattr(hook, "attach_problem", None)
+            _say_once(why() if why is not None else "it could not attach")
+    except Exception as err:
+        _say_once(f"{type(err).__name__}: {err}")
 
 
 def _chain():
@@ -70,18 +98,29 @@ def _import_hook_module():
 class _AttachAfterTorch:
     """A meta path finder that only watches for ``torch`` and attaches once it is loaded."""
 
+    gpuwatch_attach_after_torch = True  # how another copy of this file recognises one
+
+    def __init__(self):
+        self._busy = False
+
     def find_spec(self, name, path=None, target=None):
-        if name != "torch" or path is not None:
+        if name != "torch" or path is not None or self._busy:
             return None
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
+        # another watcher (a second gpuwatch's) asks the finders in turn, this one
+        # included: without this guard the two would ask each other forever
+        self._busy = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self:
+                    continue
+                find = getattr(finder, "find_spec", None)
+                spec = find(name, path, target) if find is not None else None
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._busy = False
         loader = spec.loader
         run = getattr(loader, "exec_module", None)
         if run is None:
@@ -98,10 +137,7 @@ class _AttachAfterTorch:
                 sys.meta_path.remove(watcher)
             except ValueError:
                 pass
-            try:
-                _import_hook_module().attach_when_training()
-            except Exception:
-                pass
+            _attach()
 
         try:
             loader.exec_module = exec_module
@@ -117,11 +153,10 @@ def _setup():
     if os.environ.get("GPUWATCH_DISABLE", "") not in ("", "0"):
         return
     if "torch" in sys.modules:  # imported by a chained sitecustomize or a .pth file
-        try:
-            _import_hook_module().attach_when_training()
-        except Exception:
-            pass
+        _attach()
         return
+    if any(getattr(f, "gpuwatch_attach_after_torch", False) for f in sys.meta_path):
+        return  # a second gpuwatch's sitecustomize (chained from here) already watches
     sys.meta_path.insert(0, _AttachAfterTorch())
 
 

@@ -73,10 +73,8 @@ class _Ctx:
             # a few seconds of training are in
             n = max(1, round(seconds / self.res))
             warm = self.frame.train_start(self.subj)
-            if warm is not None:
-                if self.end - warm < min(MIN_TRAIN_BUCKETS, n):
-                    return None
-                n = min(n, self.end - warm)
+            if warm is not None and self.end - warm < min(MIN_TRAIN_BUCKETS, n):
+                return None
             a = self.frame.attribution(self.subj, self.end, n)
             return a.value(name) if a is not None else None
         if name in GROWTH_SIGNALS:
@@ -287,7 +285,10 @@ class Engine:
             else:
                 f.last_seen = t
                 f.held_seconds += self.res
-                if t - f.detail_t >= REFRESH_SECONDS:
+                # once the job's steps have stopped (it ended; its windows now reach into
+                # the teardown), the evidence read while it trained stands
+                if t - f.detail_t >= REFRESH_SECONDS and not self.frame.steps_stopped(
+                        subj, ctx.end - 1):
                     self._details(f, ctx, t)
         else:
             st.since = None

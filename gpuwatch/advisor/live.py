@@ -14,8 +14,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
+from gpuwatch.advisor import endings
 from gpuwatch.advisor.engine import Engine, Finding
 from gpuwatch.advisor.report import RunTally, build_report
 from gpuwatch.advisor.rules import RuleSet, load_rules
@@ -248,5 +250,12 @@ class LiveAdvisor:
                       "start": frame.t_first, "end": frame.t_last,
                       "resolution_seconds": self.engine.res}
             nvml = bool(getattr(self.store.latest(), "nvml_available", True))
-            return build_report([(self.engine, self._active(), None)], source,
-                                tally=self.tally, no_gpu_reason=NO_GPU if nvml else NO_NVML)
+            report = build_report([(self.engine, self._active(), None)], source,
+                                  tally=self.tally, no_gpu_reason=NO_GPU if nvml else NO_NVML)
+            # the ends the store kept (the receiver's and the launcher's, and a replay's
+            # `job_end` lines), as `advise --replay` lists them
+            ended = getattr(self.store, "job_ends", None)
+            if ended is not None:
+                report["job_ends"] = endings.entries(
+                    [*report.get("job_ends", []), *(asdict(e) for e in ended())])
+            return report

@@ -119,8 +119,8 @@ class RunTally:
             self.host_lines += 1
             cores = get("job_cpu_cores")
             self._job_cores = float(cores) if cores is not None else None
-        elif kind == "step":
-            self.steps += 1
+        elif kind in ("step", "steps"):
+            self.steps += 1 if kind == "step" else int(get("steps") or 0)
             gpu = get("gpu")
             if gpu is None and get("pid") is not None:
                 gpu = self._pid_gpu.get(int(get("pid")))
@@ -184,16 +184,32 @@ class RunTally:
 
 
 _KINDS = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-          "ConfigSample": "config"}
+          "StepsSample": "steps", "ConfigSample": "config"}
 
 
 def judged(tally: RunTally | None, engine_gpus: list[int], hook_steps: bool,
-           no_gpu_reason: str | None) -> dict[str, Any]:
-    """What the rules could judge, and why not where they could not."""
+           no_gpu_reason: str | None, jobs: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """What the rules could judge, and why not where they could not. Where the report has
+    a step-time breakdown for a GPU (``jobs``), its GPU share and span are what was judged
+    (the training rules read the same); the tally stands in elsewhere."""
     if not engine_gpus:
         return {"gpu": False, "training": False, "gpus": [],
                 "reason": no_gpu_reason or "there is no GPU data (NVML found no GPU)"}
     per_gpu = tally.gpus(hook_steps) if tally is not None else []
+    broken_down: dict[int, dict[str, Any]] = {}
+    for j in jobs:
+        share = (j.get("time_share") or {}).get("gpu")
+        if j.get("gpu") is None or share is None or not j.get("seconds"):
+            continue
+        got = broken_down.get(j["gpu"])
+        if got is None or share > got["busy_ratio"]:
+            broken_down[j["gpu"]] = {"busy_ratio": round(float(share), 4),
+                                     "training_seconds": round(float(j["seconds"]), 1),
+                                     "busy_signal": "breakdown"}
+    for g in per_gpu:
+        g.update(broken_down.pop(g["gpu"], {}))
+    per_gpu += [dict(gpu=gpu, seconds=v["training_seconds"], **v)
+                for gpu, v in sorted(broken_down.items())]
     training = any(g["training_seconds"] >= MIN_TRAINING_SECONDS for g in per_gpu)
     return {"gpu": True, "training": training if tally is not None else None,
             "gpus": per_gpu, "reason": None}
@@ -252,7 +268,8 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         notes.append("No GPM counters (SM/tensor/FP32 activity: Hopper and newer): "
                      "precision advice relies on the torch hook's settings, and 'GPU "
                      "underused' on NVML utilization alone.")
-    seen = judged(tally, [g["gpu"] for g in gpus], steps, no_gpu_reason)
+    seen = judged(tally, [g["gpu"] for g in gpus], steps, no_gpu_reason,
+                  jobs=[j for j in jobs if j.get("instance") is None])
     return {
         "format": REPORT_FORMAT,
         "generated_at": round(time.time(), 3),
@@ -293,7 +310,19 @@ _LABELS = {
     "compute_capability": "compute capability", "power_ratio": "power of limit",
     "job_cpu_cores": "job CPU", "gpu_processes": "GPU processes",
     "gpu_process_mem_bytes": "GPU memory held", "num_workers": "num_workers",
-    "step_rate": "steps", "clock_power_capped": "power-capped",
+    "step_rate": "step rate", "iterator_rate": "new DataLoader iterators",
+    "iterators_per_minute": "DataLoader iterators per minute",
+    "mem_allocated_growth_bytes_per_second": "allocated memory growth",
+    "mem_allocated_growth_r2": "linear fit R²",
+    "first_batch_wait_ratio": "first-batch wait share",
+    "first_batch_wait_seconds": "first-batch wait", "share_data": "data share",
+    "share_sync": "sync share", "share_gpu": "GPU share", "share_host": "host share",
+    "share_other": "other share", "gpu_busy": "GPU busy", "job_rank": "rank",
+    "job_ranks": "ranks", "slowest_rank": "slowest rank", "rank_score": "rank score",
+    "straggler_gain": "job speed-up at the median rank's pace",
+    "peer_straggler": "waits on a slower peer", "sm_clock_mhz": "SM clock",
+    "mem_clock_mhz": "memory clock", "power_watts": "power", "temp_celsius": "temperature",
+    "power_limit_watts": "power limit", "clock_power_capped": "power-capped",
     "clock_thermal": "thermal slowdown", "clock_hw_slowdown": "HW slowdown",
 }
 # a unit told by the name's ending, for evidence a rule names itself
@@ -337,29 +366,20 @@ def _num(v: float, digits: int = 3) -> str:
     return f"{v:.{max(0, digits - 1 - mag)}f}"
 
 
-def percent(v: float) -> str:
+def percent(v: float, fine_top: bool = False) -> str:
+    """Whole percent, but a tenth below 10 % (0.4 % is not 0 %) and, with ``fine_top``
+    (how full memory is), from 90 % up (97.5 % vs 99.9 % full is the point)."""
     p = v * 100.0
-    # whole percent in the middle; a tenth near the ends, where 0.4 % vs 0 % or 97.5 %
-    # vs 99.9 % full is the point
-    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < 90:
+    top = 90 if fine_top else math.inf
+    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < top:
         return f"{p:.0f} %"
     return f"{p:.1f} %"
 
 
 def duration(v: float) -> str:
-    a = abs(v)
-    if a == 0:
-        return "0 s"
-    if a < 1e-3:
-        return f"{v * 1e6:.0f} µs"
-    if a < 1:
-        ms = v * 1e3
-        return f"{ms:.1f} ms" if abs(ms) < 100 else f"{ms:.0f} ms"
-    if a < 60:
-        return f"{v:.1f} s" if a < 10 else f"{v:.0f} s"
-    if a < 3600:
-        return f"{v / 60:.1f} min"
-    return f"{v / 3600:.1f} h"
+    from gpuwatch.advisor.rules import human_duration
+
+    return human_duration(v)
 
 
 def rate_bytes(v: float) -> str:
@@ -382,14 +402,20 @@ def evidence_value(name: str, v: Any) -> str:
     if not isinstance(v, (int, float)) or not math.isfinite(v):
         return str(v)
     unit = evidence_unit(name)
+    if name.endswith("_r2"):  # a fit's R²: a plain number 0-1, not a share of anything
+        return f"{v:.3f}"
+    if name.endswith(("_gain", "speedup")):  # a factor of speed
+        return f"{v:.2g}x" if v < 10 else f"{v:.0f}x"
     if unit == "ratio":
-        return percent(v)
+        return percent(v, fine_top="mem" in name)
     if unit == "seconds":
         return duration(v)
     if unit == "bytes":
         return human_bytes(v)
     if unit == "bytes/s":
-        return rate_bytes(v)
+        # link bandwidth (PCIe) is quoted in decimal GB/s everywhere; memory in GiB as the
+        # rest of the report (and the rule messages) quote it
+        return rate_bytes(v) if name.startswith("pcie") else human_bytes(v) + "/s"
     if unit == "cores":
         return f"{v:.1f} cores"
     if unit in ("count", "samples", "rows", "batches"):
@@ -410,6 +436,10 @@ def evidence_value(name: str, v: Any) -> str:
         return f"P{v:.0f}"
     if unit in ("steps/s", "samples/s"):
         return f"{_num(v)} {unit}"
+    if unit == "1/s":
+        return f"{_num(v)} per second"
+    if unit == "rank":
+        return f"{v:.0f}"
     if unit == "joules":
         return f"{v / 1e3:.1f} kJ" if abs(v) >= 1e4 else f"{v:.0f} J"
     return _num(v)
@@ -444,7 +474,19 @@ def _source_line(report: dict[str, Any]) -> str:
 
 
 def _evidence_text(ev: dict[str, Any]) -> str:
-    return ", ".join(f"{evidence_label(k)} {evidence_value(k, v)}" for k, v in ev.items())
+    return ", ".join(f"{label} {value}" for label, value in evidence_items(ev))
+
+
+def evidence_items(ev: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value with unit) per evidence entry; two entries that would read alike
+    (a share and a duration of one thing) keep their signal names apart."""
+    labels = [evidence_label(k) for k in ev]
+    out = []
+    for (k, v), label in zip(ev.items(), labels, strict=True):
+        if labels.count(label) > 1:
+            label = k.replace("_", " ")
+        out.append((label, evidence_value(k, v)))
+    return out
 
 
 def not_judged_text(report: dict[str, Any]) -> str:
@@ -460,9 +502,11 @@ def _training_spans(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _busy_phrase(g: dict[str, Any]) -> str:
+    span = f"{duration(g['training_seconds'])} the job trained"
+    if g.get("busy_signal") == "breakdown":
+        return f"GPU {g['gpu']} worked {percent(g['busy_ratio'])} of the {span}"
     what = "SM active" if g.get("busy_signal") == "sm_active" else "util"
-    return (f"GPU {g['gpu']} was {percent(g['busy_ratio'])} busy ({what}) over the "
-            f"{duration(g['training_seconds'])} the job trained")
+    return f"GPU {g['gpu']} was {percent(g['busy_ratio'])} busy ({what}) over the {span}"
 
 
 def no_advice_text(report: dict[str, Any]) -> str:
@@ -573,6 +617,25 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {where} | {g.get('name') or '?'} | {g.get('compute_capability') or '?'}"
                      f" | {_yes(s['bf16'])} | {_yes(s['tf32'])} | {_yes(s['fp8'])} "
                      f"| {_yes(g['gpm'])} |")
+    if report.get("jobs"):
+        lines += ["", "## Where the time went", "",
+                  "Each job's (rank's) wall time, split so the parts add up to 100 % "
+                  "(docs/advice.md, step-time attribution).", "",
+                  "| GPU | job | data wait | waiting on peers | GPU work | host | other "
+                  "| step | bottleneck |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for j in report["jobs"]:
+            where = f"{j['instance']} {j['gpu']}" if j.get("instance") else str(j["gpu"])
+            who = " ".join(x for x in (f"pid {j['pid']}" if j.get("pid") is not None else "",
+                                       f"rank {j['rank']}" if j.get("rank") is not None
+                                       and (j.get("ranks") or 1) > 1 else "") if x) or "?"
+            shares = j.get("time_share") or {}
+            cells = " | ".join(percent(shares[c]) if c in shares else "?"
+                               for c in ("data", "sync", "gpu", "host", "other"))
+            step = duration(j["step_seconds"]) if j.get("step_seconds") else (
+                "no hook" if j.get("source") == "nvml" else "?")
+            lines.append(f"| {where} | {who} | {cells} | {step} | "
+                         f"{_CATEGORY_NAMES.get(j.get('bottleneck'), j.get('bottleneck') or '?')} |")
     if report.get("job_ends"):
         lines += ["", "## Job ends", ""]
         lines += [f"- {end['summary']}." for end in report["job_ends"]]

@@ -54,7 +54,7 @@ _RULE_KEYS = {
 _REQUIRED = ("id", "title", "severity", "when", "message", "action")
 _ACTION_KEYS = {"text", "arch", "when"}
 _TEMPLATE_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
-_SPEC_RE = re.compile(r"^(?:[<>=^]?[+\- ]?\d*,?(?:\.\d+)?[eEfFgGd%]?|bytes|int)$")
+_SPEC_RE = re.compile(r"^(?:[<>=^]?[+\- ]?\d*,?(?:\.\d+)?[eEfFgGd%]?|bytes|int|duration)$")
 _TEMPLATE_BUILTINS = {"gpu", "compute_capability", "gpu_name", "held_seconds", "held_minutes",
                       "expected_gain"}
 
@@ -102,6 +102,8 @@ def format_value(v: Any, spec: str = "") -> str:
         return v
     if spec == "bytes":
         return human_bytes(v)
+    if spec == "duration":
+        return human_duration(v)
     if spec == "int" or (spec.endswith("d") and spec):
         try:
             return format(round(v), "d" if spec == "int" else spec)
@@ -118,6 +120,23 @@ def format_value(v: Any, spec: str = "") -> str:
     if "e+" in out and abs(v) < 1e15:
         return f"{v:.0f}"  # a person reads 16384, not 1.64e+04
     return out
+
+
+def human_duration(v: float) -> str:
+    """Seconds as a person reads them: 8.3 ms, 97.5 ms, 1.5 s, 12 s, 2.5 min, 1.2 h."""
+    a = abs(v)
+    if a == 0:
+        return "0 s"
+    if a < 1e-3:
+        return f"{v * 1e6:.0f} µs"
+    if a < 1:
+        ms = v * 1e3
+        return f"{ms:.1f} ms" if abs(ms) < 100 else f"{ms:.0f} ms"
+    if a < 60:
+        return f"{v:.1f} s" if a < 10 else f"{v:.0f} s"
+    if a < 3600:
+        return f"{v / 60:.1f} min"
+    return f"{v / 3600:.1f} h"
 
 
 def human_bytes(v: float) -> str:

@@ -141,7 +141,8 @@ def _defs() -> dict[str, SignalDef]:
         ("mem_reserved_ratio", "job", "ratio", "mean", "mem_reserved_bytes / mem_total_bytes",
          True),
         ("first_batch_wait_ratio", "job", "ratio", "mean", ("share of step time spent waiting "
-         "for the first batch of a new DataLoader iterator (step lines' first_batch)"), True),
+         "for the first batch of a restarted DataLoader iterator (step lines' first_batch; "
+         "the run's first iterator does not count)"), True),
         ("first_batch_wait_seconds", "job", "seconds", "mean", ("data wait of a new "
          "iterator's first batch (window mean: per new iterator)"), True),
         ("iterator_rate", "job", "1/s", "mean", ("new DataLoader iterators (epochs) started "
@@ -165,6 +166,10 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
         ("world_size", "config", "count", "last", "distributed world size", False),
+        ("channels_last", "config", "bool", "last", ("the model's parameters are in "
+         "torch.channels_last memory format"), False),
+        ("cudnn_tf32", "config", "bool", "last", ("torch.backends.cudnn.allow_tf32: cuDNN "
+         "runs FP32 convolutions as TF32 (on by default)"), False),
         ("uses_dataloader", "config", "bool", "last", ("the job iterates a torch DataLoader "
          "(false: the hook saw none)"), False),
         ("step_source", "config", "text", "last", ("what the hook counts as a step: "
@@ -384,6 +389,21 @@ class _Acc:
             s[name] = v
             self.n[name] = 1
         self.last[name] = v
+
+    def add_n(self, name: str, total: float, n: float) -> None:
+        """``n`` samples at once, summing to ``total`` (a trace's `steps` line)."""
+        s = self.s
+        if name in s:
+            s[name] += total
+            self.n[name] += n
+        else:
+            s[name] = total
+            self.n[name] = n
+        self.last[name] = total / n if n else total
+
+    def add_weighted(self, name: str, v: float, w: float) -> None:
+        """``v`` counted ``w`` times (a step standing for several)."""
+        self.add_n(name, v * w, w)
 
     def mean(self, name: str) -> float | None:
         n = self.n.get(name)
@@ -664,23 +684,27 @@ class Subject:
         self.first = first  # first bucket with data: windows before it are incomplete
         self.gpu_table = Table(frame)
         self.job = Table(frame)
+        # the CPU of this GPU's own job trees (its rank and that rank's workers), from the
+        # host line's per-tree ``jobs``: per-rank evidence without the hook
+        self.cpu = Table(frame)
         self.config: dict[str, Any] = {}
         self.facts: dict[str, Any] = {}
         self.pids: set[int] = set()
         self.prev_loss_scale: float | None = None
         self.proc_pids: set[int] = set()
-        # the job the hook reports for this GPU: its pid and rank, the bucket its first
-        # step began in (the attribution's clock starts there, not at process start)
+        # the job the hook reports for this GPU: its pid and rank; its attribution's clock
+        # starts when its first step ends (job_warm), not at process start
         self.job_pid: int | None = None
         self.job_rank: int | None = None
-        self.job_first: int | None = None
+        self.iterators_seen = 0  # DataLoader iterators whose first batch the hook marked
         self.job_last: int | None = None  # the bucket of its newest step
-        self.job_t0: float | None = None  # when its first step began (Unix seconds)
+        self.job_t0: float | None = None  # when its first step ended (Unix seconds)
         # the bucket after its first step ended: GPU and host windows of a job the hook
         # reports start here, so start-up (imports, CUDA init, compiling) is not judged
         self.job_warm: int | None = None
         self.job_t1: float | None = None  # when its newest step ended
         self.span = _SpanTotals()  # the attribution's inputs summed since the first step
+        self.steps_seen = 0.0  # every step the hook reported for this job, counted exactly
         self.span_at_last_step: JobWindow | None = None
 
 
@@ -854,6 +878,38 @@ class Frame:
             v = get(field)
             if v is not None:
                 acc.add(name, float(v))
+        jobs = get("jobs")
+        if jobs:
+            self._feed_jobs(jobs)
+
+    def _feed_jobs(self, jobs: Iterable[Any]) -> None:
+        """Each job tree's CPU, summed per GPU its root is on (``gpus`` in the tree, or
+        the GPUs whose latest gpu line lists its pid: older recordings)."""
+        per: dict[int, list[float]] = {}
+        for j in jobs:
+            jg = _get(j)
+            pid = jg("pid")
+            gpus = jg("gpus") or [g for g, sj in self.subjects.items()
+                                  if g is not None and pid in sj.proc_pids]
+            main, workers = jg("main_cpu_cores"), jg("workers_cpu_cores")
+            if main is None or workers is None:
+                continue
+            procs = float(jg("processes") or 1)
+            for g in gpus:
+                t = per.setdefault(int(g), [0.0, 0.0, 0.0, 0.0])
+                t[0] += 1.0
+                t[1] += float(main)
+                t[2] += float(workers)
+                t[3] += max(0.0, procs - 1.0)
+        for g, (mains, main, workers, nworkers) in per.items():
+            subj = self.subjects.get(g)
+            if subj is None:  # a GPU no gpu line described: nothing to judge it by
+                continue
+            acc = subj.cpu.acc
+            acc.add("mains", mains)
+            acc.add("main", main)
+            acc.add("workers", workers)
+            acc.add("nworkers", nworkers)
 
     def feed_step(self, s: Any) -> None:
         get = _get(s)
@@ -865,29 +921,29 @@ class Frame:
             subj.job_pid = pid
         if rank is not None:
             subj.job_rank = int(rank)
-        ss0 = get("step_seconds")
-        begun = int((get("t") - (ss0 or 0.0)) // self.res)
-        if subj.job_first is None or begun < subj.job_first:
-            subj.job_first = max(begun, self.idx - self.keep if self.idx is not None else begun)
         subj.job_last = self.idx
         if subj.job_warm is None and self.idx is not None:
             subj.job_warm = self.idx + 1
         t_end = get("t")
-        if subj.job_t0 is None or t_end - (ss0 or 0.0) < subj.job_t0:
-            subj.job_t0 = t_end - (ss0 or 0.0)
+        if subj.job_t0 is None:
+            subj.job_t0 = t_end
         subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
         job = subj.job
         job.ever = True
         acc = job.acc
         # a Prometheus-derived step line stands for several steps (``_count``)
-        acc.add("_steps", float(get("_count") or 1.0))
+        count = float(get("_count") or 1.0)
+        acc.add("_steps", count)
+        subj.steps_seen += count
         ss = get("step_seconds")
         dw = get("data_wait_seconds")
         if ss is not None:
-            acc.add("step_seconds", float(ss))
+            # a line standing for ``count`` steps weighs as many: the sums of step time and
+            # data wait (the attribution's) stay right, the means stay means
+            acc.add_weighted("step_seconds", float(ss), count)
             if dw is not None:
-                acc.add("data_wait_seconds", float(dw))
-                acc.add("_dw_ss", float(ss))
+                acc.add_weighted("data_wait_seconds", float(dw), count)
+                acc.add_weighted("_dw_ss", float(ss), count)
         for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
                   "max_mem_allocated_bytes"):
             v = get(f)
@@ -897,7 +953,11 @@ class Frame:
         if first is not None:
             acc.add("_fb_known", 1.0)
             if first:
-                acc.add("_fb_dw", float(dw or 0.0))
+                # the run's first iterator starts its workers whatever persistent_workers
+                # says: only the ones after it are restarts
+                subj.iterators_seen += 1
+                if subj.iterators_seen > 1:
+                    acc.add("_fb_dw", float(dw or 0.0))
         scale = get("loss_scale")
         skipped = get("skipped")
         fell = False
@@ -908,6 +968,77 @@ class Frame:
             subj.prev_loss_scale = scale
         if skipped is not None or scale is not None:
             acc.add("_skip", 1.0 if (skipped or fell) else 0.0)
+        bs = get("batch_size")
+        alloc, peak = get("mem_allocated_bytes"), get("max_mem_allocated_bytes")
+        if bs and alloc is not None and peak is not None:
+            acc.add("act_mem_per_sample_bytes", max(0.0, (peak - alloc) / bs))
+
+    def feed_steps(self, s: Any) -> None:
+        """A `steps` line: a job's steps of one interval, summed (docs/trace-format.md)."""
+        get = _get(s)
+        n = get("steps") or 0
+        if n <= 0:
+            return
+        t_end = get("t")
+        self._advance(t_end)
+        subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
+        self.hook_steps = True
+        pid, rank = get("pid"), get("rank")
+        if pid is not None:
+            subj.job_pid = pid
+        if rank is not None:
+            subj.job_rank = int(rank)
+        t_begin = get("begin_t")
+        if t_begin is None:
+            t_begin = t_end
+        subj.job_last = self.idx
+        if subj.job_warm is None and self.idx is not None:
+            subj.job_warm = self.idx + 1
+        # the attribution's clock starts where the job's steps are first seen (feed_step:
+        # when the first step ends); a summary line's steps began at its begin_t
+        if subj.job_t0 is None:
+            subj.job_t0 = t_begin
+        subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
+        job = subj.job
+        job.ever = True
+        acc = job.acc
+        acc.add("_steps", float(n))
+        subj.steps_seen += n
+        timed = get("timed") or 0
+        ss, dw = get("step_seconds"), get("data_wait_seconds")
+        if timed and ss is not None:
+            acc.add_n("step_seconds", float(ss), timed)
+            if dw is not None:
+                acc.add_n("data_wait_seconds", float(dw), timed)
+                acc.add_n("_dw_ss", float(ss), timed)
+        for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
+                  "max_mem_allocated_bytes"):
+            v = get(f)
+            if v is not None:
+                acc.add(f, float(v))
+        first = get("first_batch")
+        if first is not None:
+            acc.add("_fb_known", 1.0)
+            if first:
+                # the run's first iterator is no restart (as in feed_step); its own wait is
+                # not told apart from the others', so it leaves its share of the sum
+                restarts = first - (1 if subj.iterators_seen == 0 else 0)
+                subj.iterators_seen += first
+                if restarts > 0:
+                    fb_dw = float(get("first_batch_data_wait_seconds") or 0.0)
+                    acc.add_n("_fb_dw", fb_dw * restarts / first, restarts)
+        scale = get("loss_scale")
+        skipped = get("skipped")
+        fell = False
+        if scale is not None:
+            scale = float(scale)
+            acc.add("loss_scale", scale)
+            fell = subj.prev_loss_scale is not None and scale < subj.prev_loss_scale
+            subj.prev_loss_scale = scale
+        if skipped is not None:
+            acc.add_n("_skip", float(skipped), n)
+        elif scale is not None:
+            acc.add("_skip", 1.0 if fell else 0.0)
         bs = get("batch_size")
         alloc, peak = get("mem_allocated_bytes"), get("max_mem_allocated_bytes")
         if bs and alloc is not None and peak is not None:
@@ -959,6 +1090,8 @@ class Frame:
             self.feed_host(s)
         elif kind == "step":
             self.feed_step(s)
+        elif kind == "steps":
+            self.feed_steps(s)
         elif kind == "config":
             self.feed_config(s)
         elif kind == "job_end" and len(self.job_ends) < 1000:
@@ -1017,6 +1150,8 @@ class Frame:
             self._close_job(idx, subj)
             if subj.gpu is None:
                 continue
+            if subj.cpu.acc.n:
+                self._close_cpu(idx, subj.cpu)
             acc = subj.gpu_table.acc
             if not acc.n:
                 continue
@@ -1042,13 +1177,13 @@ class Frame:
             acc.clear()
         no_hook = not self.hook_steps
         for subj in self.subjects.values():
-            if subj.job_first is not None and idx >= subj.job_first:
+            if subj.job_warm is not None and idx >= subj.job_warm:
                 w = self.job_window(subj, idx + 1, 1, clamp=False)
                 if w is not None:
                     subj.span.add(w)
                     if subj.job_last == idx:
                         subj.span_at_last_step = subj.span.total()
-            elif subj.gpu is not None and no_hook and not subj.job.ever and subj.proc_pids:
+            elif subj.gpu is not None and no_hook and subj.job_warm is None and subj.proc_pids:
                 # without the hook: the buckets in which the GPU's process looks like it
                 # trains (kernels running, or its DataLoader workers pegged)
                 w = self.job_window(subj, idx + 1, 1)
@@ -1116,9 +1251,17 @@ class Frame:
     def _job_table(self, subj: Subject) -> tuple[Table | None, Subject]:
         if subj.job.ever:
             return subj.job, subj
-        if subj.gpu is not None and self.host.job.ever and len(self.gpus()) == 1:
-            return self.host.job, self.host  # steps no GPU was named for: the only GPU's
+        # steps no GPU was named for are the only GPU's (subjects: the GPUs and the host)
+        if subj.gpu is not None and self.host.job.ever and len(self.subjects) == 2:
+            return self.host.job, self.host
         return None, subj
+
+    def steps_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
+        """Whether the hook reported steps for ``subj``'s job and none in the last
+        ``grace`` seconds before bucket ``idx`` ended (the job ended or paused)."""
+        _, owner = self._job_table(subj)
+        last = owner.job_last
+        return last is not None and (idx - last) * self.res > grace
 
     def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True
                    ) -> JobWindow | None:
@@ -1130,9 +1273,11 @@ class Frame:
         hook = table is not None
         start = end - n
         if hook:
-            if owner.job_first is None:
+            # from the end of the job's first step: the first iteration carries its
+            # one-off start (CUDA init, cuDNN autotuning, compiling), as the rules' do
+            if owner.job_warm is None:
                 return None
-            start = max(start, owner.job_first)
+            start = max(start, owner.job_warm)
         else:
             start = max(start, subj.first)
         if end - start < 1:
@@ -1143,10 +1288,9 @@ class Frame:
         util = _ring_mean(gt.get("util"), start, end)
         if busy is None:
             busy = util
-        hr = self.host_tables.rings
-        main = _ring_mean(hr.get("main_busy_ratio"), start, end)
-        wb = _ring_mean(hr.get("workers_busy_ratio"), start, end)
-        workers = _ring_mean(hr.get("job_workers"), start, end)
+        main = _ring_mean(self._cpu_ring(subj, "main_busy_ratio"), start, end)
+        wb = _ring_mean(self._cpu_ring(subj, "workers_busy_ratio"), start, end)
+        workers = _ring_mean(self._cpu_ring(subj, "job_workers"), start, end)
         wall = (end - start) * self.res
         if not hook:
             return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
@@ -1165,6 +1309,10 @@ class Frame:
     def train_start(self, subj: Subject) -> int | None:
         """The bucket from which ``subj``'s job is in training (after its first step), or
         None without the hook's steps."""
+        if subj.job.ever:  # the usual case first: the rules ask this for every window
+            return subj.job_warm
+        if not self.host.job.ever:
+            return None
         _, owner = self._job_table(subj)
         return owner.job_warm if owner.job.ever else None
 
@@ -1203,8 +1351,8 @@ class Frame:
         w = subj.span_at_last_step
         if w is None or not w.hook or subj.job_t0 is None or subj.job_t1 is None:
             return w
-        # buckets round the run out to whole seconds at both ends: the steps' own clock
-        # says how long it trained
+        # buckets round the run out to whole seconds: the steps' own clock (from the end
+        # of the first step to the end of the last) says how long it trained
         wall = min(w.wall, max(subj.job_t1 - subj.job_t0, 1e-3))
         return replace(w, wall=wall, step_total=min(w.step_total, wall))
 
@@ -1233,7 +1381,10 @@ class Frame:
                 "bottleneck": a.top(),
                 "source": "hook" if w.hook else "nvml",
                 "seconds": round(w.wall, 1),
-                "steps": int(round(w.steps)) if w.hook else None,
+                # the whole run's count is exact (the span leaves out the first step's
+                # bucket); a window's is what its buckets hold
+                "steps": (int(round(self._job_table(subj)[1].steps_seen)) if n is None
+                          else int(round(w.steps))) if w.hook else None,
                 "step_seconds": round(w.step_total / w.steps, 6) if w.hook and w.steps
                 else None,
             }
@@ -1250,11 +1401,34 @@ class Frame:
             self.flush_to(self.idx + 1)
 
     # -- reading ---------------------------------------------------------------------------
+    def _close_cpu(self, idx: int, table: Table) -> None:
+        a = table.acc
+        table.ever = True
+        mains, main, workers, nworkers = (a.mean(k) for k in ("mains", "main", "workers",
+                                                              "nworkers"))
+        a.clear()
+        if not mains:
+            return
+        table.push(idx, "job_main_processes", mains)
+        table.push(idx, "job_workers", nworkers)
+        table.push(idx, "main_cpu_cores", main / mains)
+        table.push(idx, "main_busy_ratio", min(1.0, main / mains))
+        table.push(idx, "workers_cpu_cores", workers)
+        if nworkers is not None and nworkers >= 1:
+            table.push(idx, "workers_busy_ratio", min(1.0, workers / nworkers))
+
+    def _cpu_ring(self, subj: Subject, name: str) -> Ring | None:
+        """A GPU's own job CPU where the trees say which GPU they are on, else the host's."""
+        ring = subj.cpu.rings.get(name) if subj.cpu.ever else None
+        return ring if ring is not None else self.host_tables.rings.get(name)
+
     def lookup_table(self, subj: Subject, name: str) -> Table | None:
         table = VOCABULARY[name].table
         if table == "gpu":
             return subj.gpu_table if subj.gpu is not None else None
         if table == "host":
+            if subj.cpu.ever and name in _PER_GPU_CPU and name in subj.cpu.rings:
+                return subj.cpu
             return self.host_tables
         if table == "job":
             if subj.job.ever:
@@ -1280,7 +1454,7 @@ class Frame:
 
 
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-            "ConfigSample": "config", "JobEnd": "job_end"}
+            "StepsSample": "steps", "ConfigSample": "config", "JobEnd": "job_end"}
 
 # derived signals and what they are computed from (so the frame keeps those too)
 _DEPENDS: dict[str, set[str]] = {
@@ -1299,6 +1473,10 @@ _DEPENDS: dict[str, set[str]] = {
     "workers_busy_ratio": {"job_cpu_cores", "job_processes", "job_workers_cpu_cores"},
 }
 
+
+# host signals a GPU also has of its own, from the job trees on it (``Subject.cpu``)
+_PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
+                          "main_busy_ratio", "workers_cpu_cores", "workers_busy_ratio"})
 
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
                        "main_busy_ratio", "workers_busy_ratio", "job_workers"}

@@ -321,16 +321,39 @@ def judge_prometheus(url: str, ruleset: RuleSet, *, window: float = 600.0,
 
     ``selector`` (from :func:`parse_selector`) narrows every query, e.g. to some instances.
     Returns instance -> (engine, facts). Series are mapped back onto the trace vocabulary:
-    one synthetic gpu/host/step line per instance, GPU and query step; each instance is
-    judged by an engine of its own, so nothing crosses from one host to another. The facts
-    hold what the report lists per host: every GPU seen (``gpu_up``) and every job and rank
-    the hook reported (``jobs``).
+    one synthetic gpu/host/step line per instance, GPU and query step. Each instance is
+    queried and judged on its own (an engine of its own, queries narrowed to it), so
+    nothing crosses from one host to another and memory stays that of one host however
+    large the fleet. The facts hold what the report lists per host: every GPU seen
+    (``gpu_up``) and every job and rank the hook reported (``jobs``).
     """
     import time as _time
 
     end = _time.time() if end is None else end
     if step is None:
         step = max(1.0, min(60.0, window / 1000.0))
+    out: dict[str, tuple[Engine, dict[str, Any]]] = {}
+    for inst in prometheus_instances(url, window=window, end=end, selector=selector):
+        one = "instance=" + json.dumps(inst, ensure_ascii=False)
+        out.update(_judge_selection(url, ruleset, window=window, end=end, step=step,
+                                    selector=f"{selector},{one}" if selector else one))
+    return out
+
+
+def prometheus_instances(url: str, *, window: float, end: float, selector: str = ""
+                         ) -> list[str]:
+    """Every instance with a gpuwatch_* series matching ``selector`` in the window."""
+    sel = f",{selector}" if selector else ""
+    span = f"{max(1, round(window * 1000))}ms"
+    query = f'group by (instance) (last_over_time({{__name__=~"gpuwatch_.+"{sel}}}[{span}]))'
+    data = prom_get(_check_url(url), "/api/v1/query", {"query": query, "time": f"{end:.3f}"})
+    result = data.get("result", []) if isinstance(data, dict) else []
+    return sorted({r.get("metric", {}).get("instance", "") for r in result})
+
+
+def _judge_selection(url: str, ruleset: RuleSet, *, window: float, end: float, step: float,
+                     selector: str) -> dict[str, tuple[Engine, dict[str, Any]]]:
+    """Judge what ``selector`` selects, one engine per instance in it."""
     prom = _Prom(url, end - window, end, step, selector)
     # instance -> t -> {gpu -> line}
     gpu_lines: dict[str, dict[float, dict[int, dict[str, Any]]]] = defaultdict(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -150,6 +151,7 @@ for step in range(a.steps):
                               "pid": os.getpid(),
                               "step_seconds": t2 - t0, "data_wait_seconds": t1 - t0,
                               "batch_size": a.batch, "skipped": bool(skipped),
+                              "loss": loss.item() if math.isfinite(loss.item()) else None,
                               "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})
                   + "\n")
     if a.print_every and step % a.print_every == 0:

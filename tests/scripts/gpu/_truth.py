@@ -51,14 +51,18 @@ class Truth:
             json.dump(out, f, indent=1)
 
 
-def timed(it, truth: Truth):
-    """Iterate a DataLoader, giving each batch with the seconds __next__ took."""
+def timed(loader, truth: Truth):
+    """Iterate a DataLoader, giving each batch with the seconds the loop was blocked on it:
+    ``__next__``, and for the first batch also creating the iterator (which starts the
+    workers when they are not persistent), as a training loop's ``for`` does."""
+    t = time.perf_counter()
+    it = iter(loader)
     first = True
     while True:
-        t = time.perf_counter()
         try:
             batch = next(it)
         except StopIteration:
             return
         yield batch, time.perf_counter() - t, first
         first = False
+        t = time.perf_counter()

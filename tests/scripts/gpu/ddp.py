@@ -68,7 +68,7 @@ truth = Truth(a.truth, script="ddp", batch=a.batch, workers=workers, cpu_ms=cpu_
               world_size=dist.get_world_size())
 end = time.time() + a.seconds
 stop = torch.zeros(1, device=dev)
-for (x, y), wait, first in timed(iter(loader), truth):
+for (x, y), wait, first in timed(loader, truth):
     x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
     with torch.autocast(dev.type, dtype=torch.bfloat16):
         loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())

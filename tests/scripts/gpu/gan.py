@@ -54,7 +54,7 @@ truth = Truth(a.truth, script="gan", batch=a.batch, workers=a.workers,
 end = time.time() + a.seconds
 epoch = 0
 while time.time() < end:
-    for i, (real, wait, first) in enumerate(timed(iter(loader), truth)):
+    for i, (real, wait, first) in enumerate(timed(loader, truth)):
         real = real.to(dev, non_blocking=True)
         z = torch.randn(a.batch, 100, 1, 1, device=dev)
         fake = G(z)

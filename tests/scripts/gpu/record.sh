@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes the tests/data/gpu_*.jsonl recordings on a GPU machine (run from the repo root, with
 # gpuwatch installed): each script under `gpuwatch run --record`, at the default 1 s
-# interval, with its own ground truth beside it. Usage: record.sh OUTDIR [single|ddp|all]
+# interval, with its own ground truth beside it. Usage: record.sh OUTDIR [all|single|ddp|'NAME NAME...']
 set -u
 out=${1:?OUTDIR}; what=${2:-all}
 mkdir -p "$out"
@@ -14,22 +14,26 @@ rec() {  # name, then the command
       >"$out/gpu_$name.log" 2>&1
   echo "$name: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/gpu_$name.jsonl") lines"
 }
-if [ "$what" != ddp ]; then
-  rec fp16_overflow python3 fp16_overflow.py --seconds 35
-  rec gan python3 gan.py --seconds 45
-  rec starved_cnn python3 starved_cnn.py --seconds 45
-  rec fp32_conv python3 fp32_conv.py --seconds 45
-  rec manual_lstm python3 manual_lstm.py --seconds 45
-  rec leak_oom python3 leak_oom.py --fill-seconds 45
-fi
-if [ "$what" != single ]; then
-  rec ddp_slow_rank torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45 --slow-rank 1
-  rec ddp_balanced torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45
+want() { [ "$what" = all ] || [[ " $what " == *" $1 "* ]]; }  # "all", or a list of names
+single="fp16_overflow gan starved_cnn fp32_conv manual_lstm leak_oom"
+[ "$what" = single ] && what=$single
+[ "$what" = ddp ] && what="ddp_slow_rank ddp_balanced ddp_slow_rank_nohook"
+want fp16_overflow && rec fp16_overflow python3 fp16_overflow.py --seconds 35
+want gan && rec gan python3 gan.py --seconds 45
+want starved_cnn && rec starved_cnn python3 starved_cnn.py --seconds 45
+want fp32_conv && rec fp32_conv python3 fp32_conv.py --seconds 45
+want manual_lstm && rec manual_lstm python3 manual_lstm.py --seconds 45
+want leak_oom && rec leak_oom python3 leak_oom.py --fill-seconds 45
+want ddp_slow_rank && rec ddp_slow_rank torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45 --slow-rank 1
+want ddp_balanced && rec ddp_balanced torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45
+if want ddp_slow_rank_nohook; then
   # the same straggler without the hook: the daemon records beside a job it did not start
-  (cd "$here" && python3 -m gpuwatch record "$out/gpu_ddp_slow_rank_nohook.jsonl" --duration 60 \
+  (cd "$here" && python3 -m gpuwatch record "$out/gpu_ddp_slow_rank_nohook.jsonl" --duration 70 \
       >"$out/gpu_ddp_slow_rank_nohook.log" 2>&1 &
-   sleep 2; timeout 120 torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45 \
-      --slow-rank 1 --truth "$out/gpu_ddp_slow_rank_nohook.truth{rank}.json" >/dev/null 2>&1
+   sleep 3; timeout 120 torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45 \
+      --slow-rank 1 --truth "$out/gpu_ddp_slow_rank_nohook.truth{rank}.json" \
+      >"$out/gpu_ddp_slow_rank_nohook.job.log" 2>&1
+   echo "ddp_slow_rank_nohook job: rc=$?"
    wait)
   echo "ddp_slow_rank_nohook: $(wc -l <"$out/gpu_ddp_slow_rank_nohook.jsonl") lines"
 fi

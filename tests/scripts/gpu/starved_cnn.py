@@ -46,7 +46,7 @@ loader = DataLoader(Augmented(), batch_size=a.batch, shuffle=True, num_workers=a
                     pin_memory=True, persistent_workers=True)
 truth = Truth(a.truth, script="starved_cnn", batch=a.batch, workers=a.workers, aug_ms=a.aug_ms)
 end = time.time() + a.seconds
-for (x, y), wait, first in timed(iter(loader), truth):
+for (x, y), wait, first in timed(loader, truth):
     x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad(set_to_none=True)

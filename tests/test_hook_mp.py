@@ -1,0 +1,86 @@
+"""Ranks started by multiprocessing send their exit report, and say what they died of.
+
+Real torch on the CPU under ``gpuwatch run --record`` (tests/scripts/train_mp.py, two
+ranks; the parent only starts them). fork and forkserver children leave by ``os._exit``
+(no ``atexit``); multiprocessing's ``_bootstrap`` and ``torch.multiprocessing.spawn``'s
+``_wrap`` catch a rank's exception (no ``sys.excepthook``). Ground truth: each rank's own
+step lines; the crashing rank raises torch's CUDA out-of-memory error before its step 5.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import clean_env
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[1]
+MP = str(REPO / "tests" / "scripts" / "train_mp.py")
+RUN = [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0",
+       "--quiet"]
+OOM = "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB"
+
+
+def run_ranks(tmp_path: Path, *args: str, ok: bool) -> tuple[dict[int, list[dict]],
+                                                            dict[int, dict],
+                                                            dict[int, list[dict]]]:
+    """(recorded steps by pid, job_end lines by pid, the ranks' own steps by pid)
+
+    (forkserver's clean exits are proven by the healthy rank of the OOM test below.)"""
+    rec, truth = tmp_path / "rec.jsonl", tmp_path / "truth"
+    run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable, MP, "--ranks", "2",
+                          "--steps", "30", "--step-ms", "5", "--out", str(truth), *args],
+                         check=False, env=clean_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
+    assert (run.returncode == 0) == ok, run.stdout + run.stderr
+    lines = [json.loads(x) for x in rec.read_text().splitlines() if x.strip()]
+    steps: dict[int, list[dict]] = {}
+    for x in lines:
+        if x["kind"] == "step":
+            steps.setdefault(x["pid"], []).append(x)
+    ends = {x["pid"]: x for x in lines if x["kind"] == "job_end"}
+    assert len(ends) == sum(x["kind"] == "job_end" for x in lines)  # one end per process
+    own: dict[int, list[dict]] = {}
+    for rank in (0, 1):
+        mine = [json.loads(x) for x in Path(f"{truth}.{rank}").read_text().splitlines()]
+        own[mine[0]["pid"] if mine else -rank - 1] = mine
+    return steps, ends, own
+
+
+def test_forked_ranks_send_their_exit_report(tmp_path: Path) -> None:
+    steps, ends, own = run_ranks(tmp_path, "--start-method", "fork", ok=True)
+    assert set(steps) == set(ends) == set(own)  # the parent never reports
+    for pid, truth in own.items():
+        assert [s["step"] for s in steps[pid]] == [s["step"] for s in truth] == list(range(30))
+        assert (ends[pid]["exit_reason"], ends[pid]["steps_total"]) == ("exited", 30)
+
+
+def test_an_oom_in_a_forkserver_process_target_is_reported(tmp_path: Path) -> None:
+    steps, ends, own = run_ranks(tmp_path, "--start-method", "forkserver", "--crash", "oom",
+                                 "--crash-rank", "1", ok=False)
+    assert sorted(len(t) for t in own.values()) == [5, 30]
+    for pid, truth in own.items():
+        assert len(steps[pid]) == len(truth) == ends[pid]["steps_total"]
+        if len(truth) == 30:
+            assert ends[pid]["exit_reason"] == "exited" and "error" not in ends[pid]
+        else:
+            assert ends[pid]["exit_reason"] == "oom"
+            assert ends[pid]["error"].startswith(OOM)
+
+
+def test_an_oom_in_a_torch_multiprocessing_spawn_rank_is_reported(tmp_path: Path) -> None:
+    steps, ends, own = run_ranks(tmp_path, "--launch", "spawn", "--start-method", "spawn",
+                                 "--crash", "oom", "--crash-rank", "0", ok=False)
+    assert sorted(len(t) for t in own.values()) == [5, 30]
+    for pid, truth in own.items():
+        assert len(steps[pid]) == len(truth) == ends[pid]["steps_total"]
+        if len(truth) == 5:
+            assert ends[pid]["exit_reason"] == "oom"
+            assert ends[pid]["error"].startswith(OOM)
+        else:
+            assert ends[pid]["exit_reason"] == "exited"
