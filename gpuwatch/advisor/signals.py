@@ -126,6 +126,8 @@ def _defs() -> dict[str, SignalDef]:
          "step"), False),
         ("batch_size", "job", "samples", "last", "samples per step (step or config line)", False),
         ("loss_scale", "job", "scale", "last", "GradScaler scale (fp16 only)", False),
+        ("loss", "job", "loss", "mean", ("training loss (the hook sends each report's newest "
+         "iteration's, unscaled)"), False),
         ("mem_allocated_bytes", "job", "bytes", "last", "torch allocated at step end", False),
         ("mem_reserved_bytes", "job", "bytes", "last", "torch caching allocator reserved", False),
         ("max_mem_allocated_bytes", "job", "bytes", "last", "torch peak allocated", False),
@@ -945,7 +947,7 @@ class Frame:
                 acc.add_weighted("data_wait_seconds", float(dw), count)
                 acc.add_weighted("_dw_ss", float(ss), count)
         for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
-                  "max_mem_allocated_bytes"):
+                  "max_mem_allocated_bytes", "loss"):
             v = get(f)
             if v is not None:
                 acc.add(f, float(v))
@@ -1218,6 +1220,8 @@ class Frame:
                      "max_mem_allocated_bytes", "loss_scale", "act_mem_per_sample_bytes"):
             if name in acc.last:
                 job.push(idx, name, acc.last[name])
+        if "loss" in acc.n:
+            job.push(idx, "loss", acc.mean("loss"))
         if "_fb_known" in acc.n:
             fb = acc.s.get("_fb_dw", 0.0)
             n_fb = acc.n.get("_fb_dw", 0.0)
