@@ -71,6 +71,8 @@ MAX_PENDING_STEPS = 100_000  # per-step records waiting for the reporter (older 
 MAX_HOOK_ERRORS = 100  # after this many internal errors the hook stops measuring
 
 _perf = time.perf_counter
+# what a forked child inherited from its parent's hook: kept alive for good (after_fork)
+_inherited: list[dict[str, Any]] = []
 _hook: _Hook | None = None
 _attach_lock = threading.Lock()
 
@@ -185,7 +187,12 @@ class _Hook:
 
     def after_fork(self) -> None:
         # threads and locks do not survive fork; the child starts over as its own job
-        # (a DataLoader worker never finishes an iteration, so it never reports)
+        # (a DataLoader worker never finishes an iteration, so it never reports). The
+        # parent's state is kept, never released: it can hold CUDA tensors (the loss,
+        # skip flags, copy buffers), and freeing one in a forked child calls into a CUDA
+        # context the child cannot use, which aborts it ("CUDA error: initialization
+        # error" in ~TensorImpl: a DataLoader worker of a CUDA job, killed by SIGABRT)
+        _inherited.append(dict(self.__dict__))
         sock = self.sock
         self._reset()
         if sock is not None:

@@ -203,3 +203,42 @@ def test_the_loss_is_the_unscaled_value_of_the_iterations_last_backward(
     assert [s.step for s in got] == [0, 1, 2]
     assert [s.loss for s in got] == [None, losses[1], losses[2]]  # one per report
     assert losses[2] != losses[1] and losses[2] < 1024  # unscaled
+
+
+_FORK_CHILD = r"""
+import os, sys, weakref
+import torch
+from gpuwatch import hook
+hook.attach(sys.argv[1])
+model = torch.nn.Linear(4, 1)
+for _ in range(3):  # no optimizer: iterations end at backward(), the hook keeps the loss
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+held = hook._hook.loss_tensor
+assert held is not None, "the hook kept no loss tensor"
+ref = weakref.ref(held)
+del held, loss
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child: the hook starts over, but frees nothing it inherited
+    os.close(r)
+    os.write(w, b"alive" if ref() is not None else b"freed")
+    os._exit(0)
+os.close(w)
+got = os.read(r, 16).decode()
+os.waitpid(pid, 0)
+print(got)
+"""
+
+
+def test_a_forked_child_frees_nothing_its_parent_hook_held(tmp_path: Path) -> None:
+    """A DataLoader worker forked from a CUDA job must not release the parent's CUDA
+    tensors (the loss, skip flags): freeing one there calls into a CUDA context the child
+    cannot use and aborts it (seen on an H100: every worker of a GAN with
+    persistent_workers=False died of SIGABRT). Here with CPU tensors: the loss tensor the
+    parent's hook held must still be alive in the child after the hook's reset."""
+    run = subprocess.run([sys.executable, "-c", _FORK_CHILD, str(tmp_path / "none.sock")],
+                         capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env=clean_env())
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "alive", run.stdout + run.stderr
