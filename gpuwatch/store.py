@@ -226,6 +226,10 @@ class StepThinner:
         elif o.sums is None and not o.fast and o.lines < self.limit:
             o.lines += 1
             out.append(s)
+        elif s.loss is not None:
+            # the hook reads the loss of one step per report (at most two a second): that
+            # step keeps its line, or a fast job's loss would never reach a recording
+            out.append(s)
         else:
             self._sums(o, s.t).add(s, self._rng)
 

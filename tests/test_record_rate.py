@@ -109,3 +109,22 @@ def test_the_step_history_stays_bounded_at_2000_steps_a_second() -> None:
     assert len(history) <= 21 * 61  # 20 step lines and a summary a second at most
     assert history[0].t <= t0 + 0.01  # nothing of the minute fell off the history
     assert sum(s.steps if isinstance(s, StepsSample) else 1 for s in history) == n
+
+
+def test_a_step_that_carries_the_loss_keeps_its_line_at_any_rate() -> None:
+    """The hook reads the loss of one step per report (two a second): thinning a fast job
+    to 20 lines a second must not drop those (seen on an H100: a 200 steps/s job's
+    recording had no loss at all)."""
+    store = Store()
+    t0 = 1_800_000_000.0
+    n = 10 * 2_000
+    batch = [StepSample(t=t0 + i / 2_000, step=i, step_seconds=0.0005, pid=7,
+                        loss=float(i) if i % 1_000 == 999 else None) for i in range(n)]
+    for i in range(0, n, 1_000):
+        store.add_steps(batch[i:i + 1_000])
+    store.flush_steps()
+    history = store.step_history()
+    losses = [s.step for s in history if isinstance(s, StepSample) and s.loss is not None]
+    assert losses == [i for i in range(n) if i % 1_000 == 999]
+    assert sum(s.steps if isinstance(s, StepsSample) else 1 for s in history) == n
+    assert len(history) <= 23 * 11  # the 20 a second, a summary, and the two with a loss
