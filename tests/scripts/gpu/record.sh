@@ -28,7 +28,8 @@ want ddp_slow_rank && rec ddp_slow_rank torchrun --standalone --nproc_per_node 2
 want ddp_balanced && rec ddp_balanced torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45
 if want ddp_slow_rank_nohook; then
   # the same straggler without the hook: the daemon records beside a job it did not start
-  (cd "$here" && python3 -m gpuwatch record "$out/gpu_ddp_slow_rank_nohook.jsonl" --duration 70 \
+  (cd "$here" || exit
+   python3 -m gpuwatch record "$out/gpu_ddp_slow_rank_nohook.jsonl" --duration 70 \
       >"$out/gpu_ddp_slow_rank_nohook.log" 2>&1 &
    sleep 3; timeout 120 torchrun --standalone --nproc_per_node 2 ddp.py --seconds 45 \
       --slow-rank 1 --truth "$out/gpu_ddp_slow_rank_nohook.truth{rank}.json" \
