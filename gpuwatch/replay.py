@@ -305,11 +305,11 @@ class Replayer:
                 job.add(s)
             elif isinstance(s, StepsSample):
                 job = self._job_for(s)
-                base = job.step_base
+                offset = job.step_base  # (not ``base``: at() reads that one)
                 steps.append(replace(
                     s, t=due, begin_t=None if s.begin_t is None else at(s.begin_t),
-                    first_step=None if s.first_step is None else s.first_step + base,
-                    last_step=None if s.last_step is None else s.last_step + base))
+                    first_step=None if s.first_step is None else s.first_step + offset,
+                    last_step=None if s.last_step is None else s.last_step + offset))
                 job.add(s)
             elif isinstance(s, ConfigSample):
                 self._publish_steps(steps)

@@ -99,7 +99,9 @@ def test_fp16_loss_scale_collapse_counts_every_skipped_step(tmp_path: Path) -> N
     truth, got, config = run_workload(tmp_path, "--precision", "fp16", "--lr", "5")
     want = skipped_by_scale(truth)
     have = [bool(s.get("skipped")) for s in got]
-    scales = [s["loss_scale"] for s in got if s.get("loss_scale") is not None]
+    # the last known scale, from step lines and the seconds summed in steps lines alike
+    both = sorted(got + lines(tmp_path / "rec.jsonl", "steps"), key=lambda s: s["t"])
+    scales = [s["loss_scale"] for s in both if s.get("loss_scale") is not None]
     print(f"workload: {len(truth)} steps, {sum(want)} skipped, last scale "
           f"{truth[-1]['loss_scale']}; gpuwatch: {len(got)} steps, {sum(have)} skipped, "
           f"last scale {scales[-1] if scales else None}; config {config[-1] if config else None}")

@@ -23,6 +23,7 @@ from gpuwatch.samples import (
     JobEnd,
     JobTree,
     StepSample,
+    StepsSample,
 )
 from gpuwatch.trace import (
     MAX_PROBLEMS,
@@ -36,7 +37,7 @@ from gpuwatch.trace import (
 
 META = {"kind": "meta", "format": "gpuwatch-trace/1", "host_cpus": 2, "sample_hz": 10}
 KIND = {GpuSample: "gpu", HostSample: "host", StepSample: "step", ConfigSample: "config",
-        JobEnd: "job_end"}
+        JobEnd: "job_end", StepsSample: "steps"}
 
 
 def write_lines(path: Path, *lines: object, end: str = "\n") -> Path:
