@@ -61,7 +61,7 @@ class NullHost:
     """No host sampling: the tick measured here is the GPU part alone (no HostSample is
     built either: that would be a cost of this benchmark, not of the GPU tick)."""
 
-    def sample(self, t: float, gpu_pids: Any) -> HostSample | None:
+    def sample(self, t: float, gpu_pids: Any, mains: Any = ()) -> HostSample | None:
         return None
 
 

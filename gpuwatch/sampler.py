@@ -335,6 +335,7 @@ class Sampler:
         self._wait: Callable[[float], bool] = self._stop.wait  # tests inject simulated time
         self._tick_lock = threading.Lock()
         self._err_lock = threading.Lock()
+        self._host_failed = False  # the last host read raised (logged once per episode)
         self._errors: Counter[str] = Counter()
         self._error_count = 0  # errors ever counted: "did any happen since?" without a sum
         self._errors_seen = 0  # _error_count at the last tick
@@ -794,11 +795,20 @@ class Sampler:
         if self.host is None:
             return None
         try:
-            return self.host.sample(t, pids, mains)
+            sample = self.host.sample(t, pids, mains)
         except Exception:
             self._count("host")
-            log.exception("host sample failed")
+            # a host read that keeps failing would log a traceback every tick: the first
+            # one says why, the rest are counted (gpuwatch_errors_total{source="host"})
+            if not self._host_failed:
+                self._host_failed = True
+                log.exception("host sample failed (counted from now on, not logged again "
+                              "until it recovers)")
             return None
+        if self._host_failed:
+            self._host_failed = False
+            log.info("host sampling recovered")
+        return sample
 
     def _count(self, source: str) -> None:
         with self._err_lock:

@@ -411,6 +411,29 @@ def test_a_failing_host_source_costs_only_the_host(make_sampler) -> None:
     assert store.latest().health.last_success_time is None
 
 
+def test_a_host_source_failing_every_tick_logs_one_traceback(make_sampler, caplog) -> None:
+    class BrokenHost:
+        fail = True
+
+        def sample(self, t: float, gpu_pids: Collection[int],
+                   mains: Collection[int] = ()) -> HostSample | None:
+            if self.fail:
+                raise RuntimeError("psutil exploded")
+            return None
+
+    host = BrokenHost()
+    sampler, store = make_sampler(NvmlStub([StubGpu(0)]), host=host)
+    with caplog.at_level(logging.INFO, logger="gpuwatch.sampler"):
+        for _ in range(5):
+            sampler.tick()
+        host.fail = False
+        sampler.tick()
+    failed = [r for r in caplog.records if "host sample failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None
+    assert store.latest().health.errors_total == {"host": 5}
+    assert any("host sampling recovered" in r.getMessage() for r in caplog.records)
+
+
 def test_default_host_layer_is_used_when_none_given() -> None:
     sampler = Sampler(Store(), nvml_module=NvmlStub(init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
     try:
