@@ -502,27 +502,3 @@ def _self_families(snap: Snapshot | None, collect_errors: dict[str, int]) -> lis
         last.add_metric([], float(health.last_success_time))
         out.append(last)
     return out
-    health = snap.health
-    nvml = GaugeMetricFamily("gpuwatch_nvml_up", "1 when NVML initialised, 0 without it.")
-    nvml.add_metric([], 1 if snap.nvml_available else 0)
-    ticks = CounterMetricFamily("gpuwatch_ticks", "Sampling ticks completed.")
-    ticks.add_metric([], float(health.ticks_total))
-    out += [nvml, ticks]
-    if health.tick_seconds is not None:
-        dur = GaugeMetricFamily("gpuwatch_tick_duration_seconds", "Duration of the last tick.")
-        dur.add_metric([], float(health.tick_seconds))
-        out.append(dur)
-    if health.last_success_time is not None:
-        last = GaugeMetricFamily("gpuwatch_last_success_timestamp_seconds",
-                                 "When the last tick completed, Unix seconds.")
-        last.add_metric([], float(health.last_success_time))
-        out.append(last)
-    hook = CounterMetricFamily("gpuwatch_hook_messages", "Datagrams accepted from the hook.")
-    hook.add_metric([], float(health.hook_messages_total))
-    dropped = CounterMetricFamily("gpuwatch_hook_messages_dropped",
-                                  "Datagrams from the hook that were rejected, by reason.",
-                                  labels=["reason"])
-    for reason, count in sorted(health.hook_messages_dropped_total.items()):
-        dropped.add_metric([reason], float(count))
-    out += [hook, dropped]
-    return out
