@@ -155,3 +155,34 @@ def test_a_line_that_stands_for_many_steps_weighs_as_many():
     assert j["steps"] == 350 and j["step_seconds"] == pytest.approx(0.1)
     assert j["time_share"]["data"] == pytest.approx(0.5, abs=0.03)
     assert j["time_share"]["gpu"] == pytest.approx(0.4, abs=0.03)
+
+
+def test_the_whole_run_is_the_hooks_own_from_its_first_step():
+    """Before the hook's first step the process already looked busy on its GPU (imports,
+    CUDA init); the whole run's split starts with the steps, and its clock is theirs: a
+    summary line read in the first step's second is start-up, left out with its time."""
+    from gpuwatch.advisor.engine import Engine
+    from gpuwatch.advisor.rules import load_rules
+
+    e = Engine(load_rules(builtin=False, files=[]))
+    t0 = 1_800_000_000.0
+    for i in range(10):  # ten seconds of NVML alone: the process on the GPU, no steps yet
+        e.feed({"kind": "gpu", "t": t0 + i, "gpu": 0, "util": 0.9, "sm_active": 0.9,
+                "processes": [{"pid": 7}]})
+    # the first step ends at t0 + 10.2; the rest of that second comes as one summary line
+    e.feed({"kind": "step", "t": t0 + 10.2, "pid": 7, "gpu": 0, "step": 1,
+            "step_seconds": 3.0, "data_wait_seconds": 0.0})
+    e.feed({"kind": "steps", "t": t0 + 10.999, "begin_t": t0 + 10.2, "pid": 7, "gpu": 0,
+            "steps": 8, "timed": 8, "step_seconds": 0.799, "data_wait_seconds": 0.7})
+    for i in range(11, 31):  # then 20 s of 10 steps a second, 30 % of each waiting
+        e.feed({"kind": "gpu", "t": t0 + i, "gpu": 0, "util": 0.6, "sm_active": 0.5,
+                "processes": [{"pid": 7}]})
+        e.feed({"kind": "steps", "t": t0 + i + 0.999, "begin_t": t0 + i, "pid": 7, "gpu": 0,
+                "steps": 10, "timed": 10, "step_seconds": 0.999, "data_wait_seconds": 0.3})
+    e.finish()
+    (j,) = e.jobs()
+    assert j["steps"] == 1 + 8 + 200
+    assert j["seconds"] == pytest.approx(20.0, abs=0.05)
+    assert j["time_share"]["data"] == pytest.approx(0.3, abs=0.01)
+    # SM active over the steps' own seconds (0.5), not the busy start-up's (0.9)
+    assert j["time_share"]["gpu"] == pytest.approx(0.5, abs=0.01)

@@ -700,11 +700,13 @@ class Subject:
         self.job_rank: int | None = None
         self.iterators_seen = 0  # DataLoader iterators whose first batch the hook marked
         self.job_last: int | None = None  # the bucket of its newest step
-        self.job_t0: float | None = None  # when its first step ended (Unix seconds)
         # the bucket after its first step ended: GPU and host windows of a job the hook
         # reports start here, so start-up (imports, CUDA init, compiling) is not judged
         self.job_warm: int | None = None
         self.job_t1: float | None = None  # when its newest step ended
+        # when the steps its span counts (those read from job_warm on) began: the whole
+        # run's wall clock runs from here to job_t1, so the time matches the steps summed
+        self.span_t0: float | None = None
         self.span = _SpanTotals()  # the attribution's inputs summed since the first step
         self.steps_seen = 0.0  # every step the hook reported for this job, counted exactly
         self.span_at_last_step: JobWindow | None = None
@@ -913,6 +915,21 @@ class Frame:
             acc.add("workers", workers)
             acc.add("nworkers", nworkers)
 
+    def _hook_starts(self, subj: Subject) -> None:
+        """``subj``'s job sent its first step: from the next bucket on it is judged by
+        the hook's steps. What was summed before it from NVML and psutil alone (the
+        process looked like it trained) is dropped, so the whole run's split is the
+        hook's alone."""
+        subj.job_warm = self.idx + 1
+        subj.span = _SpanTotals()
+        subj.span_at_last_step = None
+        subj.span_t0 = None
+
+    def _span_begins(self, subj: Subject, begin: float) -> None:
+        """A step line read in a bucket the span counts: its steps began at ``begin``."""
+        if subj.job_warm is not None and self.idx is not None and self.idx >= subj.job_warm:
+            subj.span_t0 = begin if subj.span_t0 is None else min(subj.span_t0, begin)
+
     def feed_step(self, s: Any) -> None:
         get = _get(s)
         self._advance(get("t"))
@@ -925,10 +942,8 @@ class Frame:
             subj.job_rank = int(rank)
         subj.job_last = self.idx
         if subj.job_warm is None and self.idx is not None:
-            subj.job_warm = self.idx + 1
+            self._hook_starts(subj)
         t_end = get("t")
-        if subj.job_t0 is None:
-            subj.job_t0 = t_end
         subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
         job = subj.job
         job.ever = True
@@ -939,6 +954,7 @@ class Frame:
         subj.steps_seen += count
         ss = get("step_seconds")
         dw = get("data_wait_seconds")
+        self._span_begins(subj, t_end - float(ss or 0.0) * count)
         if ss is not None:
             # a line standing for ``count`` steps weighs as many: the sums of step time and
             # data wait (the attribution's) stay right, the means stay means
@@ -990,17 +1006,12 @@ class Frame:
             subj.job_pid = pid
         if rank is not None:
             subj.job_rank = int(rank)
-        t_begin = get("begin_t")
-        if t_begin is None:
-            t_begin = t_end
         subj.job_last = self.idx
         if subj.job_warm is None and self.idx is not None:
-            subj.job_warm = self.idx + 1
-        # the attribution's clock starts where the job's steps are first seen (feed_step:
-        # when the first step ends); a summary line's steps began at its begin_t
-        if subj.job_t0 is None:
-            subj.job_t0 = t_begin
+            self._hook_starts(subj)
         subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
+        begin = get("begin_t")
+        self._span_begins(subj, t_end if begin is None else min(float(begin), t_end))
         job = subj.job
         job.ever = True
         acc = job.acc
@@ -1350,14 +1361,14 @@ class Frame:
             out.update(attribute_group(members))
         return out
 
-    @staticmethod
-    def _whole_run(subj: Subject) -> JobWindow | None:
+    def _whole_run(self, subj: Subject) -> JobWindow | None:
         w = subj.span_at_last_step
-        if w is None or not w.hook or subj.job_t0 is None or subj.job_t1 is None:
+        if w is None or not w.hook or subj.span_t0 is None or subj.job_t1 is None:
             return w
-        # buckets round the run out to whole seconds: the steps' own clock (from the end
-        # of the first step to the end of the last) says how long it trained
-        wall = min(w.wall, max(subj.job_t1 - subj.job_t0, 1e-3))
+        # the span sums the steps read from the bucket after the first step's on; buckets
+        # round that out to whole ones, so its wall is taken from the steps' own clock:
+        # from when the first of them began to when the last ended
+        wall = max(subj.job_t1 - subj.span_t0, 1e-3)
         return replace(w, wall=wall, step_total=min(w.step_total, wall))
 
     def jobs(self, end: int | None = None, n: int | None = None) -> list[dict[str, Any]]:
