@@ -23,10 +23,19 @@ context itself (``mp.spawn`` from a parent that touched the GPU, an ``accelerate
 ``deepspeed`` launcher that did) is a job of its own, not the "main process" of all its
 ranks with every rank and worker counted as its workers. ``torchrun``'s launcher uses no
 GPU: each rank is a root, as before. Each tree carries the GPUs its root is listed on.
+
+Which roots are ranks of one job: a distributed launcher (torchrun, accelerate, deepspeed)
+gives each rank ``RANK``, ``WORLD_SIZE`` and the launch's rendezvous (``MASTER_ADDR``,
+``MASTER_PORT``, torchrun's ``TORCHELASTIC_RUN_ID``) in its environment. A root's
+``/proc/PID/environ`` is read once in its life, only those keys are kept, and the
+rendezvous only as a digest (``dist_job``), so that the advisor can tell, without the
+hook, that a rank's GPU waits for a slower peer. The file is readable only by the
+process's own user (or root): another user's job simply has no rank here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -53,6 +62,43 @@ class _Tracked:
     name: str | None
     user: str | None
     seen: int  # the tick it was last used in
+    dist: tuple[int | None, int | None, str | None] | None = None  # read_dist, once
+
+
+_DIST_KEYS = (b"RANK", b"WORLD_SIZE", b"TORCHELASTIC_RUN_ID", b"MASTER_ADDR", b"MASTER_PORT")
+
+
+def parse_dist(environ: bytes) -> tuple[int | None, int | None, str | None]:
+    """(rank, world size, launch digest) from a NUL-separated environment block; each None
+    where it is missing or not what a launcher writes."""
+    env: dict[bytes, bytes] = {}
+    for item in environ.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq and key in _DIST_KEYS:
+            env[key] = value
+
+    def count(key: bytes) -> int | None:
+        v = env.get(key, b"")
+        return int(v) if v.isdigit() and len(v) < 10 else None
+
+    rank, world = count(b"RANK"), count(b"WORLD_SIZE")
+    if world is None or world < 1 or rank is None or rank >= world:
+        return None, None, None
+    ident = b"|".join(env.get(k, b"") for k in _DIST_KEYS[2:])
+    if not ident.strip(b"|"):
+        return rank, world, None  # ranks it cannot tie to one launch: no group
+    return rank, world, hashlib.blake2s(ident, digest_size=6).hexdigest()
+
+
+def read_dist(pid: int) -> tuple[int | None, int | None, str | None]:
+    """What ``pid``'s environment says of its distributed launch (parse_dist); all None
+    where it cannot be read (another user's process, another OS, a process gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            block = f.read(1 << 20)  # an environment is far smaller; never read without end
+    except OSError:
+        return None, None, None
+    return parse_dist(block)
 
 
 def _busy_and_total(times: object) -> tuple[float, float]:
@@ -278,10 +324,16 @@ class HostSampler:
             rss += usage[1]
             processes += 1
         tracked = self._procs[root]
+        if tracked.dist is None:
+            tracked.dist = read_dist(root)
+        rank, world, dist_job = tracked.dist
         return JobTree(
             pid=root,
             name=tracked.name,
             user=tracked.user,
+            rank=rank,
+            world_size=world,
+            dist_job=dist_job,
             cpu_cores=round(main[0] + workers_cpu, 3),
             main_cpu_cores=round(main[0], 3),
             workers_cpu_cores=round(workers_cpu, 3),

@@ -96,6 +96,13 @@ class JobTree:
     processes: int = 1
     rss_bytes: int = 0  # summed RSS (forked pages count once per process)
     gpus: tuple[int, ...] = ()  # the GPUs NVML lists the root on (its rank's GPU)
+    # what the root's environment says of a distributed launch (torchrun, accelerate,
+    # deepspeed set them): its RANK, WORLD_SIZE, and a digest of the launch's identity
+    # (TORCHELASTIC_RUN_ID, MASTER_ADDR:MASTER_PORT) that its ranks share; None if unset or
+    # unreadable (another user's process)
+    rank: int | None = None
+    world_size: int | None = None
+    dist_job: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

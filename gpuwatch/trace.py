@@ -228,7 +228,8 @@ def _indices(name: str, v: Any) -> Any:
 _JOB: dict[str, Check] = {"pid": _count, "name": _string, "user": _string,
                           "cpu_cores": _nonneg, "main_cpu_cores": _nonneg,
                           "workers_cpu_cores": _nonneg, "processes": _count, "rss_bytes": _count,
-                          "gpus": _indices}
+                          "gpus": _indices, "rank": _count, "world_size": _count,
+                          "dist_job": _string}
 
 _GPU: dict[str, Check] = {
     "gpu": _count, "uuid": _string, "lost": _boolean,

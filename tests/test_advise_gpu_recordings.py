@@ -128,3 +128,44 @@ def test_the_slow_rank_is_named_and_the_other_waits():
             assert j["time_share"]["sync"] >= 0.2 and j["bottleneck"] in ("sync", "gpu")
             assert not {"gpu-underused", "straggler-rank"} & ids(report, j["gpu"])
     assert a["expected_gain"] >= 1.3
+
+
+def _with_ranks(name: str, out: Path) -> Path:
+    """The no-hook recording as today's sampler writes it: each rank's job tree carries the
+    RANK and WORLD_SIZE torchrun put in its environment and the launch's digest (host.py).
+    The recording predates those fields; which pid was which rank is the script's own
+    truth."""
+    by_pid = {t["pid"]: t for t in truths(name).values()}
+    assert len(by_pid) == 2
+    with open(recording(name), encoding="utf-8") as f, out.open("w") as g:
+        for line in f:
+            d = json.loads(line)
+            for j in d.get("jobs") or ():
+                t = by_pid.get(j["pid"])
+                if t is not None:
+                    j.update(rank=t["rank"], world_size=t["world_size"], dist_job="0d15ea5e0001")
+            g.write(json.dumps(d) + "\n")
+    return out
+
+
+def test_without_the_hook_the_ranks_of_one_launch_are_one_job(tmp_path):
+    """Without the hook, a rank's environment ties it to its launch: the fast rank's GPU
+    (NCCL kernels spinning: util 91 %, SM active 25 %, its main process pegged on the
+    wait) is waiting for its peer, not short of work or launch-bound; the slow rank is
+    named, with its own pegged workers as the cause."""
+    name = "ddp_slow_rank_nohook"
+    report = advise_json(_with_ranks(name, tmp_path / "ranked.jsonl"))
+    truth = truths(name)
+    slow = next(r for r, t in truth.items() if t.get("slow"))
+    jobs = {j["rank"]: j for j in report["jobs"]}
+    assert set(jobs) == set(truth)
+    (a,) = [a for a in report["advice"] if a["id"] == "straggler-rank"]
+    assert a["gpu"] == jobs[slow]["gpu"] and f"Rank {slow} " in a["message"]
+    assert "add-dataloader-workers" in ids(report, jobs[slow]["gpu"])
+    for rank, j in jobs.items():
+        if rank != slow:
+            assert j["time_share"]["sync"] >= 0.5 and j["bottleneck"] == "sync"
+            assert not ids(report, j["gpu"]), "a rank waiting on its peer needs no change"
+    # the slow rank's own data wait, against the script's own
+    assert jobs[slow]["time_share"]["data"] == pytest.approx(
+        truth[slow]["data_wait_share"], abs=TOLERANCE)

@@ -185,3 +185,31 @@ def test_children_files_and_process_table_scan_agree(start_job: Callable[[int], 
     scan._proc_children = False  # force the fallback every other kernel uses
     assert fast.sample(time.time(), [job.pid]).job_processes == 4
     assert scan.sample(time.time(), [job.pid]).job_processes == 4
+
+
+def test_a_ranks_launch_is_read_from_its_environment() -> None:
+    """RANK, WORLD_SIZE and the rendezvous as torchrun sets them, read from the real
+    /proc/PID/environ of a child; only a digest of the rendezvous is kept."""
+    from gpuwatch.host import parse_dist, read_dist
+
+    base = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="10.0.0.7",
+                MASTER_PORT="29500", TORCHELASTIC_RUN_ID="run-a")
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+            for env in (base, dict(base, RANK="0"), dict(base, TORCHELASTIC_RUN_ID="run-b"),
+                        {k: v for k, v in base.items() if k != "RANK"})]
+    try:
+        one, zero, other, norank = (read_dist(k.pid) for k in kids)
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+    assert one[:2] == (1, 2) and zero[:2] == (0, 2)
+    assert one[2] == zero[2] and one[2] != other[2]  # the ranks of one launch, not another's
+    assert "10.0.0.7" not in one[2] and "run-a" not in one[2]
+    assert norank == (None, None, None)
+    assert read_dist(2**22 + 12345) == (None, None, None)  # no such process
+    # what a launcher would never write
+    for bad in (b"RANK=2\0WORLD_SIZE=2\0", b"RANK=-1\0WORLD_SIZE=2\0", b"RANK=0\0WORLD_SIZE=0\0",
+                b"RANK=0\0WORLD_SIZE=99999999999\0"):
+        assert parse_dist(bad) == (None, None, None), bad
+    assert parse_dist(b"RANK=0\0WORLD_SIZE=4\0") == (0, 4, None)  # no rendezvous: no group

@@ -35,10 +35,15 @@ RANK = ("import subprocess, sys\nloop, main, work, n = sys.argv[1:5]\n"
         "kids = [subprocess.Popen([sys.executable, '-c', loop, work]) for _ in range(int(n))]\n"
         "import os\nprint(os.getpid(), *[k.pid for k in kids], flush=True)\n"
         "exec(loop.replace('sys.argv[1]', repr(main)))\n")
-# the launcher (torchrun, accelerate, mp.spawn): starts the ranks, passes on their lines
-LAUNCHER = ("import subprocess, sys\nloop, rank, specs = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
+# the launcher (torchrun, accelerate, mp.spawn): starts the ranks, passes on their lines;
+# each rank gets the environment torchrun gives its ranks (RANK, WORLD_SIZE, rendezvous)
+LAUNCHER = ("import os, subprocess, sys\nloop, rank, specs = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
+            "env = lambda i: dict(os.environ, RANK=str(i), LOCAL_RANK=str(i),\n"
+            "                     WORLD_SIZE=str(len(specs)), MASTER_ADDR='127.0.0.1',\n"
+            "                     MASTER_PORT='29555', TORCHELASTIC_RUN_ID=str(os.getpid()))\n"
             "ranks = [subprocess.Popen([sys.executable, '-c', rank, loop, *s.split(',')],\n"
-            "                          stdout=subprocess.PIPE, text=True) for s in specs]\n"
+            "                          stdout=subprocess.PIPE, text=True, env=env(i))\n"
+            "         for i, s in enumerate(specs)]\n"
             "for r in ranks:\n    print(r.stdout.readline().strip(), flush=True)\n"
             "import time\nwhile True:\n    time.sleep(0.2)\n")
 
@@ -169,6 +174,12 @@ def test_a_recording_of_the_ranks_keeps_each_gpus_tree(ddp_tree: Tree, tmp_path:
     by_pid = {j["pid"]: j for j in trees}
     assert by_pid[ddp_tree.ranks[0]]["gpus"] == [0] and by_pid[ddp_tree.ranks[1]]["gpus"] == [1]
     assert by_pid[ddp_tree.launcher]["processes"] == 1
+    # each rank's tree says which rank of which launch it is (its environment); the
+    # launcher, no rank itself, says nothing
+    r0, r1 = by_pid[ddp_tree.ranks[0]], by_pid[ddp_tree.ranks[1]]
+    assert (r0["rank"], r1["rank"]) == (0, 1) and r0["world_size"] == r1["world_size"] == 2
+    assert r0["dist_job"] == r1["dist_job"] and len(r0["dist_job"]) == 12
+    assert not {"rank", "world_size", "dist_job"} & by_pid[ddp_tree.launcher].keys()
     proc = run_cli("advise", "--replay", str(rec), "--format", "json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)

@@ -450,7 +450,12 @@ class JobWindow:
         """Share of wall time this rank's own pipeline leaves its GPU without work: its
         data wait, or the time NVML saw no kernel at all (a rank that waits on a peer runs
         NCCL kernels meanwhile, so it needs little)."""
-        data = (self.data_total or 0.0) / self.wall
+        if self.hook:
+            data = (self.data_total or 0.0) / self.wall
+        else:  # pegged DataLoader workers: what the GPU's idle time waits for (claim_shares)
+            pegged = bool(self.workers) and (self.workers_busy or 0.0) >= _WORKERS_PEGGED
+            data = 1.0 - min(1.0, max(0.0, self.busy)) if pegged and self.busy is not None \
+                else 0.0
         idle = 1.0 - self.util if self.util is not None else 0.0
         return min(1.0, max(data, idle))
 
@@ -549,10 +554,12 @@ def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
         # launches, a host sync) unless psutil saw it idle (sleeping, blocked on I/O)
         host = min(room, w.main) if w.main is not None else room
     else:
-        # without step times, all the time counts as training; pegged DataLoader workers
-        # are taken to be what the GPU waits for, else the main process
-        gpu, sync = busy, 0.0
-        rest = 1.0 - gpu
+        # without step times, all the time counts as training: a rank's wait for a slower
+        # peer first (the ranks of one launch, host.py), then GPU work; pegged DataLoader
+        # workers are taken to be what the rest waits for, else the main process
+        sync = min(1.0, max(0.0, sync))
+        gpu = min(busy, 1.0 - sync)
+        rest = 1.0 - gpu - sync
         if w.workers and w.workers_busy is not None and w.workers_busy >= _WORKERS_PEGGED:
             data, host = rest, 0.0
         else:
@@ -575,7 +582,7 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
     A rank whose own pipeline needs less of each step than the slowest rank's waits for it
     in the collectives: that difference is its ``sync`` share, claimed before GPU work
     (NCCL kernels spinning on a peer keep NVML util high but do no work)."""
-    needs = {k: w.need() if w.hook else 0.0 for k, (w, _) in windows.items()}
+    needs = {k: w.need() for k, (w, _) in windows.items()}
     multi = len(windows) >= 2
     top = max(needs.values(), default=0.0)
     syncs = {k: (top - n if multi else 0.0) for k, n in needs.items()}
@@ -698,6 +705,9 @@ class Subject:
         # starts when its first step ends (job_warm), not at process start
         self.job_pid: int | None = None
         self.job_rank: int | None = None
+        # without the hook: (launch digest, rank, world size) of this GPU's main process,
+        # from its environment (host.py); the ranks of one launch are one job
+        self.dist: tuple[str, int, int] | None = None
         self.iterators_seen = 0  # DataLoader iterators whose first batch the hook marked
         self.job_last: int | None = None  # the bucket of its newest step
         # the bucket after its first step ended: GPU and host windows of a job the hook
@@ -895,6 +905,12 @@ class Frame:
             pid = jg("pid")
             gpus = jg("gpus") or [g for g, sj in self.subjects.items()
                                   if g is not None and pid in sj.proc_pids]
+            dist_job, rank, world = jg("dist_job"), jg("rank"), jg("world_size")
+            if dist_job is not None and rank is not None and world is not None \
+                    and len(gpus) == 1:
+                subj = self.subjects.get(int(gpus[0]))
+                if subj is not None:
+                    subj.dist = (str(dist_job), int(rank), int(world))
             main, workers = jg("main_cpu_cores"), jg("workers_cpu_cores")
             if main is None or workers is None:
                 continue
@@ -1334,8 +1350,14 @@ class Frame:
     def _group_key(self, subj: Subject) -> Any:
         """Which ranks are one job: one process per GPU with a rank and the same world
         size (torchrun on one host); anything else stands alone."""
+        if not subj.job.ever:
+            # without the hook: the ranks its environment ties to one launch
+            d = subj.dist
+            if d is not None and d[2] >= 2 and not self.hook_steps:
+                return ("launch", d[0], d[2])
+            return ("alone", subj.gpu)
         ws = self.config_value(subj, "world_size")
-        if subj.job_rank is None or not subj.job.ever or (ws is not None and ws <= 1):
+        if subj.job_rank is None or (ws is not None and ws <= 1):
             return ("alone", subj.gpu)
         return ("ranks", ws)
 
@@ -1355,7 +1377,10 @@ class Frame:
             w = window(subj)
             if w is None:
                 continue
-            groups.setdefault(self._group_key(subj), {})[subj.gpu] = (w, subj.job_rank)
+            rank = subj.job_rank
+            if rank is None and not w.hook and subj.dist is not None:
+                rank = subj.dist[1]
+            groups.setdefault(self._group_key(subj), {})[subj.gpu] = (w, rank)
         out: dict[int | None, Attribution] = {}
         for members in groups.values():
             out.update(attribute_group(members))
