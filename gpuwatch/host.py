@@ -8,7 +8,9 @@ It runs every tick beside a training job, so it is built to be cheap:
 - Per-process CPU needs deltas too: ``psutil.Process`` objects are kept between calls,
   keyed by PID and checked against their creation time (``is_running()``), so a reused PID
   starts over instead of inheriting a dead process's counters. A process seen for the first
-  time reports 0.0 cores.
+  time reports what it used since it was born if that was after the last tick (a
+  DataLoader worker that ``persistent_workers=False`` restarts every epoch may live only a
+  tick or two: it would otherwise never be counted), else 0.0 cores.
 - Descendants are found from ``/proc/PID/task/TID/children`` where the kernel offers it
   (no scan of the process table); elsewhere one scan per tick builds a parent map that all
   trees share (``children(recursive=True)`` would scan once per tree).
@@ -39,6 +41,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -62,6 +65,7 @@ class _Tracked:
     name: str | None
     user: str | None
     seen: int  # the tick it was last used in
+    fresh: bool = True  # no CPU reading yet (psutil's first cpu_percent is meaningless)
     dist: tuple[int | None, int | None, str | None] | None = None  # read_dist, once
 
 
@@ -101,6 +105,12 @@ def read_dist(pid: int) -> tuple[int | None, int | None, str | None]:
     return parse_dist(block)
 
 
+def _since_boot() -> float | None:
+    """Seconds since boot, the clock of /proc's process start times (None off Linux)."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clock) if clock is not None else None
+
+
 def _busy_and_total(times: object) -> tuple[float, float]:
     # Linux counts guest time inside user/nice and iowait outside idle (as psutil and htop).
     total = sum(times)  # type: ignore[arg-type]
@@ -117,6 +127,10 @@ class HostSampler:
         self._tick = 0
         self._procs: dict[int, _Tracked] = {}
         self._last_cpu = self._read_cpu_times()
+        # the last tick's and this one's time on the clock process start times are kept in
+        # (seconds since boot): what "born since the last tick" means
+        self._prev_t: float | None = None
+        self._now: float | None = None
         self._proc_children = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
     # -- public ----------------------------------------------------------------------
@@ -130,6 +144,7 @@ class HostSampler:
         """
         with self._lock:
             self._tick += 1
+            self._prev_t, self._now = self._now, _since_boot()
             per_core, total = self._cpu()
             load = self._call("load", psutil.getloadavg)
             vm = self._call("memory", psutil.virtual_memory)
@@ -342,6 +357,20 @@ class HostSampler:
             gpus=gpus,
         )
 
+    def _since_birth(self, proc: psutil.Process) -> float:
+        """CPU cores over the last tick's interval of a process first seen now: all it
+        used, if it was born after the last tick; else 0.0 (its use before is unknown)."""
+        prev, now = self._prev_t, self._now
+        if prev is None or now is None or now <= prev:
+            return 0.0
+        # psutil's create_time is boot time (whole seconds) + the start in clock ticks:
+        # less the boot time, it is on the since-boot clock, truncated to a tick (10 ms)
+        born = proc.create_time() - psutil.boot_time()
+        if born < prev - 0.05:
+            return 0.0
+        times = proc.cpu_times()
+        return (times.user + times.system) / (now - prev)
+
     def _usage(self, pid: int) -> tuple[float, int] | None:
         """(CPU cores busy since the last tick, RSS bytes) of one process; None if gone."""
         tracked = self._track(pid)
@@ -352,6 +381,9 @@ class HostSampler:
                 if tracked.proc.status() == psutil.STATUS_ZOMBIE:
                     return None  # exited, not yet reaped by its parent: no longer a worker
                 cores = tracked.proc.cpu_percent(None) / 100.0
+                if tracked.fresh:
+                    tracked.fresh = False
+                    cores = self._since_birth(tracked.proc)
                 rss = tracked.proc.memory_info().rss
         except _GONE:
             self._procs.pop(pid, None)

@@ -213,3 +213,45 @@ def test_a_ranks_launch_is_read_from_its_environment() -> None:
                 b"RANK=0\0WORLD_SIZE=99999999999\0"):
         assert parse_dist(bad) == (None, None, None), bad
     assert parse_dist(b"RANK=0\0WORLD_SIZE=4\0") == (0, 4, None)  # no rendezvous: no group
+
+
+def test_a_worker_born_between_ticks_is_counted_at_first_sight() -> None:
+    """A DataLoader worker restarted every epoch (persistent_workers=False) may live a
+    tick or two: what it used before it was first seen counts in that tick, not 0."""
+    # the job starts one worker that spins 0.4 s of CPU and then sleeps, once told to
+    job = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys\nsys.stdin.readline()\n"
+         "w = subprocess.Popen([sys.executable, '-c', 'import time\\nend = time.process_time() + 0.4\\n"
+         "while time.process_time() < end: pass\\ntime.sleep(30)'])\n"
+         "print(w.pid, flush=True)\nw.wait()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        host = HostSampler()
+        host.sample(time.time(), [job.pid])
+        time.sleep(0.2)
+        host.sample(time.time(), [job.pid])  # the job alone, its CPU known from here on
+        assert job.stdin is not None and job.stdout is not None
+        job.stdin.write("go\n")
+        job.stdin.flush()
+        worker = int(job.stdout.readline())
+        wait_for(lambda: psutil.Process(worker).cpu_times().user
+                 + psutil.Process(worker).cpu_times().system >= 0.4, "the worker's spin",
+                 timeout=20)
+        used = sum(psutil.Process(worker).cpu_times()[:2])
+        t = time.time()
+        (tree,) = host.sample(t, [job.pid]).jobs
+        assert tree.processes == 2
+        interval = host._now - host._prev_t
+        # all the worker used, over the tick's interval (it was born inside it)
+        assert tree.workers_cpu_cores == pytest.approx(used / interval, rel=0.25)
+        assert tree.workers_cpu_cores > 0.05
+    finally:
+        job.kill()
+        job.wait()
+        for p in psutil.process_iter():
+            try:
+                if p.ppid() == job.pid:
+                    p.kill()
+            except psutil.Error:
+                pass
