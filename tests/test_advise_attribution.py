@@ -186,3 +186,43 @@ def test_the_whole_run_is_the_hooks_own_from_its_first_step():
     assert j["time_share"]["data"] == pytest.approx(0.3, abs=0.01)
     # SM active over the steps' own seconds (0.5), not the busy start-up's (0.9)
     assert j["time_share"]["gpu"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_without_the_hook_a_launch_groups_its_ranks_while_it_lasts():
+    """Host lines' trees carry each rank's launch (host.py): GPUs of one launch are one job
+    even where the launcher's own tree (a CUDA context, no RANK) sits on GPU 0 too; once
+    the trees say no launch (the job ended, another took the GPUs) each GPU stands alone."""
+    from gpuwatch.advisor.engine import Engine
+    from gpuwatch.advisor.rules import load_rules
+
+    e = Engine(load_rules(builtin=False, files=[]))
+    e.jobs_window = 15.0  # the live daemon's view: the last 15 s
+    t0 = 1_800_000_000.0
+
+    def second(i: int, ranked: bool) -> None:
+        t = t0 + i
+        # GPU 0 spins in NCCL for its peer; GPU 1 waits on its pegged workers
+        e.feed({"kind": "gpu", "t": t, "gpu": 0, "util": 0.9, "sm_active": 0.2,
+                "processes": [{"pid": 100}, {"pid": 10}]})
+        e.feed({"kind": "gpu", "t": t, "gpu": 1, "util": 0.15, "sm_active": 0.1,
+                "processes": [{"pid": 200}]})
+        launch = {"dist_job": "abcdefabcdef", "world_size": 2} if ranked else {}
+        e.feed({"kind": "host", "t": t + 0.1, "jobs": [
+            {"pid": 10, "main_cpu_cores": 0.0, "workers_cpu_cores": 0.0, "gpus": [0]},
+            {"pid": 100, "main_cpu_cores": 1.0, "workers_cpu_cores": 0.0, "gpus": [0],
+             **({"rank": 0} if ranked else {}), **launch},
+            {"pid": 200, "main_cpu_cores": 0.1, "workers_cpu_cores": 2.0, "processes": 3,
+             "gpus": [1], **({"rank": 1} if ranked else {}), **launch}]})
+
+    for i in range(30):
+        second(i, ranked=True)
+    e.advance_to(t0 + 30)
+    jobs = {j["gpu"]: j for j in e.jobs()}
+    assert (jobs[0]["rank"], jobs[1]["rank"]) == (0, 1) and jobs[0]["ranks"] == 2
+    assert jobs[0]["time_share"]["sync"] >= 0.5 and jobs[0]["bottleneck"] == "sync"
+    assert jobs[1]["time_share"]["data"] >= 0.5
+    for i in range(30, 60):
+        second(i, ranked=False)
+    e.advance_to(t0 + 60)
+    jobs = {j["gpu"]: j for j in e.jobs()}
+    assert "ranks" not in jobs[0] and jobs[0]["time_share"]["sync"] == 0.0

@@ -900,17 +900,19 @@ class Frame:
         """Each job tree's CPU, summed per GPU its root is on (``gpus`` in the tree, or
         the GPUs whose latest gpu line lists its pid: older recordings)."""
         per: dict[int, list[float]] = {}
+        dists: dict[int, tuple[str, int, int] | None] = {}
         for j in jobs:
             jg = _get(j)
             pid = jg("pid")
             gpus = jg("gpus") or [g for g, sj in self.subjects.items()
                                   if g is not None and pid in sj.proc_pids]
-            dist_job, rank, world = jg("dist_job"), jg("rank"), jg("world_size")
-            if dist_job is not None and rank is not None and world is not None \
-                    and len(gpus) == 1:
-                subj = self.subjects.get(int(gpus[0]))
-                if subj is not None:
-                    subj.dist = (str(dist_job), int(rank), int(world))
+            if len(gpus) == 1:  # a rank's tree: its launch (a launcher's own has none)
+                dist_job, rank, world = jg("dist_job"), jg("rank"), jg("world_size")
+                g = int(gpus[0])
+                if dist_job is not None and rank is not None and world is not None:
+                    dists[g] = (str(dist_job), int(rank), int(world))
+                else:
+                    dists.setdefault(g, None)
             main, workers = jg("main_cpu_cores"), jg("workers_cpu_cores")
             if main is None or workers is None:
                 continue
@@ -921,6 +923,10 @@ class Frame:
                 t[1] += float(main)
                 t[2] += float(workers)
                 t[3] += max(0.0, procs - 1.0)
+        for g, dist in dists.items():  # each line says it anew: a job that ended has none
+            subj = self.subjects.get(g)
+            if subj is not None:
+                subj.dist = dist
         for g, (mains, main, workers, nworkers) in per.items():
             subj = self.subjects.get(g)
             if subj is None:  # a GPU no gpu line described: nothing to judge it by
