@@ -128,6 +128,14 @@ def test_the_slow_rank_is_named_and_the_other_waits():
             assert j["time_share"]["sync"] >= 0.2 and j["bottleneck"] in ("sync", "gpu")
             assert not {"gpu-underused", "straggler-rank"} & ids(report, j["gpu"])
     assert a["expected_gain"] >= 1.3
+    # against what the balanced twin measured: the same job, every rank fed, steps that much
+    # shorter (the slow rank keeps its own GPU work, so not 1 / the fast rank's own time)
+    twin = truths("ddp_balanced")
+    if twin:
+        measured = (truth[slow]["step_seconds_median"]
+                    / max(t["step_seconds_median"] for t in twin.values()))
+        assert measured * 0.75 <= a["expected_gain"] <= measured * 1.3, (a["expected_gain"],
+                                                                        measured)
 
 
 def _with_ranks(name: str, out: Path) -> Path:

@@ -193,15 +193,17 @@ def _defs() -> dict[str, SignalDef]:
         ("gpu_busy", "job", "ratio", "mean", ("the GPU busy share the attribution uses: SM "
          "active where GPM exists, else NVML util, over the job's training time"), True),
         ("job_rank", "job", "rank", "last", "the job's rank (0 for a single process)", True),
-        ("job_ranks", "job", "count", "last", ("ranks of this job the hook reports on this "
-         "host (1: a single process)"), True),
+        ("job_ranks", "job", "count", "last", ("ranks of this job on this host: those the hook "
+         "reports, else those whose environment ties them to one launch (1: a single "
+         "process)"), True),
         ("rank_score", "job", "ratio", "mean", ("the fastest rank's own time per step over "
          "this rank's (1: sets no one's pace; below 0.75: a straggler)"), True),
         ("slowest_rank", "job", "rank", "last", "the rank with the lowest rank_score", True),
         ("peer_straggler", "job", "0/1", "last", ("another rank of this job is a straggler "
          "(rank_score < 0.75) that this rank waits for"), True),
-        ("straggler_gain", "job", "ratio", "last", ("step time now over step time at the "
-         "other ranks' median pace (how much faster the job would go)"), True),
+        ("straggler_gain", "job", "ratio", "last", ("step time now over step time once the "
+         "slowest rank's own bottleneck is gone: the other ranks' median pace, or its own GPU "
+         "work where that is slower (how much faster the job would go)"), True),
         # facts
         ("compute_capability", "fact", "major.minor", "last", ("the GPU's compute capability "
          "as a number (8.6, 9.0)"), False),
@@ -590,17 +592,22 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
     best = min(own.values(), default=1.0)
     slowest = max(own, key=lambda k: own[k]) if multi else None
     slow_rank = windows[slowest][1] if slowest is not None else None
+    shares_of = {k: claim_shares(w, syncs[k]) for k, (w, _) in windows.items()}
     others = sorted(v for k, v in own.items() if k != slowest)
-    if others:
+    gain = 1.0
+    if others and slowest is not None:
         mid = len(others) // 2
-        med = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
-        gain = own[slowest] / med if slowest is not None else 1.0
-    else:
-        gain = 1.0
+        pace = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+        # with its own bottleneck (data wait, host time) gone, the slowest rank still does
+        # its GPU work: the job goes at the slower of that and the others' median pace
+        sh = shares_of[slowest]
+        if sh is not None and max(sh["data"], sh["host"]) >= sh["gpu"]:
+            pace = max(pace, own[slowest] * (1.0 - max(sh["data"], sh["host"])))
+        gain = own[slowest] / pace
     slow_score = best / own[slowest] if slowest is not None else 1.0
     out = {}
     for k, (w, rank) in windows.items():
-        shares = claim_shares(w, syncs[k])
+        shares = shares_of[k]
         if shares is None:
             continue
         out[k] = Attribution(shares=shares, window=w, rank=rank, ranks=len(windows),
