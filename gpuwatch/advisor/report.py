@@ -391,14 +391,10 @@ def rate_bytes(v: float) -> str:
 
 def evidence_value(name: str, v: Any) -> str:
     """One evidence value with its unit, at a precision a person reads."""
-    from gpuwatch.advisor.rules import human_bytes
+    from gpuwatch.advisor.rules import format_value, human_bytes
 
-    if v is None:
-        return "?"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, str):
-        return v
+    if v is None or isinstance(v, (bool, str)):
+        return format_value(v)
     if not isinstance(v, (int, float)) or not math.isfinite(v):
         return str(v)
     unit = evidence_unit(name)

@@ -448,6 +448,11 @@ class JobWindow:
     workers_busy: float | None = None  # DataLoader workers busy (1 = each pegs a core)
     workers: float | None = None  # DataLoader worker processes
 
+    @property
+    def workers_pegged(self) -> bool:
+        """DataLoader workers, each keeping its core busy: what the GPU waits for."""
+        return bool(self.workers) and (self.workers_busy or 0.0) >= _WORKERS_PEGGED
+
     def need(self) -> float:
         """Share of wall time this rank's own pipeline leaves its GPU without work: its
         data wait, or the time NVML saw no kernel at all (a rank that waits on a peer runs
@@ -455,9 +460,8 @@ class JobWindow:
         if self.hook:
             data = (self.data_total or 0.0) / self.wall
         else:  # pegged DataLoader workers: what the GPU's idle time waits for (claim_shares)
-            pegged = bool(self.workers) and (self.workers_busy or 0.0) >= _WORKERS_PEGGED
-            data = 1.0 - min(1.0, max(0.0, self.busy)) if pegged and self.busy is not None \
-                else 0.0
+            data = 1.0 - min(1.0, max(0.0, self.busy)) \
+                if self.workers_pegged and self.busy is not None else 0.0
         idle = 1.0 - self.util if self.util is not None else 0.0
         return min(1.0, max(data, idle))
 
@@ -562,7 +566,7 @@ def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
         sync = min(1.0, max(0.0, sync))
         gpu = min(busy, 1.0 - sync)
         rest = 1.0 - gpu - sync
-        if w.workers and w.workers_busy is not None and w.workers_busy >= _WORKERS_PEGGED:
+        if w.workers_pegged:
             data, host = rest, 0.0
         else:
             data = 0.0
@@ -1230,7 +1234,7 @@ class Frame:
                 # trains (kernels running, or its DataLoader workers pegged)
                 w = self.job_window(subj, idx + 1, 1)
                 if w is not None and w.util is not None and (
-                        w.util >= 0.05 or (w.workers and (w.workers_busy or 0) >= _WORKERS_PEGGED)):
+                        w.util >= 0.05 or w.workers_pegged):
                     subj.span.add(w)
                     subj.span_at_last_step = subj.span.total()
                     if len(subj.proc_pids) == 1:
