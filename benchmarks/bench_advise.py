@@ -116,7 +116,7 @@ def bench_offline(path: Path) -> dict[str, Any]:
 
 _BASELINE = r"""
 import resource, json
-import gpuwatch.advisor.rules, gpuwatch.advisor.sources, gpuwatch.trace
+import gpuwatch.advisor.rules, gpuwatch.advisor.sources, gpuwatch.trace.format
 print(json.dumps({"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
@@ -183,7 +183,7 @@ def bench_live(gpus: int = 8, seconds: int = 900, ticks: int = 300) -> dict[str,
 def bench_sampler(gpus: int = 8, reps: int = 200) -> dict[str, Any] | None:
     """The sampler's tick with stubbed NVML (its Python side), for comparison."""
     try:
-        from gpuwatch.sampler import Sampler
+        from gpuwatch.collect.sampler import Sampler
         from gpuwatch.store import Store
         from tests.nvml_stub import NvmlStub, StubGpu
     except (ImportError, AttributeError) as err:  # the stub or sampler may change

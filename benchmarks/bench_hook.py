@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch import nn
 
-from gpuwatch import hook
+from gpuwatch.job.hook import core as hook
 
 
 def make_loop(device: str) -> tuple[Any, Any]:
@@ -204,7 +204,7 @@ def micro_costs(calls: int, sock: str) -> dict[str, float]:
 
 RECEIVER = """
 import sys
-from gpuwatch.receiver import HookReceiver
+from gpuwatch.job.receiver import HookReceiver
 from gpuwatch.store import Store
 receiver = HookReceiver(Store(), sys.argv[1])
 receiver.start()

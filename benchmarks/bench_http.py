@@ -44,8 +44,8 @@ def serve_stub(gpus: int) -> None:
     from nvml_stub import NvmlStub, StubGpu
 
     from gpuwatch import logs
-    from gpuwatch.config import Config
     from gpuwatch.daemon import Daemon
+    from gpuwatch.serve.config import Config
 
     logs.setup("info")
     me = os.getpid()

@@ -274,7 +274,7 @@ def raw_calls(nv: Any, h: Any) -> tuple[Callable[[], Any], Callable[[], Any] | N
     except (nv.NVMLError, AttributeError):
         supported = 0
     if supported:
-        from gpuwatch.nvml import GPM_METRICS
+        from gpuwatch.collect.nvml import GPM_METRICS
 
         ids = [getattr(nv, n) for n, _f in GPM_METRICS if hasattr(nv, n)]
         samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
@@ -299,8 +299,8 @@ def raw_calls(nv: Any, h: Any) -> tuple[Callable[[], Any], Callable[[], Any] | N
 
 
 def bench_gpus(nv: Any, reps: int, cadence_seconds: float = 10.0) -> dict[str, Any]:
-    from gpuwatch.nvml import Nvml
-    from gpuwatch.sampler import Sampler
+    from gpuwatch.collect.nvml import Nvml
+    from gpuwatch.collect.sampler import Sampler
     from gpuwatch.store import Store
 
     out: dict[str, Any] = {"gpus": []}
@@ -439,7 +439,7 @@ def bench_others(count: int, reps: int) -> dict[str, Any]:
 _FALLBACK = """
 import sys, threading
 sys.path.insert(0, sys.argv[2])
-from gpuwatch.sampler import Sampler
+from gpuwatch.collect.sampler import Sampler
 from gpuwatch.store import Store
 s = Sampler(Store(), interval=float(sys.argv[1]))
 s.start()

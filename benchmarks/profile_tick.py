@@ -51,7 +51,7 @@ from bench_tick import (
     wall_and_cpu_us,
 )
 
-from gpuwatch.sampler import Sampler
+from gpuwatch.collect.sampler import Sampler
 from gpuwatch.store import Store
 from tests.nvml_stub import NvmlStub, StubGpu
 

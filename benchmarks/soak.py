@@ -42,10 +42,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-# the job side: a process that reports like the torch hook does, through gpuwatch.protocol
+# the job side: a process that reports like the torch hook does, through gpuwatch.job.protocol
 SENDER = r"""
 import os, random, socket, sys, time
-from gpuwatch import protocol
+from gpuwatch.job import protocol
 path, rate, seconds, ending, rank = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 pid, seq, step, t0 = os.getpid(), 0, 0, time.time()
@@ -157,8 +157,8 @@ def soak(args: argparse.Namespace) -> None:
     from nvml_stub import NvmlStub, StubGpu
 
     from gpuwatch import logs
-    from gpuwatch.config import Config
     from gpuwatch.daemon import Daemon
+    from gpuwatch.serve.config import Config
 
     logs.setup("warning")
     workdir = Path(tempfile.mkdtemp(prefix="gpuwatch-soak-"))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuwatch.sampler import Sampler
+from gpuwatch.collect.sampler import Sampler
 from gpuwatch.store import Store
 
 

@@ -26,7 +26,7 @@ NO_GPU_IN_RECORDING = ("the recording holds no GPU lines (it was made where NVML
 
 def _ruleset(args: argparse.Namespace) -> Any:
     from gpuwatch.advisor.rules import load_rules
-    from gpuwatch.config import config_from_args
+    from gpuwatch.serve.config import config_from_args
 
     config = config_from_args(args)  # the config file's rules_dirs, then --rules-dir
     return load_rules(config.rules_dirs)

@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return daemon.main(args)
         if args.cmd == "record":
-            from gpuwatch import recorder
+            from gpuwatch import daemon
 
-            return recorder.main(args)
+            return daemon.record_main(args)
         if args.cmd == "advise":
             from gpuwatch import advise
 

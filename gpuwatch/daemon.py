@@ -18,20 +18,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuwatch import sdnotify
-from gpuwatch.config import Config, config_from_args
 from gpuwatch.errors import UserError
-from gpuwatch.exporter import GpuwatchCollector
-from gpuwatch.httpserver import HttpServer
-from gpuwatch.privacy import redacting
 from gpuwatch.samples import Sample
+from gpuwatch.serve import sdnotify
+from gpuwatch.serve.config import Config, config_from_args
+from gpuwatch.serve.exporter import GpuwatchCollector
+from gpuwatch.serve.httpserver import HttpServer
+from gpuwatch.serve.privacy import redacting
+from gpuwatch.serve.webconfig import WebConfigFile
 from gpuwatch.store import Store
-from gpuwatch.webconfig import WebConfigFile
 
 log = logging.getLogger(__name__)
 
@@ -224,20 +225,20 @@ class Daemon:
     # -- the parts ---------------------------------------------------------------------
     def _make_source(self) -> None:
         if self.replay is not None:
-            replayer_cls = _optional("gpuwatch.replay", "Replayer")
+            replayer_cls = _optional("gpuwatch.trace.replay", "Replayer")
             if replayer_cls is None:
-                raise UserError("replay is not available in this build (gpuwatch.replay)")
+                raise UserError("replay is not available in this build (gpuwatch.trace.replay)")
             self.source = replayer_cls(self.store, self.replay, loop=True)
         else:
-            sampler_cls = _optional("gpuwatch.sampler", "Sampler")
+            sampler_cls = _optional("gpuwatch.collect.sampler", "Sampler")
             if sampler_cls is None:
-                raise UserError("the sampler is not available in this build (gpuwatch.sampler)")
+                raise UserError("the sampler is not available in this build (gpuwatch.collect.sampler)")
             self.source = sampler_cls(self.store, interval=self.config.interval,
                                       slow_interval=self.config.slow_interval,
                                       **self._sampler_kwargs)
 
     def _start_receiver(self) -> None:
-        receiver_cls = _optional("gpuwatch.receiver", "HookReceiver")
+        receiver_cls = _optional("gpuwatch.job.receiver", "HookReceiver")
         if receiver_cls is None:
             log.info("the hook receiver is not available; training metrics are off")
             return
@@ -285,9 +286,9 @@ class Daemon:
             self.http.advice = advisor.report_json
 
     def _start_recorder(self) -> None:
-        recorder_cls = _optional("gpuwatch.recorder", "Recorder")
+        recorder_cls = _optional("gpuwatch.trace.record", "Recorder")
         if recorder_cls is None:
-            raise UserError("recording is not available in this build (gpuwatch.recorder)")
+            raise UserError("recording is not available in this build (gpuwatch.trace.record)")
         recorder = recorder_cls(self.store, self.config.record, self.trace_meta())
         recorder.start()
         self.recorder = recorder
@@ -295,7 +296,7 @@ class Daemon:
 
     def trace_meta(self) -> dict[str, Any]:
         """The `meta` line for a recording of what this daemon sees."""
-        from gpuwatch.trace import make_meta
+        from gpuwatch.trace.format import make_meta
 
         infos = getattr(self.source, "infos", None) or self.store.latest().infos
         return make_meta(infos=tuple(infos), host_cpus=os.cpu_count(),
@@ -356,4 +357,55 @@ def _serve(config: Config, replay: str | None, what: str | None) -> int:
     failed = getattr(daemon.recorder, "failed", None)
     if failed:  # --record stopped early: the recording is incomplete
         raise UserError(failed)
+    return 0
+
+
+def record_main(args: argparse.Namespace) -> int:
+    """``gpuwatch record FILE``: sample like the daemon, serve nothing, write a trace."""
+    duration = getattr(args, "duration", None)
+    if duration is not None and not duration > 0:
+        raise UserError(f"--duration must be above 0 seconds, got {duration:g}")
+    config = config_from_args(args)
+    # the daemon's own recorder, started before its sampler so the first tick is in it
+    config = replace(config, record=args.file)
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("received %s, finishing the recording", signal.Signals(signum).name)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # a second signal acts as usual
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    daemon = Daemon(config, serve_http=False)
+    daemon.scenario = args.scenario
+    recorder: Any = None
+    try:
+        daemon.start()
+        recorder = daemon.recorder
+        if args.file != "-":
+            log.info("recording to %s every %g s%s", args.file, config.interval,
+                     f" for {duration:g} s" if duration else " until interrupted")
+        deadline = None if duration is None else time.monotonic() + duration
+        # short waits: the signal handler runs between them on the main thread
+        while not stop.is_set() and not (recorder is not None and recorder.failed):
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                break
+            stop.wait(left)
+    finally:
+        daemon.stop()  # the recorder last: it writes out the last of the samples
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if recorder is not None and recorder.broken_pipe:
+        # the reader has all it wanted (`| head`): end as other tools do there, by SIGPIPE,
+        # quietly (and without the interpreter flushing into the broken pipe at exit)
+        from gpuwatch.launcher import die_by_signal
+
+        die_by_signal(signal.SIGPIPE)
+    if recorder is not None and recorder.failed:
+        raise UserError(recorder.failed)
     return 0

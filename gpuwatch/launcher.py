@@ -45,9 +45,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from gpuwatch import receiver as receiver_mod
 from gpuwatch.errors import UserError
-from gpuwatch.statusline import StatusLine, summary_line
+from gpuwatch.job import receiver as receiver_mod
+from gpuwatch.job.statusline import StatusLine, summary_line
 from gpuwatch.store import Store
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,9 @@ _CORE_SIGNALS = (signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT, 
 
 def inject_dir() -> str:
     """The directory whose ``sitecustomize.py`` attaches the hook."""
-    import gpuwatch._inject
+    import gpuwatch.job._inject
 
-    return os.path.dirname(os.path.abspath(gpuwatch._inject.__file__))
+    return os.path.dirname(os.path.abspath(gpuwatch.job._inject.__file__))
 
 
 def child_environment(base: Mapping[str, str], sockets: list[str]) -> dict[str, str]:
@@ -125,7 +125,7 @@ def _port_in_use(err: BaseException) -> bool:
 
 
 def _any_port(listen: str) -> str:
-    from gpuwatch.config import parse_listen_address
+    from gpuwatch.serve.config import parse_listen_address
 
     host, _ = parse_listen_address(listen)
     return f"[{host}]:0" if ":" in host else f"{host}:0"
@@ -144,7 +144,7 @@ class _Watch:
         self.unfinished = False  # stop() gave up on a part (e.g. a recording into a stuck pipe)
 
     def start(self, args: argparse.Namespace, socket_path: str | None, serve_http: bool) -> None:
-        from gpuwatch.config import config_from_args
+        from gpuwatch.serve.config import config_from_args
 
         config = config_from_args(args)  # bad flags are the user's to fix: before the job
         try:

@@ -8,6 +8,6 @@ daemon there, training runs exactly as it would without gpuwatch. See docs/hook.
 
 from __future__ import annotations
 
-from gpuwatch.hook import attach, detach, is_attached, stats
+from gpuwatch.job.hook import attach, detach, is_attached, stats
 
 __all__ = ["attach", "detach", "is_attached", "stats"]

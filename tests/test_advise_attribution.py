@@ -15,8 +15,13 @@ from test_advise_live import play, registry_for
 from test_advise_support import DATA, advise_json, run_cli
 
 from gpuwatch.advisor import LiveAdvisor
-from gpuwatch.advisor.signals import SHARE_CATEGORIES, JobWindow, attribute_group, claim_shares
-from gpuwatch.statusline import bottleneck_text, format_status
+from gpuwatch.advisor.attribution import (
+    SHARE_CATEGORIES,
+    JobWindow,
+    attribute_group,
+    claim_shares,
+)
+from gpuwatch.job.statusline import bottleneck_text, format_status
 from gpuwatch.store import Store
 
 ratio = st.one_of(st.none(), st.floats(0, 1.2))

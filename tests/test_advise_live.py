@@ -17,7 +17,7 @@ from test_advise_support import DATA, ROOT, run_cli
 from gpuwatch.advisor import LiveAdvisor
 from gpuwatch.samples import GpuSample, HostSample, Snapshot, StepSample
 from gpuwatch.store import Store
-from gpuwatch.trace import meta_infos, read_trace
+from gpuwatch.trace.format import meta_infos, read_trace
 
 
 def play(store: Store, advisor: LiveAdvisor, name: str, every: int = 10) -> None:

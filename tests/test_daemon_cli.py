@@ -25,13 +25,13 @@ from conftest import (
 )
 from prometheus_client import CollectorRegistry
 
-from gpuwatch.config import Config, config_from_args, load_config, parse_listen_address
 from gpuwatch.errors import FileFormatError, UserError
-from gpuwatch.httpserver import HttpServer, snapshot_from_dict, snapshot_to_dict
 from gpuwatch.samples import GpuInfo, GpuProcess, GpuSample, HostSample, JobTree, Snapshot
+from gpuwatch.serve.config import Config, config_from_args, load_config, parse_listen_address
+from gpuwatch.serve.httpserver import HttpServer, snapshot_from_dict, snapshot_to_dict
 
-HAVE_REPLAY = importlib.util.find_spec("gpuwatch.replay") is not None
-needs_replay = pytest.mark.skipif(not HAVE_REPLAY, reason="gpuwatch.replay not there yet")
+HAVE_REPLAY = importlib.util.find_spec("gpuwatch.trace.replay") is not None
+needs_replay = pytest.mark.skipif(not HAVE_REPLAY, reason="gpuwatch.trace.replay not there yet")
 
 GPU_SERIES = ("gpuwatch_gpu_utilization_ratio", "gpuwatch_gpu_sm_active_ratio",
               "gpuwatch_gpu_memory_used_bytes", "gpuwatch_gpu_power_watts",
@@ -405,7 +405,7 @@ def test_cli_help_lists_run_flags(tmp_path):
 
 def test_module_runs_without_torch_imported(tmp_path):
     # the daemon must never import torch: check what `gpuwatch run`'s modules pull in
-    code = ("import sys, gpuwatch.daemon, gpuwatch.exporter, gpuwatch.httpserver; "
+    code = ("import sys, gpuwatch.daemon, gpuwatch.serve.exporter, gpuwatch.serve.httpserver; "
             "print('torch' in sys.modules)")
     out = subprocess.run([__import__("sys").executable, "-c", code], capture_output=True,
                          text=True, check=True, cwd=Path(__file__).resolve().parents[1])
@@ -414,14 +414,14 @@ def test_module_runs_without_torch_imported(tmp_path):
 
 # -- the hook socket -----------------------------------------------------------------
 
-HAVE_RECEIVER = importlib.util.find_spec("gpuwatch.receiver") is not None
-needs_receiver = pytest.mark.skipif(not HAVE_RECEIVER, reason="gpuwatch.receiver not there yet")
+HAVE_RECEIVER = importlib.util.find_spec("gpuwatch.job.receiver") is not None
+needs_receiver = pytest.mark.skipif(not HAVE_RECEIVER, reason="gpuwatch.job.receiver not there yet")
 HOOK = re.compile(r"serving http.*; hook socket (\S+)")
 
 
 @needs_receiver
 def test_hook_datagrams_become_training_series(gpuwatch_daemon, tmp_path):
-    from gpuwatch import protocol
+    from gpuwatch.job import protocol
 
     d = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--interval", "0.2")
     path = HOOK.search(d.stderr()).group(1)
@@ -488,10 +488,10 @@ def test_replay_opens_no_hook_socket(gpuwatch_daemon, tmp_path):
     assert d.stop() == 0
 
 
-HAVE_RECORDER = importlib.util.find_spec("gpuwatch.recorder") is not None
+HAVE_RECORDER = importlib.util.find_spec("gpuwatch.trace.record") is not None
 
 
-@pytest.mark.skipif(not HAVE_RECORDER, reason="gpuwatch.recorder not there yet")
+@pytest.mark.skipif(not HAVE_RECORDER, reason="gpuwatch.trace.record not there yet")
 def test_run_record_writes_a_trace_while_serving(gpuwatch_daemon, tmp_path):
     out = tmp_path / "run.jsonl"
     d = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--interval", "0.2",
@@ -541,7 +541,7 @@ def test_run_says_where_it_serves_without_a_terminal(tmp_path):
 
 
 def test_an_inherited_socket_with_a_listen_address_still_serves(tmp_path):
-    from gpuwatch.receiver import HookReceiver
+    from gpuwatch.job.receiver import HookReceiver
     from gpuwatch.store import Store
 
     outer = HookReceiver(Store(), str(tmp_path / "outer.sock"))

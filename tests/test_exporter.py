@@ -9,7 +9,6 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from gpuwatch.exporter import CLOCK_EVENT_REASONS, GpuwatchCollector
 from gpuwatch.samples import (
     GpuInfo,
     GpuProcess,
@@ -20,6 +19,7 @@ from gpuwatch.samples import (
     JobTree,
     Snapshot,
 )
+from gpuwatch.serve.exporter import CLOCK_EVENT_REASONS, GpuwatchCollector
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
@@ -246,7 +246,7 @@ class Advice:
     """What the live advisor's collector adds: active advice and the time attribution."""
 
     def collect(self):
-        from gpuwatch.exporter import time_share_families
+        from gpuwatch.serve.exporter import time_share_families
 
         fam = GaugeMetricFamily("gpuwatch_advice_active", "x", labels=["rule", "gpu", "severity"])
         fam.add_metric(["small_batch", "0", "warning"], 1)

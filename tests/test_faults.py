@@ -25,11 +25,11 @@ import pytest
 from conftest import http_get, parse_metrics, wait_for
 from nvml_stub import NvmlStub, StubGpu
 
-from gpuwatch import protocol
-from gpuwatch.config import Config
 from gpuwatch.daemon import Daemon
-from gpuwatch.exporter import ERROR_SOURCES, GPU_ERROR_SOURCES
-from gpuwatch.trace import read_trace
+from gpuwatch.job import protocol
+from gpuwatch.serve.config import Config
+from gpuwatch.serve.exporter import ERROR_SOURCES, GPU_ERROR_SOURCES
+from gpuwatch.trace.format import read_trace
 
 FAST_RETRY = (0.05, 0.2)  # NVML restarts within a test's patience
 
@@ -352,7 +352,7 @@ def test_real_nvml_started_again_under_the_sampler_samples_every_gpu_again() -> 
     """What a driver reload asks of the real library: every worker retired, GPM samples
     freed, nvmlShutdown, nvmlInit, handles and GPM set up afresh, sampling on. The stub
     tests prove the logic; this proves the real pynvml and driver go along with it."""
-    from gpuwatch.sampler import Sampler
+    from gpuwatch.collect.sampler import Sampler
     from gpuwatch.store import Store
 
     store = Store()
@@ -383,9 +383,9 @@ def test_real_nvml_started_again_under_the_sampler_samples_every_gpu_again() -> 
 
 def test_a_recorder_far_behind_drops_and_counts_instead_of_growing(tmp_path, monkeypatch,
                                                                    caplog) -> None:
-    from gpuwatch import recorder as recorder_mod
     from gpuwatch.samples import StepSample
     from gpuwatch.store import Store
+    from gpuwatch.trace import record as recorder_mod
 
     monkeypatch.setattr(recorder_mod, "MAX_QUEUED", 50)
     store = Store()

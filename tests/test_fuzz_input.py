@@ -23,15 +23,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuwatch import protocol
 from gpuwatch.advisor import expr
 from gpuwatch.advisor.rules import load_rules
-from gpuwatch.config import load_config
 from gpuwatch.errors import FileFormatError, UserError
-from gpuwatch.exporter import GpuwatchCollector
-from gpuwatch.receiver import HookReceiver
+from gpuwatch.job import protocol
+from gpuwatch.job.receiver import HookReceiver
+from gpuwatch.serve.config import load_config
+from gpuwatch.serve.exporter import GpuwatchCollector
 from gpuwatch.store import Store
-from gpuwatch.trace import read_trace
+from gpuwatch.trace.format import read_trace
 
 
 def fuzz(n: int) -> settings:
@@ -179,7 +179,7 @@ def test_fuzzed_datagrams_through_the_socket_cost_only_themselves(tmp_path) -> N
         receiver.stop()
 
 
-SENDER = ("import socket, sys, os; from gpuwatch import protocol; "
+SENDER = ("import socket, sys, os; from gpuwatch.job import protocol; "
           "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
           "s.sendto(protocol.encode({'kind': 'report', 'pid': os.getpid(), 'seq': 1, "
           "'t': 1.7e9}), sys.argv[1])")

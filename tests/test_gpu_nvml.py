@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuwatch.sampler import Sampler
+from gpuwatch.collect.sampler import Sampler
 from gpuwatch.samples import HostSample
 from gpuwatch.store import Store
 

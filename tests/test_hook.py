@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuwatch import hook  # noqa: E402 (after the importorskip above)
+from gpuwatch.job.hook import core as hook  # noqa: E402 (after the importorskip above)
 from gpuwatch.launcher import inject_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,8 @@ def test_injection_does_not_import_torch_or_hide_another_sitecustomize(tmp_path:
 
 
 def _import_torch_with(pythonpath: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    code = ("import torch, sys; from gpuwatch import hook; m = torch.nn.Linear(2, 1); "
+    code = ("import torch, sys; from gpuwatch.job.hook import core as hook\n"
+            "m = torch.nn.Linear(2, 1); "
             "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
             "for _ in range(5):\n m(torch.ones(1, 2)).sum().backward(); o.step()\n"
             "print(hook.is_attached(), hook.stats()['steps_total'], hook.__file__)")
@@ -193,7 +194,7 @@ def test_the_injection_reached_twice_attaches_once(tmp_path: Path) -> None:
     shutil.copytree(REPO / "gpuwatch", other / "gpuwatch",
                     ignore=shutil.ignore_patterns("__pycache__"))
     for path in ([inject_dir(), str(link)],
-                 [str(other / "gpuwatch" / "_inject"), inject_dir()]):
+                 [str(other / "gpuwatch" / "job" / "_inject"), inject_dir()]):
         run = _import_torch_with(path, tmp_path)
         assert run.returncode == 0, run.stderr
         attached, steps, _where = run.stdout.split()
@@ -206,12 +207,12 @@ def test_a_hook_that_cannot_attach_says_so_once_and_the_job_runs(tmp_path: Path)
     other = tmp_path / "other"
     shutil.copytree(REPO / "gpuwatch", other / "gpuwatch",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    (other / "gpuwatch" / "hook.py").write_text("raise ImportError('no hook for you')\n")
+    (other / "gpuwatch" / "job" / "hook" / "core.py").write_text("raise ImportError('no hook for you')\n")
     code = ("import subprocess, sys, torch\n"
             "subprocess.run([sys.executable, '-c', 'import torch'], check=True)\n"
             "print(torch.ones(2).sum().item())")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH")}
-    env["PYTHONPATH"] = str(other / "gpuwatch" / "_inject")
+    env["PYTHONPATH"] = str(other / "gpuwatch" / "job" / "_inject")
     run = subprocess.run([sys.executable, "-c", code], check=False, env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-INJECTED = ["gpuwatch/__init__.py", "gpuwatch/_inject/__init__.py",
-            "gpuwatch/_inject/sitecustomize.py", "gpuwatch/hook.py", "gpuwatch/protocol.py",
-            "gpuwatch/torch.py"]
+# every module a job's process imports: the package roots on the way, the injection, the
+# hook package and the protocol
+INJECTED = ["gpuwatch/__init__.py", "gpuwatch/job/__init__.py", "gpuwatch/job/_inject/__init__.py",
+            "gpuwatch/job/_inject/sitecustomize.py", "gpuwatch/job/protocol.py",
+            "gpuwatch/torch.py",
+            *sorted(str(p.relative_to(REPO)) for p in (REPO / "gpuwatch/job/hook").glob("*.py"))]
 # (what to look for, why it breaks on 3.8): APIs and keywords newer than 3.8
 NEWER = [(".removeprefix(", "str.removeprefix is 3.9+"), (".removesuffix(", "3.9+"),
          ("slots=True", "dataclass(slots=True) is 3.10+"), ("kw_only=", "3.10+"),
@@ -65,7 +68,7 @@ def test_injected_code_parses_as_python_3_8(name: str) -> None:
 def test_injected_code_runs_on_an_old_python(python: str, tmp_path: Path) -> None:
     code = ("import sys\nsys.path.insert(0, sys.argv[1])\n"
             "for f in sys.argv[2:]:\n compile(open(f).read(), f, 'exec')\n"
-            "from gpuwatch import protocol\n"
+            "from gpuwatch.job import protocol\n"
             "r = protocol.decode(protocol.encode({'kind': 'report', 'pid': 1, 'seq': 0, "
             "'t': 1.0, 'window': {'steps': 1, 'iterators': 1}}, "
             "[protocol.StepRecord(step=0, t=1.0, first_batch=True)]))\n"
@@ -76,7 +79,7 @@ def test_injected_code_runs_on_an_old_python(python: str, tmp_path: Path) -> Non
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
     # a job on that Python under the injection (no torch there): it starts and runs as usual
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWATCH", "PYTHON"))}
-    env["PYTHONPATH"] = str(REPO / "gpuwatch" / "_inject")
+    env["PYTHONPATH"] = str(REPO / "gpuwatch" / "job" / "_inject")
     job = subprocess.run([python, "-c", "print('job ran')"], capture_output=True, text=True,
                          check=False, cwd=tmp_path, env=env, timeout=60)
     assert job.returncode == 0 and job.stdout == "job ran\n" and job.stderr == "", job.stderr

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import DaemonProcess, clean_env, http_get, wait_for
 
-from gpuwatch import trace
 from gpuwatch.errors import FileFormatError
 from gpuwatch.samples import JobEnd
+from gpuwatch.trace import format as trace
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "tests" / "scripts" / "train_cpu.py")

@@ -169,8 +169,8 @@ def test_the_loss_is_read_without_a_device_sync(tmp_path: Path) -> None:
     hook's reporting thread runs under sync debug mode "error" (a sync would raise, and the
     hook would count it in hook_errors). The hook's losses must be the loop's own, exactly
     (both read from the same float32 tensor after the loop)."""
-    from gpuwatch import hook
-    from gpuwatch.receiver import HookReceiver
+    from gpuwatch.job.hook import core as hook
+    from gpuwatch.job.receiver import HookReceiver
     from gpuwatch.samples import StepSample
     from gpuwatch.store import Store
 

@@ -21,7 +21,8 @@ from conftest import clean_env
 
 torch = pytest.importorskip("torch")
 
-from gpuwatch import hook, protocol  # noqa: E402 (after the importorskip above)
+from gpuwatch.job import protocol  # noqa: E402 (after the importorskip above)
+from gpuwatch.job.hook import core as hook  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LOOPS = str(REPO / "tests" / "scripts" / "train_loops.py")
@@ -208,7 +209,7 @@ def test_the_loss_is_the_unscaled_value_of_the_iterations_last_backward(
 _FORK_CHILD = r"""
 import os, sys, weakref
 import torch
-from gpuwatch import hook
+from gpuwatch.job.hook import core as hook
 hook.attach(sys.argv[1])
 model = torch.nn.Linear(4, 1)
 for _ in range(3):  # no optimizer: iterations end at backward(), the hook keeps the loss

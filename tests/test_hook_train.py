@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from conftest import clean_env, wait_for
 
-from gpuwatch.receiver import HookReceiver
+from gpuwatch.job.receiver import HookReceiver
 from gpuwatch.store import Store
 
 pytest.importorskip("torch")

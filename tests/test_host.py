@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest import wait_for
 
-from gpuwatch.host import HostSampler
+from gpuwatch.collect.host import HostSampler
 from gpuwatch.samples import HostSample
 
 # a worker spins until its parent is gone, so nothing outlives the test even on a crash
@@ -190,7 +190,7 @@ def test_children_files_and_process_table_scan_agree(start_job: Callable[[int], 
 def test_a_ranks_launch_is_read_from_its_environment() -> None:
     """RANK, WORLD_SIZE and the rendezvous as torchrun sets them, read from the real
     /proc/PID/environ of a child; only a digest of the rendezvous is kept."""
-    from gpuwatch.host import parse_dist, read_dist
+    from gpuwatch.collect.host import parse_dist, read_dist
 
     base = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="10.0.0.7",
                 MASTER_PORT="29500", TORCHELASTIC_RUN_ID="run-a")

@@ -19,12 +19,12 @@ from conftest import wait_for
 from nvml_stub import NvmlStub, StubGpu
 from test_advise_support import advise_json, load, run_cli, transform, without_steps, write
 
-from gpuwatch.host import HostSampler
-from gpuwatch.recorder import Recorder
-from gpuwatch.sampler import Sampler, gpu_processes
+from gpuwatch.collect.host import HostSampler
+from gpuwatch.collect.sampler import Sampler, gpu_processes
 from gpuwatch.samples import GpuProcess, GpuSample
 from gpuwatch.store import Store
-from gpuwatch.trace import make_meta
+from gpuwatch.trace.format import make_meta
+from gpuwatch.trace.record import Recorder
 
 GiB = 2**30
 # spins (busy) or sleeps (idle) until its parent is gone: nothing outlives the test

@@ -20,9 +20,9 @@ import pytest
 from conftest import wait_for
 from prometheus_client import CollectorRegistry, Gauge
 
-from gpuwatch.httpserver import HttpServer, Limits
+from gpuwatch.serve.httpserver import HttpServer, Limits
 
-LOGGER = "gpuwatch.httpserver"
+LOGGER = "gpuwatch.serve.httpserver"
 
 
 def _registry() -> CollectorRegistry:

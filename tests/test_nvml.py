@@ -9,7 +9,7 @@ from collections import Counter
 import pynvml
 import pytest
 
-from gpuwatch.nvml import GpuLost, Nvml, XidWatcher, handle_key
+from gpuwatch.collect.nvml import GpuLost, Nvml, XidWatcher, handle_key
 from tests.nvml_stub import NvmlStub, StubGpu
 
 

@@ -10,10 +10,10 @@ from conftest import PROMTOOL, RECORDINGS, http_get
 from prometheus_client import CollectorRegistry, generate_latest
 from test_exporter import Advice, full_snapshot
 
-from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.serve.exporter import GpuwatchCollector
 
-HAVE_REPLAY = importlib.util.find_spec("gpuwatch.replay") is not None
-needs_replay = pytest.mark.skipif(not HAVE_REPLAY, reason="gpuwatch.replay not there yet")
+HAVE_REPLAY = importlib.util.find_spec("gpuwatch.trace.replay") is not None
+needs_replay = pytest.mark.skipif(not HAVE_REPLAY, reason="gpuwatch.trace.replay not there yet")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None,
                                     reason="promtool is not installed (apt-get install prometheus)")
 

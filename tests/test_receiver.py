@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from gpuwatch import protocol
 from gpuwatch.errors import UserError
-from gpuwatch.receiver import HookReceiver, probe
+from gpuwatch.job import protocol
+from gpuwatch.job.receiver import HookReceiver, probe
 from gpuwatch.samples import GpuInfo, JobStats, Snapshot
 from gpuwatch.store import Store
 
@@ -206,7 +206,7 @@ def test_bad_datagrams_are_dropped_and_counted_by_reason(
 def test_silent_job_whose_process_is_gone_is_vanished(
         live: tuple[Store, HookReceiver]) -> None:
     store, rec = live
-    code = ("import socket, sys, time; from gpuwatch import protocol; "
+    code = ("import socket, sys, time; from gpuwatch.job import protocol; "
             "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
             "s.sendto(protocol.encode({'kind': 'report', 'pid': 1, 'seq': 0, 't': time.time(), "
             "'steps_total': 3}), sys.argv[1]); print('sent', flush=True); time.sleep(600)")
@@ -267,7 +267,7 @@ def test_out_of_range_numbers_cost_only_their_datagram(
         live: tuple[Store, HookReceiver]) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from gpuwatch.exporter import GpuwatchCollector
+    from gpuwatch.serve.exporter import GpuwatchCollector
 
     store, rec = live
     me, now = os.getpid(), time.time()

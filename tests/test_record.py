@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import NVML_GPUS, RECORDINGS, REPO, daemon_env, run_gpuwatch, wait_for
 
-from gpuwatch.recorder import Recorder
-from gpuwatch.replay import Replayer
 from gpuwatch.samples import GpuSample, HostSample, Snapshot, StepSample
 from gpuwatch.store import Store
-from gpuwatch.trace import read_trace
+from gpuwatch.trace.format import read_trace
+from gpuwatch.trace.record import Recorder
+from gpuwatch.trace.replay import Replayer
 
 
 def check_host_trace(path: Path, min_host_lines: int) -> list:
@@ -96,7 +96,7 @@ def test_record_into_head_ends_quietly(tmp_path: Path) -> None:
 
 
 def test_a_meta_line_that_cannot_be_written_leaves_no_open_file(tmp_path: Path) -> None:
-    from gpuwatch.trace import TraceWriter
+    from gpuwatch.trace.format import TraceWriter
 
     path = tmp_path / "t.jsonl"
 
@@ -197,7 +197,7 @@ def test_recorder_skips_a_sample_it_cannot_write(tmp_path: Path) -> None:
 
 
 def test_a_sample_from_the_far_future_holds_nothing_back(tmp_path: Path) -> None:
-    from gpuwatch.recorder import MAX_HELD
+    from gpuwatch.trace.record import MAX_HELD
 
     store = Store(max_records=10)
     out = tmp_path / "future.jsonl"

@@ -14,7 +14,7 @@ from conftest import REPO, clean_env
 
 from gpuwatch.samples import StepSample, StepsSample
 from gpuwatch.store import Store
-from gpuwatch.trace import read_trace
+from gpuwatch.trace.format import read_trace
 
 SCRIPT = str(REPO / "tests" / "scripts" / "fast_steps.py")
 SECONDS = 3.0

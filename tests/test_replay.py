@@ -13,10 +13,10 @@ import pytest
 from conftest import RECORDINGS, REPO, wait_for
 
 from gpuwatch.errors import FileFormatError, UserError
-from gpuwatch.replay import Replayer
 from gpuwatch.samples import ConfigSample, GpuInfo, GpuSample, HostSample, StepSample, StepsSample
 from gpuwatch.store import Store
-from gpuwatch.trace import TraceWriter, make_meta
+from gpuwatch.trace.format import TraceWriter, make_meta
+from gpuwatch.trace.replay import Replayer
 
 SPEED = 40.0  # a 37 s recording plays in about a second
 
@@ -197,7 +197,7 @@ def test_replay_needs_no_nvml_and_no_socket() -> None:
         "        raise AssertionError('replay opened a socket')\n"
         "socket.socket = NoSocket\n"
         "from gpuwatch.store import Store\n"
-        "from gpuwatch.replay import Replayer\n"
+        "from gpuwatch.trace.replay import Replayer\n"
         "store = Store()\n"
         f"r = Replayer(store, {recording('idle.jsonl')!r}, loop=False, speed=100)\n"
         "r.start(); assert r.wait(60); r.stop()\n"

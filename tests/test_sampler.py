@@ -14,7 +14,7 @@ import pynvml
 import pytest
 from conftest import wait_for
 
-from gpuwatch.sampler import Sampler
+from gpuwatch.collect.sampler import Sampler
 from gpuwatch.samples import HostSample, Snapshot
 from gpuwatch.store import Store
 from tests.nvml_stub import NvmlStub, StubGpu
@@ -23,7 +23,7 @@ GiB = 2**30
 
 
 class FakeHost:
-    """Stands in for gpuwatch.host.HostSampler; remembers the pids it was given."""
+    """Stands in for gpuwatch.collect.host.HostSampler; remembers the pids it was given."""
 
     def __init__(self, on_sample: Callable[[], None] | None = None) -> None:
         self.pids: list[set[int]] = []
@@ -178,7 +178,7 @@ def test_gpu_failing_every_call_becomes_lost_one_failing_field_does_not(make_sam
 @pytest.mark.parametrize("code", [pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
                                   pynvml.NVML_ERROR_LIBRARY_NOT_FOUND])
 def test_no_driver_host_metrics_go_on_and_it_is_said_once(make_sampler, caplog, code) -> None:
-    caplog.set_level(logging.WARNING, logger="gpuwatch.sampler")
+    caplog.set_level(logging.WARNING, logger="gpuwatch.collect.sampler")
     stub = NvmlStub([StubGpu(0)], init_error=code)
     sampler, store = make_sampler(stub)
     assert not sampler.nvml_available
@@ -381,7 +381,7 @@ def test_processes_get_name_and_user_and_a_vanished_pid_costs_only_itself(make_s
 
 
 def test_versioned_fallbacks_and_a_missing_function_is_logged_once(make_sampler, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="gpuwatch.nvml")
+    caplog.set_level(logging.INFO, logger="gpuwatch.collect.nvml")
     stub = NvmlStub([StubGpu(0), StubGpu(1)],
                     missing=("nvmlDeviceGetCurrentClocksEventReasons",
                              "nvmlDeviceGetMemoryInfo_v2"))
@@ -423,7 +423,7 @@ def test_a_host_source_failing_every_tick_logs_one_traceback(make_sampler, caplo
 
     host = BrokenHost()
     sampler, store = make_sampler(NvmlStub([StubGpu(0)]), host=host)
-    with caplog.at_level(logging.INFO, logger="gpuwatch.sampler"):
+    with caplog.at_level(logging.INFO, logger="gpuwatch.collect.sampler"):
         for _ in range(5):
             sampler.tick()
         host.fail = False

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, daemon_env, http_get, parse_metrics, wait_for
 
-from gpuwatch.receiver import HookReceiver
+from gpuwatch.job.receiver import HookReceiver
 from gpuwatch.store import Store
 
 NOBODY = 65534
@@ -186,8 +186,8 @@ def test_privacy_switch_drops_names_and_users(tmp_path, job):
     ("privacy:\n  hide_everything: true\n", "unknown key 'hide_everything'"),
 ])
 def test_bad_privacy_settings_name_the_line(tmp_path, text, expected):
-    from gpuwatch.config import load_config
     from gpuwatch.errors import FileFormatError
+    from gpuwatch.serve.config import load_config
 
     cfg = tmp_path / "gpuwatch.yml"
     cfg.write_text(text)

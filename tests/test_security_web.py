@@ -20,8 +20,8 @@ from conftest import REPO, clean_env, run_gpuwatch, wait_for
 from prometheus_client import CollectorRegistry, Gauge
 
 from gpuwatch.errors import FileFormatError, UserError
-from gpuwatch.httpserver import HttpServer
-from gpuwatch.webconfig import WebConfigFile, load_web_config
+from gpuwatch.serve.httpserver import HttpServer
+from gpuwatch.serve.webconfig import WebConfigFile, load_web_config
 
 OPENSSL = shutil.which("openssl")
 HTPASSWD = shutil.which("htpasswd")

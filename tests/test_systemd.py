@@ -20,7 +20,7 @@ import pytest
 from conftest import NVML_GPUS, REPO, daemon_env, http_get, parse_metrics, wait_for
 
 from gpuwatch.samples import GpuSample, Health, Snapshot
-from gpuwatch.sdnotify import Notifier, SamplingProgress
+from gpuwatch.serve.sdnotify import Notifier, SamplingProgress
 
 SYSTEMD = REPO / "systemd"
 UNIT = SYSTEMD / "gpuwatch.service"
@@ -108,7 +108,7 @@ def test_sysusers_and_tmpfiles_make_the_user_group_and_config_dir(tmp_path):
 
 
 def test_shipped_defaults_and_config_are_accepted(tmp_path):
-    from gpuwatch.config import load_config
+    from gpuwatch.serve.config import load_config
 
     args = re.search(r'^ARGS="(.*)"$', (SYSTEMD / "gpuwatch.default").read_text(), re.M)
     assert args and "/etc/gpuwatch/gpuwatch.yaml" in args.group(1)

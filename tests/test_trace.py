@@ -25,7 +25,7 @@ from gpuwatch.samples import (
     StepSample,
     StepsSample,
 )
-from gpuwatch.trace import (
+from gpuwatch.trace.format import (
     MAX_PROBLEMS,
     TraceWriter,
     iter_trace,

@@ -16,16 +16,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
+from gpuwatch.advisor.frame import Frame, Subject
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
-from gpuwatch.advisor.signals import (
-    ATTRIBUTION_SIGNALS,
-    GROWTH_SIGNALS,
-    VOCABULARY,
-    Frame,
-    Subject,
-    growth,
-    window_stat,
-)
+from gpuwatch.advisor.vocabulary import VOCABULARY
+from gpuwatch.advisor.windows import GROWTH_SIGNALS, growth, window_stat
 
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
 _MISSING = object()

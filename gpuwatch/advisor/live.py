@@ -73,7 +73,7 @@ class AdviceCollector:
             start.add_metric(labels, f.start)
         yield active
         yield start
-        from gpuwatch.exporter import time_share_families
+        from gpuwatch.serve.exporter import time_share_families
 
         try:
             jobs = self._advisor.jobs()

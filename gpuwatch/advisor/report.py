@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuwatch.advisor import endings
 from gpuwatch.advisor.engine import SEVERITY_RANK, Engine, Finding
-from gpuwatch.advisor.signals import arch_supports, cc_text
+from gpuwatch.advisor.facts import arch_supports, cc_text
 
 REPORT_FORMAT = "gpuwatch-advice/1"
 
@@ -333,7 +333,7 @@ _SUFFIX_UNITS = (("_bytes_per_second", "bytes/s"), ("_bytes", "bytes"), ("_ratio
 
 def evidence_unit(name: str) -> str | None:
     """The unit of an evidence value: the vocabulary's, or told by the name."""
-    from gpuwatch.advisor.signals import VOCABULARY
+    from gpuwatch.advisor.vocabulary import VOCABULARY
 
     d = VOCABULARY.get(name)
     if d is not None:

@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from gpuwatch.advisor import expr
-from gpuwatch.advisor.signals import VOCABULARY, cc_number
+from gpuwatch.advisor.facts import cc_number
+from gpuwatch.advisor.vocabulary import VOCABULARY
 from gpuwatch.errors import FileFormatError, UserError
 
 SEVERITIES = ("info", "warning", "critical")

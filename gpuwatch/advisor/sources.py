@@ -77,7 +77,7 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
                 observe: Callable[[Any], None] | None = None) -> tuple[Engine, dict]:
     """Judge a whole recording (streamed, bounded memory); returns the engine and meta.
     ``observe`` sees every line the engine is fed (the report's tally of what it judged)."""
-    from gpuwatch import trace
+    from gpuwatch.trace import format as trace
 
     if res is None:
         span = trace_span(path)

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-import gpuwatch.nvml
+import gpuwatch.collect.nvml
 from gpuwatch.cli import main
 from tests.nvml_stub import NvmlStub, StubGpu
 
@@ -21,7 +21,7 @@ HUNG_CALL = "nvmlDeviceGetUtilizationRates"  # read by every GPU's worker every 
 # STUB_GPU_PIDS=1234,5678: real processes the stub reports on GPU 0 (1 GiB each)
 _pids = [int(p) for p in os.environ.get("STUB_GPU_PIDS", "").split(",") if p]
 stub = NvmlStub([StubGpu(0, processes=[(pid, 2**30) for pid in _pids]), StubGpu(1)])
-gpuwatch.nvml.load_module = lambda: stub
+gpuwatch.collect.nvml.load_module = lambda: stub
 
 
 def _hang_one(_signum: int, _frame: object) -> None:

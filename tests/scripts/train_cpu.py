@@ -162,8 +162,8 @@ if a.result:
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, a.result)
 if a.dist:
     dist.destroy_process_group()
-if "gpuwatch.hook" in sys.modules:  # attached, explicitly or by `gpuwatch run`
-    from gpuwatch import hook
+if "gpuwatch.job.hook.core" in sys.modules:  # attached, explicitly or by `gpuwatch run`
+    from gpuwatch.job.hook import core as hook
 
     print("gpuwatch-hook-stats " + json.dumps(hook.stats()), file=sys.stderr)
 print(f"trained {step + 1} steps", file=sys.stderr)

@@ -165,7 +165,7 @@ else:  # accumulate
         record(t0, 0.0)
 if out:
     out.close()
-if "gpuwatch.hook" in sys.modules:  # attached, by `gpuwatch run`
-    from gpuwatch import hook
+if "gpuwatch.job.hook.core" in sys.modules:  # attached, by `gpuwatch run`
+    from gpuwatch.job.hook import core as hook
 
     print("gpuwatch-hook-stats " + json.dumps(hook.stats()), file=sys.stderr)

@@ -49,7 +49,7 @@ from gpuwatch.samples import (
     StepsSample,
 )
 from gpuwatch.store import Store
-from gpuwatch.trace import iter_trace, meta_infos
+from gpuwatch.trace.format import iter_trace, meta_infos
 
 log = logging.getLogger(__name__)
 

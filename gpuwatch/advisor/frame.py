@@ -1,24 +1,24 @@
-"""The one vocabulary rules speak, and the bucketed history that windowed statistics read.
-
-Every data source (a recording, the live store, Prometheus) is mapped onto the trace
-format's field names, so one rule file serves them all. A few names are renamed where the
-trace uses one field name on two line kinds (the host's ``mem_used_bytes`` becomes
-``host_mem_used_bytes``), and a few derived signals are defined here (``mem_used_ratio``,
-``data_wait_ratio``, ``job_workers`` ...), each computed from raw fields per time bucket.
-
-History is kept as fixed-width time buckets (``res`` seconds): each bucket holds the mean
-of the samples that fell in it (the last value for counters and facts) and a weight, and
-each signal keeps running prefix sums so a windowed mean costs O(1) however long the
-window. Rings are trimmed to the longest window the rules use, so memory stays bounded
-however long the recording.
-"""
+"""The frame: every sample bucketed into fixed-width time buckets, per subject (each GPU,
+and the host), with the derived signals computed per bucket and the job windows the
+attribution reads. Fed samples in time order; calls back after each bucket closes."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
+
+from gpuwatch.advisor.attribution import (
+    SHARE_CATEGORIES,
+    Attribution,
+    JobWindow,
+    SpanTotals,
+    attribute_group,
+)
+from gpuwatch.advisor.facts import cc_number
+from gpuwatch.advisor.vocabulary import CONFIG_KEYS, VOCABULARY
+from gpuwatch.advisor.windows import Ring, ring_mean, ring_sums
 
 # NVML clock event reason bits (nvmlClocksEventReason* in nvml.h)
 _SW_POWER_CAP = 0x4
@@ -26,200 +26,6 @@ _HW_SLOWDOWN = 0x8
 _SW_THERMAL = 0x20
 _HW_THERMAL = 0x40
 _HW_POWER_BRAKE = 0x80
-
-
-@dataclass(frozen=True, slots=True)
-class SignalDef:
-    """One name of the vocabulary."""
-
-    name: str
-    table: str  # gpu | host | job | config | fact
-    unit: str
-    doc: str
-    agg: str = "mean"  # how samples in one bucket combine: mean | last | counter
-    derived: bool = False
-
-
-def _defs() -> dict[str, SignalDef]:
-    rows: list[tuple[str, str, str, str, str, bool]] = [
-        # name, table, unit, agg, doc, derived
-        ("util", "gpu", "ratio", "mean", "NVML utilization.gpu: time fraction a kernel ran", False),
-        ("mem_util", "gpu", "ratio", "mean", "memory controller busy (not fullness)", False),
-        ("mem_used_bytes", "gpu", "bytes", "mean", "device memory used (all processes)", False),
-        ("mem_total_bytes", "gpu", "bytes", "last", "device memory size", False),
-        ("power_watts", "gpu", "watts", "mean", "board power draw", False),
-        ("power_limit_watts", "gpu", "watts", "last", "enforced power limit", False),
-        ("temp_celsius", "gpu", "celsius", "mean", "GPU temperature", False),
-        ("sm_clock_mhz", "gpu", "MHz", "mean", "SM clock", False),
-        ("mem_clock_mhz", "gpu", "MHz", "mean", "memory clock", False),
-        ("pstate", "gpu", "0-15", "last", "performance state (0 fastest)", False),
-        ("clock_event_reasons", "gpu", "bitmask", "last", "NVML clock event reasons", False),
-        ("energy_joules", "gpu", "joules", "counter", "energy since driver load", False),
-        ("pcie_tx_bytes_per_second", "gpu", "bytes/s", "mean", "PCIe transmit", False),
-        ("pcie_rx_bytes_per_second", "gpu", "bytes/s", "mean", "PCIe receive", False),
-        ("pcie_replay_total", "gpu", "count", "counter", "PCIe replays", False),
-        ("ecc_corrected_total", "gpu", "count", "counter", "corrected ECC errors", False),
-        ("ecc_uncorrected_total", "gpu", "count", "counter", "uncorrected ECC errors", False),
-        ("remapped_rows_correctable", "gpu", "rows", "last", "rows remapped (correctable)", False),
-        ("remapped_rows_uncorrectable", "gpu", "rows", "last", "rows remapped (uncorrectable)",
-         False),
-        ("remapped_rows_pending", "gpu", "0/1", "last", "a row remap waits for a GPU reset", False),
-        ("remapped_rows_failure", "gpu", "0/1", "last", "a row remap failed", False),
-        ("sm_active", "gpu", "ratio", "mean", "GPM: SMs busy (time x SMs)", False),
-        ("sm_occupancy", "gpu", "ratio", "mean", "GPM: resident warps / maximum", False),
-        ("tensor_active", "gpu", "ratio", "mean", "GPM: tensor pipes busy", False),
-        ("dram_active", "gpu", "ratio", "mean", "GPM: DRAM interface busy", False),
-        ("fp16_active", "gpu", "ratio", "mean", "GPM: FP16 (non-tensor) pipe busy", False),
-        ("fp32_active", "gpu", "ratio", "mean", "GPM: FP32 pipe busy", False),
-        ("fp64_active", "gpu", "ratio", "mean", "GPM: FP64 pipe busy", False),
-        # derived, per GPU
-        ("mem_used_ratio", "gpu", "ratio", "mean", "mem_used_bytes / mem_total_bytes", True),
-        ("mem_free_bytes", "gpu", "bytes", "mean", "mem_total_bytes - mem_used_bytes", True),
-        ("power_ratio", "gpu", "ratio", "mean", "power_watts / power_limit_watts", True),
-        ("gpu_processes", "gpu", "count", "mean", "processes holding memory on the GPU", True),
-        ("gpu_process_mem_bytes", "gpu", "bytes", "mean",
-         "memory the GPU's processes hold, summed", True),
-        ("xid_errors_total", "gpu", "count", "counter", "XID errors seen, all codes", True),
-        ("clock_power_capped", "gpu", "0/1", "mean", ("clocks held down by the power cap "
-         "(mean over a window: fraction of time)"), True),
-        ("clock_thermal", "gpu", "0/1", "mean", ("clocks held down for temperature "
-         "(sw or hw thermal slowdown)"), True),
-        ("clock_hw_slowdown", "gpu", "0/1", "mean", ("hardware slowdown or power brake "
-         "(power supply, cooling)"), True),
-        ("gpu_lost", "gpu", "0/1", "last", "the GPU fell off the bus", True),
-        # host
-        ("cpu_util", "host", "ratio", "mean", "host CPU busy, all cores", False),
-        ("load1", "host", "tasks", "mean", "1-minute load average", False),
-        ("load5", "host", "tasks", "mean", "5-minute load average", False),
-        ("host_mem_used_bytes", "host", "bytes", "mean", ("host memory used (trace: host "
-         "line mem_used_bytes)"), False),
-        ("host_mem_total_bytes", "host", "bytes", "last", "host memory size", False),
-        ("swap_used_bytes", "host", "bytes", "mean", "swap used", False),
-        ("job_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the job's process "
-         "trees (1.6 = 160 %)"), False),
-        ("job_processes", "host", "count", "mean", "processes in the job's trees", False),
-        ("job_rss_bytes", "host", "bytes", "mean", "summed RSS of the job's trees", False),
-        ("job_main_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the job's main "
-         "process(es) alone (optional field)"), False),
-        ("job_workers_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the main "
-         "processes' children (optional field)"), False),
-        # derived, host
-        ("cpu_free_cores", "host", "cores", "mean", "host_cpus x (1 - cpu_util)", True),
-        ("load_per_cpu", "host", "ratio", "mean", "load1 / host_cpus", True),
-        ("host_mem_used_ratio", "host", "ratio", "mean", "host memory used / total", True),
-        ("job_main_processes", "host", "count", "mean", ("processes using a GPU (the job "
-         "roots: one per rank)"), True),
-        ("job_workers", "host", "count", "mean", ("job processes that are not GPU users: "
-         "DataLoader workers (job_processes - job_main_processes)"), True),
-        ("main_cpu_cores", "host", "cores", "mean", ("job_main_cpu_cores per main process; "
-         "without the split, min(job_cpu_cores, mains) / mains"), True),
-        ("workers_cpu_cores", "host", "cores", "mean", ("job_workers_cpu_cores; without the "
-         "split, job_cpu_cores minus the mains' estimate"), True),
-        ("main_busy_ratio", "host", "ratio", "mean", ("how busy each main process is "
-         "(1 = one core pegged)"), True),
-        ("workers_busy_ratio", "host", "ratio", "mean", ("how busy each worker is on average "
-         "(1 = every worker pegs a core)"), True),
-        # hook: step lines (per job, mapped to its GPU)
-        ("step_seconds", "job", "seconds", "mean", ("wall time of one iteration (mean: per "
-         "step)"), False),
-        ("data_wait_seconds", "job", "seconds", "mean", ("time blocked in the DataLoader per "
-         "step"), False),
-        ("batch_size", "job", "samples", "last", "samples per step (step or config line)", False),
-        ("loss_scale", "job", "scale", "last", "GradScaler scale (fp16 only)", False),
-        ("loss", "job", "loss", "mean", ("training loss (the hook sends each report's newest "
-         "iteration's, unscaled)"), False),
-        ("mem_allocated_bytes", "job", "bytes", "last", "torch allocated at step end", False),
-        ("mem_reserved_bytes", "job", "bytes", "last", "torch caching allocator reserved", False),
-        ("max_mem_allocated_bytes", "job", "bytes", "last", "torch peak allocated", False),
-        # derived, hook
-        ("data_wait_ratio", "job", "ratio", "mean", ("share of step time blocked on data "
-         "(window mean: total wait / total step time)"), True),
-        ("step_rate", "job", "steps/s", "mean", "steps per second", True),
-        ("samples_per_second", "job", "samples/s", "mean", "step_rate x batch_size", True),
-        ("skipped_ratio", "job", "ratio", "mean", ("share of steps GradScaler skipped (or the "
-         "loss scale fell)"), True),
-        ("act_mem_per_sample_bytes", "job", "bytes", "last", ("activation memory per sample: "
-         "(max_mem_allocated - allocated at step end) / batch_size"), True),
-        ("mem_reserved_ratio", "job", "ratio", "mean", "mem_reserved_bytes / mem_total_bytes",
-         True),
-        ("first_batch_wait_ratio", "job", "ratio", "mean", ("share of step time spent waiting "
-         "for the first batch of a restarted DataLoader iterator (step lines' first_batch; "
-         "the run's first iterator does not count)"), True),
-        ("first_batch_wait_seconds", "job", "seconds", "mean", ("data wait of a new "
-         "iterator's first batch (window mean: per new iterator)"), True),
-        ("iterator_rate", "job", "1/s", "mean", ("new DataLoader iterators (epochs) started "
-         "per second"), True),
-        ("mem_allocated_growth_bytes_per_second", "job", "bytes/s", "mean", ("torch "
-         "allocated at step end: its least-squares slope over the window, per second"),
-         True),
-        ("mem_allocated_growth_r2", "job", "ratio", "mean", ("how straight that rise is "
-         "(R^2 of the fit: 1 = a steady rate)"), True),
-        # hook: config facts (current value; windows don't apply)
-        ("num_workers", "config", "count", "last", "DataLoader num_workers", False),
-        ("pin_memory", "config", "bool", "last", "DataLoader pin_memory", False),
-        ("persistent_workers", "config", "bool", "last", "DataLoader persistent_workers", False),
-        ("prefetch_factor", "config", "batches", "last", "DataLoader prefetch_factor", False),
-        ("autocast_dtype", "config", "text", "last", ("autocast dtype ('bfloat16', 'float16'; "
-         "null when off)"), False),
-        ("tf32", "config", "bool", "last", "TF32 matmuls allowed", False),
-        ("cudnn_benchmark", "config", "bool", "last", "torch.backends.cudnn.benchmark", False),
-        ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),
-        ("gradient_checkpointing", "config", "bool", "last", "activation checkpointing on",
-         False),
-        ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
-        ("world_size", "config", "count", "last", "distributed world size", False),
-        ("channels_last", "config", "bool", "last", ("the model's parameters are in "
-         "torch.channels_last memory format"), False),
-        ("cudnn_tf32", "config", "bool", "last", ("torch.backends.cudnn.allow_tf32: cuDNN "
-         "runs FP32 convolutions as TF32 (on by default)"), False),
-        ("uses_dataloader", "config", "bool", "last", ("the job iterates a torch DataLoader "
-         "(false: the hook saw none)"), False),
-        ("step_source", "config", "text", "last", ("what the hook counts as a step: "
-         "'optimizer' (optimizer.step) or 'backward' (loops without torch.optim)"), False),
-        ("autocast", "config", "bool", "last", "autocast to a 16-bit type is on", True),
-        # step-time attribution (docs/advice.md): each is a share of the window's wall time
-        # since the job's first step, and the five always sum to 1; any window function
-        # reads the share over its window (``mean(share_data, 15s)``, ``last`` = 15 s)
-        ("share_data", "job", "ratio", "mean", ("share of wall time blocked in the "
-         "DataLoader (claimed first)"), True),
-        ("share_sync", "job", "ratio", "mean", ("share of wall time this rank waits on a slower "
-         "peer in collectives (several ranks only; claimed second)"), True),
-        ("share_gpu", "job", "ratio", "mean", ("share of wall time the GPU works (SM active "
-         "where GPM exists, else NVML util; claimed third)"), True),
-        ("share_host", "job", "ratio", "mean", ("share of wall time the main process is busy "
-         "inside steps while the GPU idles (Python, launches, host syncs)"), True),
-        ("share_other", "job", "ratio", "mean", ("the rest: outside steps (pauses, evaluation, "
-         "checkpoints) or nobody busy"), True),
-        ("gpu_busy", "job", "ratio", "mean", ("the GPU busy share the attribution uses: SM "
-         "active where GPM exists, else NVML util, over the job's training time"), True),
-        ("job_rank", "job", "rank", "last", "the job's rank (0 for a single process)", True),
-        ("job_ranks", "job", "count", "last", ("ranks of this job on this host: those the hook "
-         "reports, else those whose environment ties them to one launch (1: a single "
-         "process)"), True),
-        ("rank_score", "job", "ratio", "mean", ("the fastest rank's own time per step over "
-         "this rank's (1: sets no one's pace; below 0.75: a straggler)"), True),
-        ("slowest_rank", "job", "rank", "last", "the rank with the lowest rank_score", True),
-        ("peer_straggler", "job", "0/1", "last", ("another rank of this job is a straggler "
-         "(rank_score < 0.75) that this rank waits for"), True),
-        ("straggler_gain", "job", "ratio", "last", ("step time now over step time once the "
-         "slowest rank's own bottleneck is gone: the other ranks' median pace, or its own GPU "
-         "work where that is slower (how much faster the job would go)"), True),
-        # facts
-        ("compute_capability", "fact", "major.minor", "last", ("the GPU's compute capability "
-         "as a number (8.6, 9.0)"), False),
-        ("host_cpus", "fact", "cores", "last", "logical CPUs on the host", False),
-        ("gpu_count", "fact", "count", "last", "GPUs seen on the host", False),
-        ("gpm", "fact", "0/1", "last", ("whether GPM fields (sm_active, tensor_active...) are "
-         "measured on this GPU"), False),
-        ("hook", "fact", "0/1", "last", "whether the torch hook reports steps for this GPU's job",
-         False),
-    ]
-    return {r[0]: SignalDef(name=r[0], table=r[1], unit=r[2], agg=r[3], doc=r[4], derived=r[5])
-            for r in rows}
-
-
-VOCABULARY: dict[str, SignalDef] = _defs()
-CONFIG_KEYS = {n for n, d in VOCABULARY.items() if d.table == "config" and not d.derived}
 
 # raw fields that live on gpu lines
 _GPU_RAW = [n for n, d in VOCABULARY.items() if d.table == "gpu" and not d.derived]
@@ -239,138 +45,6 @@ def _get(obj: Any) -> Callable[[str], Any]:
     if type(obj) is dict:
         return obj.get
     return lambda k: getattr(obj, k, None)
-
-
-# -- one signal's history ------------------------------------------------------------------
-class Ring:
-    """Bucket values of one signal, with prefix sums for O(1) weighted window means."""
-
-    __slots__ = ("base", "psum", "pw", "vals")
-
-    def __init__(self, base: int) -> None:
-        self.base = base  # absolute bucket index of vals[0]
-        self.vals: list[float | None] = []
-        self.psum: list[float] = [0.0]
-        self.pw: list[float] = [0.0]
-
-    def push(self, value: float | None, weight: float = 1.0) -> None:
-        self.vals.append(value)
-        psum, pw = self.psum, self.pw
-        if value is None or weight <= 0:
-            psum.append(psum[-1])
-            pw.append(pw[-1])
-        else:
-            psum.append(psum[-1] + value * weight)
-            pw.append(pw[-1] + weight)
-
-    def end(self) -> int:
-        return self.base + len(self.vals)
-
-    def trim(self, keep: int) -> None:
-        extra = len(self.vals) - keep
-        if extra > keep:  # trim in chunks: O(1) amortised
-            del self.vals[:extra]
-            del self.psum[:extra]
-            del self.pw[:extra]
-            self.base += extra
-
-    def span(self, end: int, n: int) -> tuple[int, int]:
-        """List positions of the ``n`` buckets ending before absolute index ``end``."""
-        e = min(end, self.end()) - self.base
-        s = max(0, e - n)
-        return s, max(s, e)
-
-    def values(self, end: int, n: int) -> list[float]:
-        s, e = self.span(end, n)
-        return [v for v in self.vals[s:e] if v is not None]
-
-    def mean(self, end: int, n: int) -> float | None:
-        # span() inlined: the windowed mean is the most read statistic
-        base = self.base
-        e = min(end, base + len(self.vals)) - base
-        s = e - n if e > n else 0
-        if e < s:
-            e = s
-        pw = self.pw
-        w = pw[e] - pw[s]
-        if w <= 0:
-            return None
-        return (self.psum[e] - self.psum[s]) / w
-
-    def last(self, end: int, n: int) -> float | None:
-        s, e = self.span(end, n)
-        for i in range(e - 1, s - 1, -1):
-            v = self.vals[i]
-            if v is not None:
-                return v
-        return None
-
-
-def _percentile(vals: list[float], q: float) -> float:
-    vals = sorted(vals)
-    if len(vals) == 1:
-        return vals[0]
-    pos = q * (len(vals) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
-
-
-def _counter_increase(vals: list[float]) -> float | None:
-    if len(vals) < 2:
-        return None if not vals else 0.0
-    if vals[0] == vals[-1] and min(vals) == max(vals):
-        return 0.0  # the usual case: no new errors (C-speed check)
-    if vals == sorted(vals):
-        return vals[-1] - vals[0]  # no reset in the window
-    total = 0.0
-    prev = vals[0]
-    for v in vals[1:]:
-        total += v - prev if v >= prev else v  # a reset starts the counter from zero
-        prev = v
-    return total
-
-
-_COUNTER_FNS = frozenset({"delta", "increase", "rate"})
-_PCT = {"median": 0.5, "p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
-
-
-def window_stat(ring: Ring, fn: str, end: int, n: int, res: float) -> float | None:
-    """One windowed statistic over the ``n`` buckets before ``end``."""
-    if fn in ("mean", "avg"):
-        return ring.mean(end, n)
-    if fn == "last":
-        return ring.last(end, n)
-    if fn in _COUNTER_FNS:
-        # the usual case, a counter that did not move (health rules read 10 min of it at
-        # every bucket): one C-speed pass over the window instead of filtering, min and max
-        s, e = ring.span(end, n)
-        window = ring.vals[s:e]
-        first = window[0] if window else None
-        if first is not None and first == first and window.count(first) == len(window):
-            return 0.0
-    vals = ring.values(end, n)
-    if fn == "count":
-        return float(len(vals))
-    if not vals:
-        return None
-    if fn == "min":
-        return min(vals)
-    if fn == "max":
-        return max(vals)
-    if fn == "first":
-        return vals[0]
-    if fn in _PCT:
-        return _percentile(vals, _PCT[fn])
-    if fn == "stddev":
-        m = sum(vals) / len(vals)
-        return math.sqrt(sum((v - m) ** 2 for v in vals) / len(vals))
-    if fn in ("delta", "increase"):
-        return _counter_increase(vals)
-    if fn == "rate":
-        inc = _counter_increase(vals)
-        return None if inc is None else inc / (n * res)
-    raise ValueError(f"unknown window function {fn!r}")
 
 
 # -- accumulating one bucket ------------------------------------------------------------
@@ -417,252 +91,6 @@ class _Acc:
         self.s.clear()
         self.n.clear()
         self.last.clear()
-
-# -- step-time attribution -----------------------------------------------------------------
-# categories in the order they claim wall time (docs/advice.md): each takes only what the
-# ones before it left, so the five always sum to 1 (the PyTorch profiler TensorBoard
-# plugin's priority-claim design)
-SHARE_CATEGORIES = ("data", "sync", "gpu", "host", "other")
-SHARE_SIGNALS = {f"share_{c}": c for c in SHARE_CATEGORIES}
-RANK_SIGNALS = frozenset({"gpu_busy", "job_rank", "job_ranks", "rank_score", "slowest_rank",
-                          "peer_straggler", "straggler_gain"})
-ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
-# nvidia-resiliency-ext flags a rank whose score (best rank's time / its own) is below this
-STRAGGLER_SCORE = 0.75
-# workers this busy (each pegging its core) are the bottleneck when nothing else is
-_WORKERS_PEGGED = 0.8
-
-
-@dataclass(frozen=True, slots=True)
-class JobWindow:
-    """What the attribution reads of one job over a stretch of wall time (``wall`` s)."""
-
-    wall: float
-    hook: bool  # step times measured by the hook (else NVML and psutil alone)
-    steps: float = 0.0  # steps that ended in it
-    step_total: float = 0.0  # their summed step time, seconds
-    data_total: float | None = None  # summed DataLoader wait, seconds
-    busy: float | None = None  # GPU busy share: SM active where GPM exists, else util
-    util: float | None = None  # NVML util (time any kernel ran: NCCL spin kernels count)
-    main: float | None = None  # main process busy (1 = one core)
-    workers_busy: float | None = None  # DataLoader workers busy (1 = each pegs a core)
-    workers: float | None = None  # DataLoader worker processes
-
-    @property
-    def workers_pegged(self) -> bool:
-        """DataLoader workers, each keeping its core busy: what the GPU waits for."""
-        return bool(self.workers) and (self.workers_busy or 0.0) >= _WORKERS_PEGGED
-
-    def need(self) -> float:
-        """Share of wall time this rank's own pipeline leaves its GPU without work: its
-        data wait, or the time NVML saw no kernel at all (a rank that waits on a peer runs
-        NCCL kernels meanwhile, so it needs little)."""
-        if self.hook:
-            data = (self.data_total or 0.0) / self.wall
-        else:  # pegged DataLoader workers: what the GPU's idle time waits for (claim_shares)
-            data = 1.0 - min(1.0, max(0.0, self.busy)) \
-                if self.workers_pegged and self.busy is not None else 0.0
-        idle = 1.0 - self.util if self.util is not None else 0.0
-        return min(1.0, max(data, idle))
-
-
-class _SpanTotals:
-    """A job's attribution inputs summed bucket by bucket since its first step."""
-
-    __slots__ = ("s",)
-
-    _KEYS = ("wall", "steps", "step_total", "data_total", "busy", "util", "main",
-             "workers_busy", "workers")
-
-    def __init__(self) -> None:
-        self.s: dict[str, float] = {}
-
-    def add(self, w: JobWindow) -> None:
-        s = self.s
-        s["wall"] = s.get("wall", 0.0) + w.wall
-        s["hook"] = 1.0 if w.hook else s.get("hook", 0.0)
-        for k in ("steps", "step_total"):
-            s[k] = s.get(k, 0.0) + getattr(w, k)
-        if w.data_total is not None:
-            s["data_total"] = s.get("data_total", 0.0) + w.data_total
-        for k in ("busy", "util", "main", "workers_busy", "workers"):
-            v = getattr(w, k)
-            if v is not None:  # a time-weighted mean over the buckets that measured it
-                s[k] = s.get(k, 0.0) + v * w.wall
-                s["_w_" + k] = s.get("_w_" + k, 0.0) + w.wall
-
-    def total(self) -> JobWindow | None:
-        s = self.s
-        if not s.get("wall"):
-            return None
-
-        def mean(k: str) -> float | None:
-            w = s.get("_w_" + k)
-            return s[k] / w if w else None
-
-        return JobWindow(wall=s["wall"], hook=bool(s.get("hook")), steps=s.get("steps", 0.0),
-                         step_total=s.get("step_total", 0.0), data_total=s.get("data_total"),
-                         busy=mean("busy"), util=mean("util"), main=mean("main"),
-                         workers_busy=mean("workers_busy"), workers=mean("workers"))
-
-
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    """One job's (one rank's) wall time split into the five categories, and its rank's
-    standing among the job's ranks."""
-
-    shares: dict[str, float]
-    window: JobWindow
-    rank: int | None = None
-    ranks: int = 1
-    score: float = 1.0
-    slowest_rank: int | None = None
-    peer_straggler: bool = False
-    straggler_gain: float = 1.0
-
-    def value(self, name: str) -> float | None:
-        if name in SHARE_SIGNALS:
-            return self.shares[SHARE_SIGNALS[name]]
-        if name == "gpu_busy":
-            return self.window.busy
-        if name == "job_rank":
-            return float(self.rank) if self.rank is not None else 0.0
-        if name == "job_ranks":
-            return float(self.ranks)
-        if name == "rank_score":
-            return self.score
-        if name == "slowest_rank":
-            return float(self.slowest_rank) if self.slowest_rank is not None else None
-        if name == "peer_straggler":
-            return 1.0 if self.peer_straggler else 0.0
-        if name == "straggler_gain":
-            return self.straggler_gain
-        return None
-
-    def top(self) -> str:
-        """The largest slice: the bottleneck ("gpu": the GPU itself, which is as it
-        should be)."""
-        return max(SHARE_CATEGORIES, key=lambda c: self.shares[c])
-
-
-def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
-    """Split ``w``'s wall time by priority claims; None when the GPU was not measured."""
-    if w.wall <= 0 or w.busy is None:
-        return None
-    busy = min(1.0, max(0.0, w.busy))
-    if w.hook:
-        in_step = min(1.0, w.step_total / w.wall)
-        data = min(in_step, (w.data_total or 0.0) / w.wall)
-        sync = min(max(0.0, sync), in_step - data)
-        gpu = min(busy, 1.0 - data - sync)
-        room = max(0.0, in_step - data - sync - gpu)
-        # inside steps, the GPU idle and no data wait: the main process is at work (Python,
-        # launches, a host sync) unless psutil saw it idle (sleeping, blocked on I/O)
-        host = min(room, w.main) if w.main is not None else room
-    else:
-        # without step times, all the time counts as training: a rank's wait for a slower
-        # peer first (the ranks of one launch, host.py), then GPU work; pegged DataLoader
-        # workers are taken to be what the rest waits for, else the main process
-        sync = min(1.0, max(0.0, sync))
-        gpu = min(busy, 1.0 - sync)
-        rest = 1.0 - gpu - sync
-        if w.workers_pegged:
-            data, host = rest, 0.0
-        else:
-            data = 0.0
-            host = min(rest, w.main) if w.main is not None else 0.0
-    shares = {"data": data, "sync": sync, "gpu": gpu, "host": host}
-    shares = {k: max(0.0, v) for k, v in shares.items()}
-    total = sum(shares.values())
-    if total > 1.0:
-        shares = {k: v / total for k, v in shares.items()}
-        total = 1.0
-    shares["other"] = 1.0 - total
-    return shares
-
-
-def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
-                    ) -> dict[Any, Attribution]:
-    """Attribution for the ranks of one job (a single process: a group of one).
-
-    A rank whose own pipeline needs less of each step than the slowest rank's waits for it
-    in the collectives: that difference is its ``sync`` share, claimed before GPU work
-    (NCCL kernels spinning on a peer keep NVML util high but do no work)."""
-    needs = {k: w.need() for k, (w, _) in windows.items()}
-    multi = len(windows) >= 2
-    top = max(needs.values(), default=0.0)
-    syncs = {k: (top - n if multi else 0.0) for k, n in needs.items()}
-    own = {k: max(1e-6, 1.0 - s) for k, s in syncs.items()}
-    best = min(own.values(), default=1.0)
-    slowest = max(own, key=lambda k: own[k]) if multi else None
-    slow_rank = windows[slowest][1] if slowest is not None else None
-    shares_of = {k: claim_shares(w, syncs[k]) for k, (w, _) in windows.items()}
-    others = sorted(v for k, v in own.items() if k != slowest)
-    gain = 1.0
-    if others and slowest is not None:
-        mid = len(others) // 2
-        pace = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
-        # with its own bottleneck (data wait, host time) gone, the slowest rank still does
-        # its GPU work: the job goes at the slower of that and the others' median pace
-        sh = shares_of[slowest]
-        if sh is not None and max(sh["data"], sh["host"]) >= sh["gpu"]:
-            pace = max(pace, own[slowest] * (1.0 - max(sh["data"], sh["host"])))
-        gain = own[slowest] / pace
-    slow_score = best / own[slowest] if slowest is not None else 1.0
-    out = {}
-    for k, (w, rank) in windows.items():
-        shares = shares_of[k]
-        if shares is None:
-            continue
-        out[k] = Attribution(shares=shares, window=w, rank=rank, ranks=len(windows),
-                             score=best / own[k], slowest_rank=slow_rank,
-                             peer_straggler=(multi and k != slowest
-                                             and slow_score < STRAGGLER_SCORE),
-                             straggler_gain=max(1.0, gain) if multi else 1.0)
-    return out
-
-
-GROWTH_SIGNALS = frozenset({"mem_allocated_growth_bytes_per_second",
-                            "mem_allocated_growth_r2"})
-
-
-def growth(ring: Ring | None, end: int, n: int, res: float) -> tuple[float, float] | None:
-    """Least-squares slope (per second) and R^2 of a ring's values over a window; None with
-    fewer than 5 values (a leak is a rise sustained over many steps)."""
-    if ring is None:
-        return None
-    s, e = ring.span(end, n)
-    pts = [(i, v) for i, v in enumerate(ring.vals[s:e]) if v is not None]
-    if len(pts) < 5:
-        return None
-    k = len(pts)
-    mx = sum(p[0] for p in pts) / k
-    my = sum(p[1] for p in pts) / k
-    sxx = sum((p[0] - mx) ** 2 for p in pts)
-    sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
-    syy = sum((p[1] - my) ** 2 for p in pts)
-    if sxx <= 0:
-        return None
-    slope = sxy / sxx
-    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
-    return slope / res, r2
-
-
-def _ring_sums(ring: Ring | None, s: int, e: int) -> tuple[float, float]:
-    """Sum of value x weight and of weights over absolute buckets [s, e)."""
-    if ring is None:
-        return 0.0, 0.0
-    a = max(s, ring.base) - ring.base
-    b = min(e, ring.base + len(ring.vals)) - ring.base
-    if b <= a:
-        return 0.0, 0.0
-    return ring.psum[b] - ring.psum[a], ring.pw[b] - ring.pw[a]
-
-
-def _ring_mean(ring: Ring | None, s: int, e: int) -> float | None:
-    total, w = _ring_sums(ring, s, e)
-    return total / w if w > 0 else None
-
 
 
 class Table:
@@ -728,7 +156,7 @@ class Subject:
         # when the steps its span counts (those read from job_warm on) began: the whole
         # run's wall clock runs from here to job_t1, so the time matches the steps summed
         self.span_t0: float | None = None
-        self.span = _SpanTotals()  # the attribution's inputs summed since the first step
+        self.span = SpanTotals()  # the attribution's inputs summed since the first step
         self.steps_seen = 0.0  # every step the hook reported for this job, counted exactly
         self.span_at_last_step: JobWindow | None = None
 
@@ -954,7 +382,7 @@ class Frame:
         process looked like it trained) is dropped, so the whole run's split is the
         hook's alone."""
         subj.job_warm = self.idx + 1
-        subj.span = _SpanTotals()
+        subj.span = SpanTotals()
         subj.span_at_last_step = None
         subj.span_t0 = None
 
@@ -1332,21 +760,21 @@ class Frame:
             return None
         gt = subj.gpu_table.rings
         busy_ring = gt.get("sm_active") if subj.facts.get("gpm") else None
-        busy = _ring_mean(busy_ring, start, end)
-        util = _ring_mean(gt.get("util"), start, end)
+        busy = ring_mean(busy_ring, start, end)
+        util = ring_mean(gt.get("util"), start, end)
         if busy is None:
             busy = util
-        main = _ring_mean(self._cpu_ring(subj, "main_busy_ratio"), start, end)
-        wb = _ring_mean(self._cpu_ring(subj, "workers_busy_ratio"), start, end)
-        workers = _ring_mean(self._cpu_ring(subj, "job_workers"), start, end)
+        main = ring_mean(self._cpu_ring(subj, "main_busy_ratio"), start, end)
+        wb = ring_mean(self._cpu_ring(subj, "workers_busy_ratio"), start, end)
+        workers = ring_mean(self._cpu_ring(subj, "job_workers"), start, end)
         wall = (end - start) * self.res
         if not hook:
             return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
                              workers_busy=wb, workers=workers)
         rings = table.rings
-        step_total, _ = _ring_sums(rings.get("step_seconds"), start, end)
-        rate_sum, _ = _ring_sums(rings.get("step_rate"), start, end)
-        dw, dw_steps = _ring_sums(rings.get("data_wait_ratio"), start, end)
+        step_total, _ = ring_sums(rings.get("step_seconds"), start, end)
+        rate_sum, _ = ring_sums(rings.get("step_rate"), start, end)
+        dw, dw_steps = ring_sums(rings.get("data_wait_ratio"), start, end)
         # a step that began before the window still counts whole in it; a window's own
         # total is clamped (``clamp``), a run's is summed from unclamped buckets
         return JobWindow(wall=wall, hook=True, steps=rate_sum * self.res,
@@ -1552,53 +980,3 @@ def _config_value(v: Any) -> Any:
     if isinstance(v, (int, float)):
         return float(v)
     return v
-
-
-def cc_number(cc: Any) -> float | None:
-    """[9, 0], (8, 6), "8.6" or 8.6 → 8.6 (a number rules can compare)."""
-    if cc is None:
-        return None
-    if isinstance(cc, (list, tuple)) and len(cc) >= 2:
-        return float(cc[0]) + float(cc[1]) / 10.0
-    if isinstance(cc, (int, float)):
-        return float(cc)
-    if isinstance(cc, str):
-        major, _, minor = cc.strip().partition(".")
-        return float(major) + (float(minor[:1]) / 10.0 if minor else 0.0)
-    return None
-
-
-def cc_text(cc: float | None) -> str | None:
-    if cc is None:
-        return None
-    major = int(cc + 1e-9)
-    minor = round((cc - major) * 10)
-    return f"{major}.{minor}"
-
-
-def arch_supports(cc: float | None) -> dict[str, bool | None]:
-    """What a compute capability gives a training job (None: unknown)."""
-    if cc is None:
-        return {"tensor_cores": None, "fp16": None, "bf16": None, "tf32": None, "fp8": None}
-    return {"tensor_cores": cc >= 7.0, "fp16": cc >= 6.0, "bf16": cc >= 8.0, "tf32": cc >= 8.0,
-            "fp8": cc >= 8.9}
-
-
-__all__ = [
-    "ATTRIBUTION_SIGNALS",
-    "GROWTH_SIGNALS",
-    "CONFIG_KEYS",
-    "SHARE_CATEGORIES",
-    "Attribution",
-    "JobWindow",
-    "claim_shares",
-    "VOCABULARY",
-    "Frame",
-    "Ring",
-    "SignalDef",
-    "Subject",
-    "arch_supports",
-    "cc_number",
-    "cc_text",
-    "window_stat",
-]

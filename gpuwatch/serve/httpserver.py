@@ -29,7 +29,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from gpuwatch import __version__
-from gpuwatch.config import parse_listen_address
 from gpuwatch.errors import UserError
 from gpuwatch.samples import (
     GpuInfo,
@@ -41,7 +40,8 @@ from gpuwatch.samples import (
     JobTree,
     Snapshot,
 )
-from gpuwatch.webconfig import WebConfig, WebConfigFile
+from gpuwatch.serve.config import parse_listen_address
+from gpuwatch.serve.webconfig import WebConfig, WebConfigFile
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from gpuwatch.errors import FileFormatError, UserError
-from gpuwatch.privacy import Privacy
+from gpuwatch.serve.privacy import Privacy
 
 DEFAULT_LISTEN = "127.0.0.1:9442"
 # AF_UNIX paths are limited to 108 bytes including the terminating NUL on Linux

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwatch import __version__, logs
-from gpuwatch.protocol import DROP_REASONS
+from gpuwatch.job.protocol import DROP_REASONS
 from gpuwatch.samples import GpuInfo, GpuSample, Health, HostSample, JobStats, Snapshot
 
 log = logging.getLogger(__name__)

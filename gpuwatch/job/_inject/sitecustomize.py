@@ -81,7 +81,7 @@ def _import_hook_module():
         # whichever one the job's Python finds first (another install, another version):
         # it must speak the launcher's protocol. Loaded by location, without putting the
         # launcher's site-packages on the job's path.
-        package_dir = os.path.dirname(_HERE)
+        package_dir = os.path.dirname(os.path.dirname(_HERE))  # gpuwatch/job/_inject
         spec = importlib.util.spec_from_file_location(
             "gpuwatch", os.path.join(package_dir, "__init__.py"),
             submodule_search_locations=[package_dir])
@@ -92,7 +92,7 @@ def _import_hook_module():
         except BaseException:
             del sys.modules["gpuwatch"]
             raise
-    return importlib.import_module("gpuwatch.hook")
+    return importlib.import_module("gpuwatch.job.hook")
 
 
 class _AttachAfterTorch:

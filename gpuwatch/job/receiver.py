@@ -2,7 +2,7 @@
 
 ``HookReceiver(store, socket_path)`` binds the socket (mode 0660 in the group
 ``gpuwatch`` where that group exists, so its members may report; else 0600), receives on a
-thread of its own, validates each datagram with :mod:`gpuwatch.protocol` and turns it into what the store holds:
+thread of its own, validates each datagram with :mod:`gpuwatch.job.protocol` and turns it into what the store holds:
 ``JobStats`` per process (``set_job``), per-step ``StepSample`` (``add_steps``) and
 ``ConfigSample`` (``set_config``). A bad datagram costs only itself: it is dropped and
 counted by reason (``count_hook_message(dropped_reason=...)``).
@@ -29,8 +29,9 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from gpuwatch import logs, protocol
+from gpuwatch import logs
 from gpuwatch.errors import UserError
+from gpuwatch.job import protocol
 from gpuwatch.samples import ConfigSample, JobEnd, JobStats, StepSample
 from gpuwatch.store import Store, unseen_steps
 

@@ -2,7 +2,7 @@
 
 ``attach()`` (public as ``gpuwatch.torch.attach()``, or injected by ``gpuwatch run --``)
 installs light wrappers around a few torch entry points and reports aggregated numbers
-twice a second over a Unix datagram socket (schema: :mod:`gpuwatch.protocol`):
+twice a second over a Unix datagram socket (schema: :mod:`gpuwatch.job.protocol`):
 
 - an iteration ends at each optimizer step (torch's global optimizer step post hook), or,
   with an enabled ``GradScaler``, at ``scaler.update()``, so that a step the scaler skipped
@@ -53,7 +53,7 @@ import torch.utils.data.dataloader
 from torch.amp.grad_scaler import GradScaler
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from gpuwatch import protocol
+from gpuwatch.job import protocol
 
 ENV_SOCKET = "GPUWATCH_SOCKET"  # one path, or several separated by os.pathsep
 SYSTEM_SOCKET = "/run/gpuwatch/hook.sock"

@@ -16,15 +16,12 @@ records host lines only, and the meta line has no ``gpu_name``.
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import itertools
 import logging
 import os
 import queue
-import signal
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -33,7 +30,7 @@ from gpuwatch import logs
 from gpuwatch.errors import UserError
 from gpuwatch.samples import TRACE_FORMAT, Sample
 from gpuwatch.store import Store
-from gpuwatch.trace import TraceWriter
+from gpuwatch.trace.format import TraceWriter
 
 log = logging.getLogger(__name__)
 
@@ -202,57 +199,3 @@ def _silence_stdout() -> None:
         return
     os.dup2(null, 1)
     os.close(null)
-
-
-def main(args: argparse.Namespace) -> int:
-    """``gpuwatch record FILE``: sample like the daemon, serve nothing, write a trace."""
-    from gpuwatch.config import config_from_args
-    from gpuwatch.daemon import Daemon
-
-    duration = getattr(args, "duration", None)
-    if duration is not None and not duration > 0:
-        raise UserError(f"--duration must be above 0 seconds, got {duration:g}")
-    config = config_from_args(args)
-    # the daemon's own recorder, started before its sampler so the first tick is in it
-    config = replace(config, record=args.file)
-    stop = threading.Event()
-    previous: dict[int, Any] = {}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("received %s, finishing the recording", signal.Signals(signum).name)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)  # a second signal acts as usual
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, on_signal)
-    daemon = Daemon(config, serve_http=False)
-    daemon.scenario = args.scenario
-    recorder: Recorder | None = None
-    try:
-        daemon.start()
-        recorder = daemon.recorder
-        if args.file != "-":
-            log.info("recording to %s every %g s%s", args.file, config.interval,
-                     f" for {duration:g} s" if duration else " until interrupted")
-        deadline = None if duration is None else time.monotonic() + duration
-        # short waits: the signal handler runs between them on the main thread
-        while not stop.is_set() and not (recorder is not None and recorder.failed):
-            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
-            if left <= 0:
-                break
-            stop.wait(left)
-    finally:
-        daemon.stop()  # the recorder last: it writes out the last of the samples
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if recorder is not None and recorder.broken_pipe:
-        # the reader has all it wanted (`| head`): end as other tools do there, by SIGPIPE,
-        # quietly (and without the interpreter flushing into the broken pipe at exit)
-        from gpuwatch.launcher import die_by_signal
-
-        die_by_signal(signal.SIGPIPE)
-    if recorder is not None and recorder.failed:
-        raise UserError(recorder.failed)
-    return 0

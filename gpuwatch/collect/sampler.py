@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from gpuwatch.nvml import GpuLost, Nvml, NvmlGone, NvmlGpu, XidWatcher
+from gpuwatch.collect.nvml import GpuLost, Nvml, NvmlGone, NvmlGpu, XidWatcher
 from gpuwatch.samples import GpuInfo, GpuProcess, GpuSample, Health, HostSample, Snapshot
 from gpuwatch.store import Store
 
@@ -315,7 +315,7 @@ class _ProcessNames:
 
 
 class Sampler:
-    """Samples every GPU (through :mod:`gpuwatch.nvml`) and the host into a Store."""
+    """Samples every GPU (through :mod:`gpuwatch.collect.nvml`) and the host into a Store."""
 
     def __init__(self, store: Store, *, interval: float = 1.0, slow_interval: float = 30.0,
                  nvml_module: object | None = None, host: object | None = None,
@@ -783,7 +783,7 @@ class Sampler:
         if host is not None:
             return host
         try:
-            from gpuwatch.host import HostSampler
+            from gpuwatch.collect.host import HostSampler
 
             return HostSampler()
         except Exception as err:  # noqa: BLE001 - GPU metrics still flow

@@ -1,0 +1,209 @@
+"""Step-time attribution: a job's (each rank's) wall time split into data, sync, GPU,
+host and other (docs/advice.md), and each rank's standing among the job's ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# categories in the order they claim wall time (docs/advice.md): each takes only what the
+# ones before it left, so the five always sum to 1 (the PyTorch profiler TensorBoard
+# plugin's priority-claim design)
+SHARE_CATEGORIES = ("data", "sync", "gpu", "host", "other")
+SHARE_SIGNALS = {f"share_{c}": c for c in SHARE_CATEGORIES}
+RANK_SIGNALS = frozenset({"gpu_busy", "job_rank", "job_ranks", "rank_score", "slowest_rank",
+                          "peer_straggler", "straggler_gain"})
+ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
+# nvidia-resiliency-ext flags a rank whose score (best rank's time / its own) is below this
+STRAGGLER_SCORE = 0.75
+# workers this busy (each pegging its core) are the bottleneck when nothing else is
+_WORKERS_PEGGED = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class JobWindow:
+    """What the attribution reads of one job over a stretch of wall time (``wall`` s)."""
+
+    wall: float
+    hook: bool  # step times measured by the hook (else NVML and psutil alone)
+    steps: float = 0.0  # steps that ended in it
+    step_total: float = 0.0  # their summed step time, seconds
+    data_total: float | None = None  # summed DataLoader wait, seconds
+    busy: float | None = None  # GPU busy share: SM active where GPM exists, else util
+    util: float | None = None  # NVML util (time any kernel ran: NCCL spin kernels count)
+    main: float | None = None  # main process busy (1 = one core)
+    workers_busy: float | None = None  # DataLoader workers busy (1 = each pegs a core)
+    workers: float | None = None  # DataLoader worker processes
+
+    @property
+    def workers_pegged(self) -> bool:
+        """DataLoader workers, each keeping its core busy: what the GPU waits for."""
+        return bool(self.workers) and (self.workers_busy or 0.0) >= _WORKERS_PEGGED
+
+    def need(self) -> float:
+        """Share of wall time this rank's own pipeline leaves its GPU without work: its
+        data wait, or the time NVML saw no kernel at all (a rank that waits on a peer runs
+        NCCL kernels meanwhile, so it needs little)."""
+        if self.hook:
+            data = (self.data_total or 0.0) / self.wall
+        else:  # pegged DataLoader workers: what the GPU's idle time waits for (claim_shares)
+            data = 1.0 - min(1.0, max(0.0, self.busy)) \
+                if self.workers_pegged and self.busy is not None else 0.0
+        idle = 1.0 - self.util if self.util is not None else 0.0
+        return min(1.0, max(data, idle))
+
+
+class SpanTotals:
+    """A job's attribution inputs summed bucket by bucket since its first step."""
+
+    __slots__ = ("s",)
+
+    _KEYS = ("wall", "steps", "step_total", "data_total", "busy", "util", "main",
+             "workers_busy", "workers")
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = {}
+
+    def add(self, w: JobWindow) -> None:
+        s = self.s
+        s["wall"] = s.get("wall", 0.0) + w.wall
+        s["hook"] = 1.0 if w.hook else s.get("hook", 0.0)
+        for k in ("steps", "step_total"):
+            s[k] = s.get(k, 0.0) + getattr(w, k)
+        if w.data_total is not None:
+            s["data_total"] = s.get("data_total", 0.0) + w.data_total
+        for k in ("busy", "util", "main", "workers_busy", "workers"):
+            v = getattr(w, k)
+            if v is not None:  # a time-weighted mean over the buckets that measured it
+                s[k] = s.get(k, 0.0) + v * w.wall
+                s["_w_" + k] = s.get("_w_" + k, 0.0) + w.wall
+
+    def total(self) -> JobWindow | None:
+        s = self.s
+        if not s.get("wall"):
+            return None
+
+        def mean(k: str) -> float | None:
+            w = s.get("_w_" + k)
+            return s[k] / w if w else None
+
+        return JobWindow(wall=s["wall"], hook=bool(s.get("hook")), steps=s.get("steps", 0.0),
+                         step_total=s.get("step_total", 0.0), data_total=s.get("data_total"),
+                         busy=mean("busy"), util=mean("util"), main=mean("main"),
+                         workers_busy=mean("workers_busy"), workers=mean("workers"))
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """One job's (one rank's) wall time split into the five categories, and its rank's
+    standing among the job's ranks."""
+
+    shares: dict[str, float]
+    window: JobWindow
+    rank: int | None = None
+    ranks: int = 1
+    score: float = 1.0
+    slowest_rank: int | None = None
+    peer_straggler: bool = False
+    straggler_gain: float = 1.0
+
+    def value(self, name: str) -> float | None:
+        if name in SHARE_SIGNALS:
+            return self.shares[SHARE_SIGNALS[name]]
+        if name == "gpu_busy":
+            return self.window.busy
+        if name == "job_rank":
+            return float(self.rank) if self.rank is not None else 0.0
+        if name == "job_ranks":
+            return float(self.ranks)
+        if name == "rank_score":
+            return self.score
+        if name == "slowest_rank":
+            return float(self.slowest_rank) if self.slowest_rank is not None else None
+        if name == "peer_straggler":
+            return 1.0 if self.peer_straggler else 0.0
+        if name == "straggler_gain":
+            return self.straggler_gain
+        return None
+
+    def top(self) -> str:
+        """The largest slice: the bottleneck ("gpu": the GPU itself, which is as it
+        should be)."""
+        return max(SHARE_CATEGORIES, key=lambda c: self.shares[c])
+
+
+def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
+    """Split ``w``'s wall time by priority claims; None when the GPU was not measured."""
+    if w.wall <= 0 or w.busy is None:
+        return None
+    busy = min(1.0, max(0.0, w.busy))
+    if w.hook:
+        in_step = min(1.0, w.step_total / w.wall)
+        data = min(in_step, (w.data_total or 0.0) / w.wall)
+        sync = min(max(0.0, sync), in_step - data)
+        gpu = min(busy, 1.0 - data - sync)
+        room = max(0.0, in_step - data - sync - gpu)
+        # inside steps, the GPU idle and no data wait: the main process is at work (Python,
+        # launches, a host sync) unless psutil saw it idle (sleeping, blocked on I/O)
+        host = min(room, w.main) if w.main is not None else room
+    else:
+        # without step times, all the time counts as training: a rank's wait for a slower
+        # peer first (the ranks of one launch, host.py), then GPU work; pegged DataLoader
+        # workers are taken to be what the rest waits for, else the main process
+        sync = min(1.0, max(0.0, sync))
+        gpu = min(busy, 1.0 - sync)
+        rest = 1.0 - gpu - sync
+        if w.workers_pegged:
+            data, host = rest, 0.0
+        else:
+            data = 0.0
+            host = min(rest, w.main) if w.main is not None else 0.0
+    shares = {"data": data, "sync": sync, "gpu": gpu, "host": host}
+    shares = {k: max(0.0, v) for k, v in shares.items()}
+    total = sum(shares.values())
+    if total > 1.0:
+        shares = {k: v / total for k, v in shares.items()}
+        total = 1.0
+    shares["other"] = 1.0 - total
+    return shares
+
+
+def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
+                    ) -> dict[Any, Attribution]:
+    """Attribution for the ranks of one job (a single process: a group of one).
+
+    A rank whose own pipeline needs less of each step than the slowest rank's waits for it
+    in the collectives: that difference is its ``sync`` share, claimed before GPU work
+    (NCCL kernels spinning on a peer keep NVML util high but do no work)."""
+    needs = {k: w.need() for k, (w, _) in windows.items()}
+    multi = len(windows) >= 2
+    top = max(needs.values(), default=0.0)
+    syncs = {k: (top - n if multi else 0.0) for k, n in needs.items()}
+    own = {k: max(1e-6, 1.0 - s) for k, s in syncs.items()}
+    best = min(own.values(), default=1.0)
+    slowest = max(own, key=lambda k: own[k]) if multi else None
+    slow_rank = windows[slowest][1] if slowest is not None else None
+    shares_of = {k: claim_shares(w, syncs[k]) for k, (w, _) in windows.items()}
+    others = sorted(v for k, v in own.items() if k != slowest)
+    gain = 1.0
+    if others and slowest is not None:
+        mid = len(others) // 2
+        pace = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+        # with its own bottleneck (data wait, host time) gone, the slowest rank still does
+        # its GPU work: the job goes at the slower of that and the others' median pace
+        sh = shares_of[slowest]
+        if sh is not None and max(sh["data"], sh["host"]) >= sh["gpu"]:
+            pace = max(pace, own[slowest] * (1.0 - max(sh["data"], sh["host"])))
+        gain = own[slowest] / pace
+    slow_score = best / own[slowest] if slowest is not None else 1.0
+    out = {}
+    for k, (w, rank) in windows.items():
+        shares = shares_of[k]
+        if shares is None:
+            continue
+        out[k] = Attribution(shares=shares, window=w, rank=rank, ranks=len(windows),
+                             score=best / own[k], slowest_rank=slow_rank,
+                             peer_straggler=(multi and k != slowest
+                                             and slow_score < STRAGGLER_SCORE),
+                             straggler_gain=max(1.0, gain) if multi else 1.0)
+    return out

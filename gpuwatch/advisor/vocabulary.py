@@ -1,0 +1,206 @@
+"""The one vocabulary rules speak: every signal's name, table, unit and meaning.
+
+Every data source (a recording, the live store, Prometheus) is mapped onto the trace
+format's field names, so one rule file serves them all. A few names are renamed where the
+trace uses one field name on two line kinds (the host's ``mem_used_bytes`` becomes
+``host_mem_used_bytes``), and a few derived signals are defined here (``mem_used_ratio``,
+``data_wait_ratio``, ``job_workers`` ...), computed per time bucket by :mod:`.frame`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SignalDef:
+    """One name of the vocabulary."""
+
+    name: str
+    table: str  # gpu | host | job | config | fact
+    unit: str
+    doc: str
+    agg: str = "mean"  # how samples in one bucket combine: mean | last | counter
+    derived: bool = False
+
+
+def _defs() -> dict[str, SignalDef]:
+    rows: list[tuple[str, str, str, str, str, bool]] = [
+        # name, table, unit, agg, doc, derived
+        ("util", "gpu", "ratio", "mean", "NVML utilization.gpu: time fraction a kernel ran", False),
+        ("mem_util", "gpu", "ratio", "mean", "memory controller busy (not fullness)", False),
+        ("mem_used_bytes", "gpu", "bytes", "mean", "device memory used (all processes)", False),
+        ("mem_total_bytes", "gpu", "bytes", "last", "device memory size", False),
+        ("power_watts", "gpu", "watts", "mean", "board power draw", False),
+        ("power_limit_watts", "gpu", "watts", "last", "enforced power limit", False),
+        ("temp_celsius", "gpu", "celsius", "mean", "GPU temperature", False),
+        ("sm_clock_mhz", "gpu", "MHz", "mean", "SM clock", False),
+        ("mem_clock_mhz", "gpu", "MHz", "mean", "memory clock", False),
+        ("pstate", "gpu", "0-15", "last", "performance state (0 fastest)", False),
+        ("clock_event_reasons", "gpu", "bitmask", "last", "NVML clock event reasons", False),
+        ("energy_joules", "gpu", "joules", "counter", "energy since driver load", False),
+        ("pcie_tx_bytes_per_second", "gpu", "bytes/s", "mean", "PCIe transmit", False),
+        ("pcie_rx_bytes_per_second", "gpu", "bytes/s", "mean", "PCIe receive", False),
+        ("pcie_replay_total", "gpu", "count", "counter", "PCIe replays", False),
+        ("ecc_corrected_total", "gpu", "count", "counter", "corrected ECC errors", False),
+        ("ecc_uncorrected_total", "gpu", "count", "counter", "uncorrected ECC errors", False),
+        ("remapped_rows_correctable", "gpu", "rows", "last", "rows remapped (correctable)", False),
+        ("remapped_rows_uncorrectable", "gpu", "rows", "last", "rows remapped (uncorrectable)",
+         False),
+        ("remapped_rows_pending", "gpu", "0/1", "last", "a row remap waits for a GPU reset", False),
+        ("remapped_rows_failure", "gpu", "0/1", "last", "a row remap failed", False),
+        ("sm_active", "gpu", "ratio", "mean", "GPM: SMs busy (time x SMs)", False),
+        ("sm_occupancy", "gpu", "ratio", "mean", "GPM: resident warps / maximum", False),
+        ("tensor_active", "gpu", "ratio", "mean", "GPM: tensor pipes busy", False),
+        ("dram_active", "gpu", "ratio", "mean", "GPM: DRAM interface busy", False),
+        ("fp16_active", "gpu", "ratio", "mean", "GPM: FP16 (non-tensor) pipe busy", False),
+        ("fp32_active", "gpu", "ratio", "mean", "GPM: FP32 pipe busy", False),
+        ("fp64_active", "gpu", "ratio", "mean", "GPM: FP64 pipe busy", False),
+        # derived, per GPU
+        ("mem_used_ratio", "gpu", "ratio", "mean", "mem_used_bytes / mem_total_bytes", True),
+        ("mem_free_bytes", "gpu", "bytes", "mean", "mem_total_bytes - mem_used_bytes", True),
+        ("power_ratio", "gpu", "ratio", "mean", "power_watts / power_limit_watts", True),
+        ("gpu_processes", "gpu", "count", "mean", "processes holding memory on the GPU", True),
+        ("gpu_process_mem_bytes", "gpu", "bytes", "mean",
+         "memory the GPU's processes hold, summed", True),
+        ("xid_errors_total", "gpu", "count", "counter", "XID errors seen, all codes", True),
+        ("clock_power_capped", "gpu", "0/1", "mean", ("clocks held down by the power cap "
+         "(mean over a window: fraction of time)"), True),
+        ("clock_thermal", "gpu", "0/1", "mean", ("clocks held down for temperature "
+         "(sw or hw thermal slowdown)"), True),
+        ("clock_hw_slowdown", "gpu", "0/1", "mean", ("hardware slowdown or power brake "
+         "(power supply, cooling)"), True),
+        ("gpu_lost", "gpu", "0/1", "last", "the GPU fell off the bus", True),
+        # host
+        ("cpu_util", "host", "ratio", "mean", "host CPU busy, all cores", False),
+        ("load1", "host", "tasks", "mean", "1-minute load average", False),
+        ("load5", "host", "tasks", "mean", "5-minute load average", False),
+        ("host_mem_used_bytes", "host", "bytes", "mean", ("host memory used (trace: host "
+         "line mem_used_bytes)"), False),
+        ("host_mem_total_bytes", "host", "bytes", "last", "host memory size", False),
+        ("swap_used_bytes", "host", "bytes", "mean", "swap used", False),
+        ("job_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the job's process "
+         "trees (1.6 = 160 %)"), False),
+        ("job_processes", "host", "count", "mean", "processes in the job's trees", False),
+        ("job_rss_bytes", "host", "bytes", "mean", "summed RSS of the job's trees", False),
+        ("job_main_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the job's main "
+         "process(es) alone (optional field)"), False),
+        ("job_workers_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the main "
+         "processes' children (optional field)"), False),
+        # derived, host
+        ("cpu_free_cores", "host", "cores", "mean", "host_cpus x (1 - cpu_util)", True),
+        ("load_per_cpu", "host", "ratio", "mean", "load1 / host_cpus", True),
+        ("host_mem_used_ratio", "host", "ratio", "mean", "host memory used / total", True),
+        ("job_main_processes", "host", "count", "mean", ("processes using a GPU (the job "
+         "roots: one per rank)"), True),
+        ("job_workers", "host", "count", "mean", ("job processes that are not GPU users: "
+         "DataLoader workers (job_processes - job_main_processes)"), True),
+        ("main_cpu_cores", "host", "cores", "mean", ("job_main_cpu_cores per main process; "
+         "without the split, min(job_cpu_cores, mains) / mains"), True),
+        ("workers_cpu_cores", "host", "cores", "mean", ("job_workers_cpu_cores; without the "
+         "split, job_cpu_cores minus the mains' estimate"), True),
+        ("main_busy_ratio", "host", "ratio", "mean", ("how busy each main process is "
+         "(1 = one core pegged)"), True),
+        ("workers_busy_ratio", "host", "ratio", "mean", ("how busy each worker is on average "
+         "(1 = every worker pegs a core)"), True),
+        # hook: step lines (per job, mapped to its GPU)
+        ("step_seconds", "job", "seconds", "mean", ("wall time of one iteration (mean: per "
+         "step)"), False),
+        ("data_wait_seconds", "job", "seconds", "mean", ("time blocked in the DataLoader per "
+         "step"), False),
+        ("batch_size", "job", "samples", "last", "samples per step (step or config line)", False),
+        ("loss_scale", "job", "scale", "last", "GradScaler scale (fp16 only)", False),
+        ("loss", "job", "loss", "mean", ("training loss (the hook sends each report's newest "
+         "iteration's, unscaled)"), False),
+        ("mem_allocated_bytes", "job", "bytes", "last", "torch allocated at step end", False),
+        ("mem_reserved_bytes", "job", "bytes", "last", "torch caching allocator reserved", False),
+        ("max_mem_allocated_bytes", "job", "bytes", "last", "torch peak allocated", False),
+        # derived, hook
+        ("data_wait_ratio", "job", "ratio", "mean", ("share of step time blocked on data "
+         "(window mean: total wait / total step time)"), True),
+        ("step_rate", "job", "steps/s", "mean", "steps per second", True),
+        ("samples_per_second", "job", "samples/s", "mean", "step_rate x batch_size", True),
+        ("skipped_ratio", "job", "ratio", "mean", ("share of steps GradScaler skipped (or the "
+         "loss scale fell)"), True),
+        ("act_mem_per_sample_bytes", "job", "bytes", "last", ("activation memory per sample: "
+         "(max_mem_allocated - allocated at step end) / batch_size"), True),
+        ("mem_reserved_ratio", "job", "ratio", "mean", "mem_reserved_bytes / mem_total_bytes",
+         True),
+        ("first_batch_wait_ratio", "job", "ratio", "mean", ("share of step time spent waiting "
+         "for the first batch of a restarted DataLoader iterator (step lines' first_batch; "
+         "the run's first iterator does not count)"), True),
+        ("first_batch_wait_seconds", "job", "seconds", "mean", ("data wait of a new "
+         "iterator's first batch (window mean: per new iterator)"), True),
+        ("iterator_rate", "job", "1/s", "mean", ("new DataLoader iterators (epochs) started "
+         "per second"), True),
+        ("mem_allocated_growth_bytes_per_second", "job", "bytes/s", "mean", ("torch "
+         "allocated at step end: its least-squares slope over the window, per second"),
+         True),
+        ("mem_allocated_growth_r2", "job", "ratio", "mean", ("how straight that rise is "
+         "(R^2 of the fit: 1 = a steady rate)"), True),
+        # hook: config facts (current value; windows don't apply)
+        ("num_workers", "config", "count", "last", "DataLoader num_workers", False),
+        ("pin_memory", "config", "bool", "last", "DataLoader pin_memory", False),
+        ("persistent_workers", "config", "bool", "last", "DataLoader persistent_workers", False),
+        ("prefetch_factor", "config", "batches", "last", "DataLoader prefetch_factor", False),
+        ("autocast_dtype", "config", "text", "last", ("autocast dtype ('bfloat16', 'float16'; "
+         "null when off)"), False),
+        ("tf32", "config", "bool", "last", "TF32 matmuls allowed", False),
+        ("cudnn_benchmark", "config", "bool", "last", "torch.backends.cudnn.benchmark", False),
+        ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),
+        ("gradient_checkpointing", "config", "bool", "last", "activation checkpointing on",
+         False),
+        ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
+        ("world_size", "config", "count", "last", "distributed world size", False),
+        ("channels_last", "config", "bool", "last", ("the model's parameters are in "
+         "torch.channels_last memory format"), False),
+        ("cudnn_tf32", "config", "bool", "last", ("torch.backends.cudnn.allow_tf32: cuDNN "
+         "runs FP32 convolutions as TF32 (on by default)"), False),
+        ("uses_dataloader", "config", "bool", "last", ("the job iterates a torch DataLoader "
+         "(false: the hook saw none)"), False),
+        ("step_source", "config", "text", "last", ("what the hook counts as a step: "
+         "'optimizer' (optimizer.step) or 'backward' (loops without torch.optim)"), False),
+        ("autocast", "config", "bool", "last", "autocast to a 16-bit type is on", True),
+        # step-time attribution (docs/advice.md): each is a share of the window's wall time
+        # since the job's first step, and the five always sum to 1; any window function
+        # reads the share over its window (``mean(share_data, 15s)``, ``last`` = 15 s)
+        ("share_data", "job", "ratio", "mean", ("share of wall time blocked in the "
+         "DataLoader (claimed first)"), True),
+        ("share_sync", "job", "ratio", "mean", ("share of wall time this rank waits on a slower "
+         "peer in collectives (several ranks only; claimed second)"), True),
+        ("share_gpu", "job", "ratio", "mean", ("share of wall time the GPU works (SM active "
+         "where GPM exists, else NVML util; claimed third)"), True),
+        ("share_host", "job", "ratio", "mean", ("share of wall time the main process is busy "
+         "inside steps while the GPU idles (Python, launches, host syncs)"), True),
+        ("share_other", "job", "ratio", "mean", ("the rest: outside steps (pauses, evaluation, "
+         "checkpoints) or nobody busy"), True),
+        ("gpu_busy", "job", "ratio", "mean", ("the GPU busy share the attribution uses: SM "
+         "active where GPM exists, else NVML util, over the job's training time"), True),
+        ("job_rank", "job", "rank", "last", "the job's rank (0 for a single process)", True),
+        ("job_ranks", "job", "count", "last", ("ranks of this job on this host: those the hook "
+         "reports, else those whose environment ties them to one launch (1: a single "
+         "process)"), True),
+        ("rank_score", "job", "ratio", "mean", ("the fastest rank's own time per step over "
+         "this rank's (1: sets no one's pace; below 0.75: a straggler)"), True),
+        ("slowest_rank", "job", "rank", "last", "the rank with the lowest rank_score", True),
+        ("peer_straggler", "job", "0/1", "last", ("another rank of this job is a straggler "
+         "(rank_score < 0.75) that this rank waits for"), True),
+        ("straggler_gain", "job", "ratio", "last", ("step time now over step time once the "
+         "slowest rank's own bottleneck is gone: the other ranks' median pace, or its own GPU "
+         "work where that is slower (how much faster the job would go)"), True),
+        # facts
+        ("compute_capability", "fact", "major.minor", "last", ("the GPU's compute capability "
+         "as a number (8.6, 9.0)"), False),
+        ("host_cpus", "fact", "cores", "last", "logical CPUs on the host", False),
+        ("gpu_count", "fact", "count", "last", "GPUs seen on the host", False),
+        ("gpm", "fact", "0/1", "last", ("whether GPM fields (sm_active, tensor_active...) are "
+         "measured on this GPU"), False),
+        ("hook", "fact", "0/1", "last", "whether the torch hook reports steps for this GPU's job",
+         False),
+    ]
+    return {r[0]: SignalDef(name=r[0], table=r[1], unit=r[2], agg=r[3], doc=r[4], derived=r[5])
+            for r in rows}
+
+
+VOCABULARY: dict[str, SignalDef] = _defs()
+CONFIG_KEYS = {n for n, d in VOCABULARY.items() if d.table == "config" and not d.derived}
