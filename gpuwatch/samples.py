@@ -143,6 +143,7 @@ class StepSample:
     skipped: bool | None = None
     first_batch: bool | None = None  # its data wait included a new DataLoader iterator's first
     first_batch_wait_seconds: float | None = None  # that part of its data wait
+    micro_batches: int | None = None  # backward() calls in it: gradient accumulation
     pid: int | None = None
     rank: int | None = None
     gpu: int | None = None
@@ -180,6 +181,8 @@ class StepsSample:
     mem_allocated_bytes: int | None = None  # the allocator, as last known
     mem_reserved_bytes: int | None = None
     max_mem_allocated_bytes: int | None = None
+    micro_batches: int | None = None  # backward() calls, summed over the steps that counted
+    micro_counted: int | None = None  # them (absent: not counted)
     pid: int | None = None
     rank: int | None = None
     gpu: int | None = None
@@ -193,6 +196,42 @@ class ConfigSample:
     pid: int | None = None
     rank: int | None = None
     values: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSample:
+    """What a training process is doing, and the seconds it spent in each phase so far
+    (`phase` trace line): start-up, compile, train, eval, checkpoint, inference."""
+
+    t: float
+    phase: str
+    seconds: Mapping[str, float] = field(default_factory=dict)  # cumulative, by phase
+    compiles: int | None = None  # torch.compile compilations so far
+    eval_batches: int | None = None  # batches of other loaders since training began
+    eval_samples: int | None = None
+    eval_batch_size: int | None = None
+    eval_wait_seconds: float | None = None
+    inference_batches: int | None = None  # a process that never trained: its batches
+    inference_samples: int | None = None
+    inference_batch_size: int | None = None
+    generate_calls: int | None = None
+    hook_state: str | None = None  # "off": the hook stopped measuring
+    pid: int | None = None
+    rank: int | None = None
+    gpu: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HookProblem:
+    """Something the hook in a process could not read or do (`hook_problem` trace line):
+    ``what`` (``config.tf32``, ``hook.off``) and the error, said once per process."""
+
+    t: float
+    what: str
+    error: str = ""
+    pid: int | None = None
+    rank: int | None = None
+    gpu: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +253,10 @@ class JobStats:
     max_mem_allocated_bytes: int | None = None
     alive: bool = True
     exit_reason: str | None = None  # e.g. "oom", "exited", "vanished"
+    phase: str | None = None  # what it does now (PhaseSample.phase)
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    hook_problems: int = 0  # distinct problems the hook reported
+    hook_state: str = "on"
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,4 +307,5 @@ class Snapshot:
     nvml_available: bool = True
 
 
-Sample = GpuSample | HostSample | StepSample | StepsSample | ConfigSample | JobEnd
+Sample = (GpuSample | HostSample | StepSample | StepsSample | ConfigSample | JobEnd
+          | PhaseSample | HookProblem)

@@ -26,9 +26,11 @@ from typing import Any
 from gpuwatch.samples import (
     ConfigSample,
     GpuSample,
+    HookProblem,
     HostSample,
     JobEnd,
     JobStats,
+    PhaseSample,
     Sample,
     Snapshot,
     StepSample,
@@ -69,6 +71,8 @@ class _Sums:
     mem_allocated_bytes: int | None = None
     mem_reserved_bytes: int | None = None
     max_mem_allocated_bytes: int | None = None
+    micro_batches: int | None = None
+    micro_counted: int | None = None
     pid: int | None = None
     rank: int | None = None
     gpu: int | None = None
@@ -96,6 +100,9 @@ class _Sums:
             self._duration(ss, rng)
         if s.batch_size is not None:
             self.batch_size = s.batch_size
+        if s.micro_batches is not None:
+            self.micro_batches = (self.micro_batches or 0) + s.micro_batches
+            self.micro_counted = (self.micro_counted or 0) + 1
         if s.first_batch is not None:
             self.first_batch = (self.first_batch or 0) + (1 if s.first_batch else 0)
             if s.first_batch:
@@ -123,6 +130,9 @@ class _Sums:
             self.first_batch = (self.first_batch or 0) + u.first_batch
             self.first_batch_wait_seconds += u.first_batch_wait_seconds or 0.0
             self.first_batch_data_wait_seconds += u.first_batch_data_wait_seconds or 0.0
+        if u.micro_counted:
+            self.micro_batches = (self.micro_batches or 0) + (u.micro_batches or 0)
+            self.micro_counted = (self.micro_counted or 0) + u.micro_counted
 
     def _duration(self, ss: float, rng: random.Random) -> None:
         # a reservoir: the percentiles stay honest estimates without keeping every step
@@ -158,6 +168,7 @@ class _Sums:
             loss_scale=self.loss_scale, mem_allocated_bytes=self.mem_allocated_bytes,
             mem_reserved_bytes=self.mem_reserved_bytes,
             max_mem_allocated_bytes=self.max_mem_allocated_bytes,
+            micro_batches=self.micro_batches, micro_counted=self.micro_counted,
             pid=self.pid, rank=self.rank, gpu=self.gpu, **q)
 
 
@@ -283,7 +294,17 @@ def unseen_steps(window: Any, steps: Sequence[StepSample], *, t: float, pid: int
                             sum(s.step_seconds or 0.0 for s in with_batch)),
         first_batch=max(0, int(window.iterators) - len(first)),
         first_batch_wait_seconds=rest(window.first_batch_wait_seconds,
-                                      sum(s.first_batch_wait_seconds or 0.0 for s in first)))
+                                      sum(s.first_batch_wait_seconds or 0.0 for s in first)),
+        **_unseen_micro(window, steps))
+
+
+def _unseen_micro(window: Any, steps: Sequence[StepSample]) -> dict[str, int]:
+    counted = [s.micro_batches for s in steps if s.micro_batches is not None]
+    n = int(getattr(window, "micro_counted", 0) or 0) - len(counted)
+    if n <= 0:
+        return {}
+    return {"micro_batches": max(0, int(window.micro_batches) - sum(counted)),
+            "micro_counted": n}
 
 
 class Store:
@@ -303,6 +324,8 @@ class Store:
         self._configs: dict[tuple[int | None, int | None], ConfigSample] = {}
         self._jobs: dict[int, JobStats] = {}
         self._ends: deque[JobEnd] = deque(maxlen=1000)
+        # what the hook says besides steps: phases, its own problems (trimmed by time)
+        self._events: deque[PhaseSample | HookProblem] = deque(maxlen=max_records)
         self._listeners: list[Listener] = []
         self._hook_messages = 0
         self._hook_dropped: dict[str, int] = {}
@@ -386,6 +409,16 @@ class Store:
         for fn in listeners:
             fn(config)
 
+    def add_event(self, event: PhaseSample | HookProblem) -> None:
+        """A job's phase (``PhaseSample``) or a problem of its hook (``HookProblem``):
+        kept with the history and passed to the listeners (the recorder)."""
+        with self._lock:
+            self._events.append(event)
+            self._trim(self._events, event.t)
+            listeners = list(self._listeners)
+        for fn in listeners:
+            fn(event)
+
     def set_job(self, stats: JobStats) -> None:
         """Per-job aggregates from the hook; they ride along in the next snapshot."""
         with self._lock:
@@ -445,6 +478,7 @@ class Store:
             self._gpu.clear()
             self._host.clear()
             self._steps.clear()
+            self._events.clear()
             self._thinner = StepThinner(self._thinner.limit / self._thinner.interval)
             self._configs.clear()
             self._jobs.clear()
@@ -493,6 +527,7 @@ class Store:
             out: list[Sample] = [s for ring in self._gpu.values() for s in ring if s.t >= since]
             out.extend(s for s in self._host if s.t >= since)
             out.extend(s for s in self._steps if s.t >= since)
+            out.extend(s for s in self._events if s.t >= since)
             out.extend(self._configs.values())
         out.sort(key=lambda s: s.t)
         return out

@@ -113,14 +113,21 @@ def test_detach_restores_torch() -> None:
                 _BaseDataLoaderIter.__init__, torch.utils.data.DataLoader._get_iterator,
                 torch.autocast.__enter__, torch.utils.checkpoint.checkpoint,
                 torch.autograd.backward, torch.optim.Optimizer.__init__,
-                torch.nn.modules.conv._ConvNd.__init__, sys.excepthook)
+                torch.nn.Module.eval, torch.save, torch.compile, sys.excepthook)
 
-    before = patched()
+    def registered() -> tuple:  # torch's own hook points: the global hook dicts
+        mod = torch.nn.modules.module
+        return (len(mod._global_module_registration_hooks),
+                len(mod._global_parameter_registration_hooks))
+
+    before, hooks_before = patched(), registered()
     assert hook.attach("/nonexistent/gpuwatch.sock")
     during = patched()
     assert all(a is not b for a, b in zip(before, during, strict=True))
+    assert registered() == tuple(n + 1 for n in hooks_before)
     hook.detach()
     assert patched() == before
+    assert registered() == hooks_before
     assert not hook.is_attached()
 
 

@@ -35,6 +35,9 @@ MIN_TRAIN_BUCKETS = 5
 # a bare attribution signal (``share_data``) reads the share over this window
 ATTRIBUTION_LAST_SECONDS = 15.0
 _PARTIAL_OK = frozenset({"delta", "increase", "rate", "last", "count"})
+# a training rule is judged only while its window is mostly training time (the rest:
+# evaluation, checkpoints, compiling, which the hook's phases tell apart)
+TRAIN_SHARE = 0.75
 _TABLE_OF = {name: d.table for name, d in VOCABULARY.items()}
 
 
@@ -197,6 +200,8 @@ class Engine:
         # each subject is judged by the rules of its scope, in the rule set's order
         self._gpu_rules = [r for r in self.rules if r.scope != "host"]
         self._host_rules = [r for r in self.rules if r.scope == "host"]
+        # the window a training rule must find mostly training: the usual one
+        self._train_window = 15.0
 
     # -- input --------------------------------------------------------------------------
     def feed(self, sample: Any) -> None:
@@ -231,9 +236,19 @@ class Engine:
             ctx = _Ctx(frame, subj, idx + 1)
             cc = frame.fact(subj, "compute_capability")
             holding: dict[str, bool] = {}
+            phase_ok: dict[str, bool] = {}
             for rule in rules:
                 if cc is not None and not rule.applies_to(cc):
                     continue
+                if rule.phase != "any":
+                    ok = phase_ok.get(rule.phase)
+                    if ok is None:
+                        ok = phase_ok[rule.phase] = self._in_phase(rule.phase, subj, idx + 1)
+                    if not ok:
+                        # not what the job is doing now: the rule's state stands as it is
+                        holding[rule.id] = bool((st := states.get((rule.id, subj.gpu)))
+                                                and st.finding and st.finding.active)
+                        continue
                 if rule.holds is not None:
                     cond = rule.holds(ctx)
                     if cond:
@@ -256,6 +271,33 @@ class Engine:
                 holding[rule.id] = cond
                 if cond or (rule.id, subj.gpu) in states:  # else: nothing held, nothing to do
                     self._step(rule, subj, ctx, cond, t)
+
+    def _in_phase(self, phase: str, subj: Subject, end: int) -> bool:
+        """Whether ``subj``'s job is doing ``phase`` (a rule's ``phase:``) at bucket ``end``.
+
+        Without the hook's phases, training rules are judged as the data allows (NVML and
+        psutil, or the hook's steps), except while a hook that reports no steps yet says
+        the job is starting; rules of the other phases need the phases."""
+        frame = self.frame
+        owner = frame.phase_owner(subj)
+        if owner is None:
+            if phase != "train":
+                return False
+            return not (frame.hook_attached(subj) and frame.train_start(subj) is None
+                        and not frame.hook_dead(subj))
+        now = owner.phase
+        if phase == "train":
+            if now != "train":
+                return False
+            ring = owner.phase_table.rings.get("phase_train")
+            n = max(1, round(self._train_window / self.res))
+            share = ring.mean(end, n) if ring is not None else None
+            return share is None or share >= TRAIN_SHARE
+        if phase == "inference":
+            return now == "inference"
+        if phase == "startup":
+            return True
+        return owner.phase_seconds.get("train", 0.0) > 0  # eval: a job that trains
 
     def _step(self, rule: Rule, subj: Subject, ctx: _Ctx, cond: bool, t: float) -> None:
         key = (rule.id, subj.gpu)

@@ -159,6 +159,20 @@ class Subject:
         self.span = SpanTotals()  # the attribution's inputs summed since the first step
         self.steps_seen = 0.0  # every step the hook reported for this job, counted exactly
         self.span_at_last_step: JobWindow | None = None
+        # phases (`phase` lines): the one in force, the seconds of each so far, what the
+        # open bucket gained, the line's other counts; the problems its hook reported
+        self.phase_table = Table(frame)
+        self.phase: str | None = None
+        self.phase_pid: int | None = None
+        self.phase_seconds: dict[str, float] = {}
+        self.phase_acc: dict[str, float] = {}
+        self.phase_info: dict[str, Any] = {}
+        self.hook_seen = False  # a hook reports for this GPU's job (steps, settings, phases)
+        self.problems: list[dict[str, Any]] = []
+        self.hook_off = False
+        # without the hook: the first bucket its GPU ran kernels for its process (before
+        # it, a job is starting up: workers prefetching while the GPU idles is no training)
+        self.first_busy: int | None = None
 
 
 class Frame:
@@ -191,6 +205,8 @@ class Frame:
         self.t_last: float | None = None
         self.hook_steps = False
         self.hook_config = False
+        self.hook_phases = False
+        self.problems: list[dict[str, Any]] = []  # `hook_problem` lines, for the report
         self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution]] = {}
         self.job_ends: list[dict[str, Any]] = []  # `job_end` lines, for the report
 
@@ -428,6 +444,9 @@ class Frame:
             v = get(f)
             if v is not None:
                 acc.add(f, float(v))
+        micro = get("micro_batches")
+        if micro:
+            acc.add_weighted("micro_batches", float(micro), count)
         first = get("first_batch")
         if first is not None:
             acc.add("_fb_known", 1.0)
@@ -447,10 +466,8 @@ class Frame:
             subj.prev_loss_scale = scale
         if skipped is not None or scale is not None:
             acc.add("_skip", 1.0 if (skipped or fell) else 0.0)
-        bs = get("batch_size")
-        alloc, peak = get("mem_allocated_bytes"), get("max_mem_allocated_bytes")
-        if bs and alloc is not None and peak is not None:
-            acc.add("act_mem_per_sample_bytes", max(0.0, (peak - alloc) / bs))
+        self._activations(acc, get("batch_size"), get("mem_allocated_bytes"),
+                          get("max_mem_allocated_bytes"), micro)
 
     def feed_steps(self, s: Any) -> None:
         """A `steps` line: a job's steps of one interval, summed (docs/trace-format.md)."""
@@ -490,6 +507,11 @@ class Frame:
             v = get(f)
             if v is not None:
                 acc.add(f, float(v))
+        micro_sum, micro_n = get("micro_batches"), get("micro_counted")
+        micro = None
+        if micro_sum and micro_n:
+            acc.add_n("micro_batches", float(micro_sum), float(micro_n))
+            micro = micro_sum / micro_n
         first = get("first_batch")
         if first is not None:
             acc.add("_fb_known", 1.0)
@@ -513,10 +535,17 @@ class Frame:
             acc.add_n("_skip", float(skipped), n)
         elif scale is not None:
             acc.add("_skip", 1.0 if fell else 0.0)
-        bs = get("batch_size")
-        alloc, peak = get("mem_allocated_bytes"), get("max_mem_allocated_bytes")
+        self._activations(acc, get("batch_size"), get("mem_allocated_bytes"),
+                          get("max_mem_allocated_bytes"), micro)
+
+    @staticmethod
+    def _activations(acc: _Acc, bs: Any, alloc: Any, peak: Any, micro: Any) -> None:
+        """Activation memory per sample: the peak over what a step keeps, shared by the
+        samples of one backward() (the micro-batch: with gradient accumulation the peak
+        holds one micro-batch's activations, not the whole step's)."""
         if bs and alloc is not None and peak is not None:
-            acc.add("act_mem_per_sample_bytes", max(0.0, (peak - alloc) / bs))
+            samples = bs / micro if micro and micro > 1 else bs
+            acc.add("act_mem_per_sample_bytes", max(0.0, (peak - alloc) / samples))
 
     def feed_config(self, s: Any) -> None:
         get = _get(s)
@@ -528,14 +557,85 @@ class Frame:
             values = {k: v for k, v in s.items() if k not in ("t", "kind", "pid", "rank", "gpu")}
         subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
         self.hook_config = True
+        subj.hook_seen = True
+        # older hooks send no in_training: their settings count as they did
+        settled = values.get("in_training", True) is not False
         for k, v in values.items():
-            if k in CONFIG_KEYS:
+            if k in CONFIG_KEYS and (settled or k not in _MUTABLE):
                 subj.config[k] = _config_value(v)
+        if not settled:
+            return
         if "autocast_dtype" in values:
             dtype = values.get("autocast_dtype")
             subj.config["autocast"] = 1.0 if str(dtype).lower() in _AUTOCAST_ON else 0.0
         if "batch_size" in values and values["batch_size"] is not None:
             subj.config["batch_size"] = float(values["batch_size"])
+
+    def feed_phase(self, s: Any) -> None:
+        """A `phase` line: what the job does now and its seconds in each phase so far;
+        what each phase gained since its last line goes into the open bucket."""
+        get = _get(s)
+        self._advance(get("t"))
+        pid = get("pid")
+        subj = self._job_subject(get("gpu"), pid, get("rank"))
+        subj.hook_seen = True
+        self.hook_phases = True
+        seconds = get("seconds") or {}
+        if pid is not None and pid != subj.phase_pid:
+            subj.phase_pid = pid  # another process on this GPU: its own totals
+            subj.phase_seconds = {}
+        for name, total in seconds.items():
+            gained = float(total) - subj.phase_seconds.get(name, 0.0)
+            if gained > 0:
+                subj.phase_acc[name] = subj.phase_acc.get(name, 0.0) + gained
+            subj.phase_seconds[name] = float(total)
+        subj.phase = get("phase")
+        info = subj.phase_info
+        for f in ("compiles", "eval_batch_size", "inference_batch_size", "inference_batches",
+                  "generate_calls", "eval_batches"):
+            v = get(f)
+            if v is not None:
+                info[f] = v
+        if get("hook_state") == "off":
+            subj.hook_off = True
+
+    def feed_problem(self, s: Any) -> None:
+        get = _get(s)
+        self._advance(get("t"))
+        subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
+        subj.hook_seen = True
+        if get("what") == "hook.off":
+            subj.hook_off = True
+        if len(self.problems) < 200:
+            self.problems.append({"t": get("t"), "pid": get("pid"), "rank": get("rank"),
+                                  "gpu": subj.gpu, "what": get("what"),
+                                  "error": get("error") or ""})
+
+    def _close_phase(self, idx: int, subj: Subject) -> None:
+        """The bucket's share of each phase, and the whole run's seconds so far."""
+        tab = subj.phase_table
+        tab.ever = True
+        acc, subj.phase_acc = subj.phase_acc, {}
+        gained = sum(acc.values())
+        res = self.res
+        if gained < res and subj.phase in _PHASE_NAMES:  # the rest of it: the phase in force
+            acc[subj.phase] = acc.get(subj.phase, 0.0) + (res - gained)
+            gained = res
+        for name in _PHASE_NAMES:
+            tab.push(idx, f"phase_{name}", acc.get(name, 0.0) / gained if gained > 0 else 0.0)
+        sec = subj.phase_seconds
+        for name in ("train", "eval", "startup", "compile", "checkpoint"):
+            tab.push(idx, f"{name}_seconds", sec.get(name, 0.0))
+        since_first = sec.get("train", 0.0) + sec.get("eval", 0.0) + sec.get("checkpoint", 0.0)
+        if since_first > 0:
+            tab.push(idx, "eval_time_ratio", sec.get("eval", 0.0) / since_first)
+            tab.push(idx, "checkpoint_time_ratio", sec.get("checkpoint", 0.0) / since_first)
+        info = subj.phase_info
+        tab.push(idx, "compiles", info.get("compiles"))
+        tab.push(idx, "eval_batch_size", info.get("eval_batch_size"))
+        tab.push(idx, "inference_batch_size", info.get("inference_batch_size"))
+        batches = (info.get("inference_batches") or 0)
+        tab.push(idx, "inference_batches", float(batches) if batches else None)
 
     def _job_subject(self, gpu: int | None, pid: int | None, rank: int | None) -> Subject:
         # which GPU a job's lines belong to: its own say, else the GPU its pid holds
@@ -568,6 +668,10 @@ class Frame:
             self.feed_steps(s)
         elif kind == "config":
             self.feed_config(s)
+        elif kind == "phase":
+            self.feed_phase(s)
+        elif kind == "hook_problem":
+            self.feed_problem(s)
         elif kind == "job_end" and len(self.job_ends) < 1000:
             self.job_ends.append(dict(s) if type(s) is dict else
                                  {f: getattr(s, f) for f in s.__slots__})
@@ -622,6 +726,8 @@ class Frame:
         self._bucket_pids = set()
         for subj in self.subjects.values():
             self._close_job(idx, subj)
+            if subj.phase is not None:
+                self._close_phase(idx, subj)
             if subj.gpu is None:
                 continue
             if subj.cpu.acc.n:
@@ -648,6 +754,14 @@ class Frame:
             pw, pl = acc.mean("power_watts"), acc.last.get("power_limit_watts")
             if pw is not None and pl:
                 tab.push(idx, "power_ratio", pw / pl)
+            util = acc.mean("util")
+            busy = acc.mean("sm_active") if subj.facts.get("gpm") else None
+            tab.push(idx, "busy_ratio", busy if busy is not None else util)
+            if used is not None and total:
+                tab.push(idx, "mem_headroom_bytes", max(0.0, 0.85 * total - used))
+            if subj.first_busy is None and util is not None and util >= FIRST_WORK_UTIL \
+                    and subj.proc_pids:
+                subj.first_busy = idx
             acc.clear()
         no_hook = not self.hook_steps
         for subj in self.subjects.values():
@@ -657,7 +771,8 @@ class Frame:
                     subj.span.add(w)
                     if subj.job_last == idx:
                         subj.span_at_last_step = subj.span.total()
-            elif subj.gpu is not None and no_hook and subj.job_warm is None and subj.proc_pids:
+            elif subj.gpu is not None and no_hook and subj.job_warm is None and subj.proc_pids \
+                    and subj.first_busy is not None:
                 # without the hook: the buckets in which the GPU's process looks like it
                 # trains (kernels running, or its DataLoader workers pegged)
                 w = self.job_window(subj, idx + 1, 1)
@@ -692,6 +807,13 @@ class Frame:
                      "max_mem_allocated_bytes", "loss_scale", "act_mem_per_sample_bytes"):
             if name in acc.last:
                 job.push(idx, name, acc.last[name])
+        if "micro_batches" in acc.n:
+            micro = acc.mean("micro_batches")
+            job.push(idx, "micro_batches", micro, acc.n["micro_batches"])
+            bs = acc.last.get("batch_size")
+            if bs and micro:
+                job.push(idx, "micro_batch_size", bs / micro)
+        self._batch_room(idx, subj, acc)
         if "loss" in acc.n:
             job.push(idx, "loss", acc.mean("loss"))
         if "_fb_known" in acc.n:
@@ -714,6 +836,21 @@ class Frame:
             job.push(idx, "mem_reserved_ratio", reserved / total)
         acc.clear()
 
+    def _batch_room(self, idx: int, subj: Subject, acc: _Acc) -> None:
+        """How many times the micro-batch fits: 1 + the GPU's headroom over what one
+        micro-batch's activations take (batch advice's one measure of room)."""
+        per = acc.last.get("act_mem_per_sample_bytes")
+        bs = acc.last.get("batch_size")
+        if subj.gpu is None or not per or not bs:
+            return
+        micro = acc.mean("micro_batches") if "micro_batches" in acc.n else None
+        mb = bs / micro if micro else bs
+        ring = subj.gpu_table.rings.get("mem_headroom_bytes")
+        head = ring.last(idx + 1, 5) if ring is not None else None
+        if head is None:
+            return
+        subj.job.push(idx, "batch_room", 1.0 + head / (per * mb))
+
     def _mem_total(self, subj: Subject) -> float | None:
         if subj.gpu is not None:
             ring = subj.gpu_table.rings.get("mem_total_bytes")
@@ -726,11 +863,19 @@ class Frame:
     # -- step-time attribution --------------------------------------------------------------
     def _job_table(self, subj: Subject) -> tuple[Table | None, Subject]:
         if subj.job.ever:
-            return subj.job, subj
+            # a hook that stopped measuring: its job is judged from NVML and psutil
+            return (None, subj) if subj.hook_off else (subj.job, subj)
         # steps no GPU was named for are the only GPU's (subjects: the GPUs and the host)
         if subj.gpu is not None and self.host.job.ever and len(self.subjects) == 2:
-            return self.host.job, self.host
+            return (None, subj) if self.host.hook_off else (self.host.job, self.host)
         return None, subj
+
+    def hook_dead(self, subj: Subject) -> bool:
+        """Whether the hook that reported for ``subj``'s job stopped measuring."""
+        if subj.hook_off:
+            return True
+        return (not subj.job.ever and not subj.hook_seen and len(self.subjects) <= 2
+                and self.host.hook_off)
 
     def steps_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
         """Whether the hook reported steps for ``subj``'s job and none in the last
@@ -783,14 +928,18 @@ class Frame:
                          main=main, workers_busy=wb, workers=workers)
 
     def train_start(self, subj: Subject) -> int | None:
-        """The bucket from which ``subj``'s job is in training (after its first step), or
-        None without the hook's steps."""
-        if subj.job.ever:  # the usual case first: the rules ask this for every window
+        """The bucket from which ``subj``'s job is in training: after its first step by
+        the hook; without the hook, from its GPU's first work for its process (before it,
+        workers prefetching while the GPU idles are start-up, not training). None: not
+        known to train yet."""
+        if subj.job.ever and not subj.hook_off:  # the usual case first: asked every window
             return subj.job_warm
-        if not self.host.job.ever:
-            return None
-        _, owner = self._job_table(subj)
-        return owner.job_warm if owner.job.ever else None
+        table, owner = self._job_table(subj)
+        if table is not None:
+            return owner.job_warm
+        if self.hook_attached(subj) and not self.hook_dead(subj):
+            return None  # its hook reports no step yet: starting up
+        return subj.first_busy
 
     def _group_key(self, subj: Subject) -> Any:
         """Which ranks are one job: one process per GPU with a rank and the same world
@@ -916,9 +1065,19 @@ class Frame:
                 return subj.cpu
             return self.host_tables
         if table == "job":
-            if subj.job.ever:
-                return subj.job
-            return self.host.job if self.host.job.ever else None
+            job, _ = self._job_table(subj)
+            if job is not None:
+                return job
+            if subj.job.ever or self.hook_dead(subj):
+                return None  # its hook stopped: no step signals
+            return self.host.job if self.host.job.ever and not self.host.hook_off else None
+        if table == "phase":
+            if subj.phase_table.ever:
+                return subj.phase_table
+            # phases no GPU was named for are the only GPU's (as steps are)
+            if self.host.phase_table.ever and len(self.subjects) <= 2:
+                return self.host.phase_table
+            return None
         return None
 
     def config_value(self, subj: Subject, name: str) -> Any:
@@ -926,9 +1085,28 @@ class Frame:
             return subj.config[name]
         return self.host.config.get(name)
 
+    def phase_owner(self, subj: Subject) -> Subject | None:
+        """The subject whose `phase` lines speak for ``subj``'s job (None: no phases)."""
+        if subj.phase is not None:
+            return subj
+        if self.host.phase is not None and len(self.subjects) <= 2:
+            return self.host
+        return None
+
+    def hook_attached(self, subj: Subject) -> bool:
+        return subj.job.ever or subj.hook_seen or (
+            len(self.subjects) <= 2 and (self.host.job.ever or self.host.hook_seen))
+
     def fact(self, subj: Subject, name: str) -> Any:
         if name == "hook":
+            if self.hook_dead(subj):
+                return 0.0
             return 1.0 if (subj.job.ever or self.host.job.ever) else 0.0
+        if name == "hook_attached":
+            return 1.0 if self.hook_attached(subj) else 0.0
+        if name == "phase":
+            owner = self.phase_owner(subj)
+            return owner.phase if owner is not None else None
         if name == "gpm":
             if subj.gpu is None:
                 return None
@@ -939,7 +1117,19 @@ class Frame:
 
 
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
-            "StepsSample": "steps", "ConfigSample": "config", "JobEnd": "job_end"}
+            "StepsSample": "steps", "ConfigSample": "config", "JobEnd": "job_end",
+            "PhaseSample": "phase", "HookProblem": "hook_problem"}
+# settings training may still change: judged only from what the hook read once the job
+# had finished an iteration (a config line's ``in_training``), never from start-up's
+_MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused_optimizer",
+                      "optimizer", "grad_scaler", "gradient_checkpointing", "cudnn_benchmark",
+                      "channels_last"})
+# without the hook, a GPU whose process has run any kernel (NVML util at least this) has
+# begun its work; before that, its job is starting up
+FIRST_WORK_UTIL = 0.01
+_PHASE_NAMES = ("startup", "compile", "train", "eval", "checkpoint", "inference")
+_PHASE_INFO = {"compiles": "compiles", "eval_batch_size": "eval_batch_size",
+               "inference_batch_size": "inference_batch_size"}
 
 # derived signals and what they are computed from (so the frame keeps those too)
 _DEPENDS: dict[str, set[str]] = {

@@ -27,6 +27,9 @@ from gpuwatch.errors import FileFormatError, UserError
 
 SEVERITIES = ("info", "warning", "critical")
 SCOPES = ("gpu", "host")
+# what the job must be doing for a rule to be judged (docs/rules.md, "Phases"): a rule of
+# another phase keeps its state meanwhile, neither starting nor ending
+PHASES = ("any", "train", "eval", "inference", "startup")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _LOCAL_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
@@ -35,6 +38,8 @@ _RULE_KEYS = {
     "title": "one line: what is wrong",
     "severity": "info | warning | critical",
     "scope": "gpu (default: judged per GPU) | host",
+    "phase": "what the job must be doing for the rule to be judged: any (default) | train | "
+             "eval | inference | startup",
     "arch": "compute capabilities it applies to: {min: '8.0', max: '9.0'}",
     "when": "the condition (an expression)",
     "for": "how long the condition must hold before the advice is given (default 0s)",
@@ -203,6 +208,7 @@ class Rule:
     file: str = ""
     line: int = 0
     scope: str = "gpu"
+    phase: str = "any"
     arch_min: float | None = None
     arch_max: float | None = None
     for_s: float = 0.0
@@ -458,6 +464,11 @@ class _FileChecker:
             self.bad(vl.get("scope", raw.line), f"{label}: scope must be gpu or host, "
                      f"got {_show(scope)}")
             scope = "gpu"
+        phase = raw.get("phase", "any")
+        if phase not in PHASES:
+            self.bad(vl.get("phase", raw.line), f"{label}: phase must be one of "
+                     f"{', '.join(PHASES)}, got {_show(phase)}")
+            phase = "any"
         arch_min = arch_max = None
         if "arch" in raw:
             arch_min, arch_max = self.arch(raw["arch"], vl["arch"], f"{label}: arch")
@@ -610,6 +621,7 @@ class _FileChecker:
             template_names=tpl_names, id=rid, title=title, severity=sev, when=when[1],
             when_text=str(raw["when"]),
             message=message, actions=actions, file=self.path, line=raw.line, scope=scope,
+            phase=phase,
             arch_min=arch_min, arch_max=arch_max, for_s=for_s, keep_s=keep_s, unless=unless,
             suppressed_by=tuple(sup), values=values, evidence=evidence, confidence=confidence,
             gain=gain, gain_text=gain_text, without_hook=without_hook, references=tuple(refs),

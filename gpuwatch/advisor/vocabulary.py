@@ -17,7 +17,7 @@ class SignalDef:
     """One name of the vocabulary."""
 
     name: str
-    table: str  # gpu | host | job | config | fact
+    table: str  # gpu | host | job | phase | config | fact
     unit: str
     doc: str
     agg: str = "mean"  # how samples in one bucket combine: mean | last | counter
@@ -60,6 +60,10 @@ def _defs() -> dict[str, SignalDef]:
         ("mem_used_ratio", "gpu", "ratio", "mean", "mem_used_bytes / mem_total_bytes", True),
         ("mem_free_bytes", "gpu", "bytes", "mean", "mem_total_bytes - mem_used_bytes", True),
         ("power_ratio", "gpu", "ratio", "mean", "power_watts / power_limit_watts", True),
+        ("busy_ratio", "gpu", "ratio", "mean", ("how busy the GPU is, the one measure batch "
+         "advice reads: SM active where GPM exists, else NVML util"), True),
+        ("mem_headroom_bytes", "gpu", "bytes", "mean", ("memory a larger batch may still "
+         "take: 85 % of mem_total_bytes less mem_used_bytes (0 when over)"), True),
         ("gpu_processes", "gpu", "count", "mean", "processes holding memory on the GPU", True),
         ("gpu_process_mem_bytes", "gpu", "bytes", "mean",
          "memory the GPU's processes hold, summed", True),
@@ -138,6 +142,42 @@ def _defs() -> dict[str, SignalDef]:
          True),
         ("mem_allocated_growth_r2", "job", "ratio", "mean", ("how straight that rise is "
          "(R^2 of the fit: 1 = a steady rate)"), True),
+        ("micro_batches", "job", "count", "mean", ("backward() calls per optimizer step: the "
+         "gradient accumulation the job runs (1: none)"), False),
+        ("micro_batch_size", "job", "samples", "last", ("samples per backward(): batch_size / "
+         "micro_batches (the DataLoader's batch with gradient accumulation)"), True),
+        ("batch_room", "job", "ratio", "last", ("how many times the micro-batch fits in memory "
+         "now (1 + mem_headroom_bytes / the micro-batch's activations): the one measure of "
+         "room that batch advice reads"), True),
+        # phases (the hook's `phase` lines): each a share of wall time per bucket, so a
+        # window's mean is the share of that window
+        ("phase_train", "phase", "ratio", "mean", "share of wall time in training steps", True),
+        ("phase_eval", "phase", "ratio", "mean", ("share of wall time evaluating (another "
+         "DataLoader, or the model in eval() between optimizer steps)"), True),
+        ("phase_startup", "phase", "ratio", "mean", "share of wall time before the first step",
+         True),
+        ("phase_compile", "phase", "ratio", "mean", "share of wall time in torch.compile", True),
+        ("phase_checkpoint", "phase", "ratio", "mean", "share of wall time saving checkpoints",
+         True),
+        ("phase_inference", "phase", "ratio", "mean", ("share of wall time serving a model "
+         "(forward passes, generate(); a process that never runs backward)"), True),
+        ("train_seconds", "phase", "seconds", "last", "seconds in training steps so far", True),
+        ("eval_seconds", "phase", "seconds", "last", "seconds evaluating so far", True),
+        ("startup_seconds", "phase", "seconds", "last", "seconds before the first step", True),
+        ("compile_seconds", "phase", "seconds", "last", "seconds in torch.compile so far", True),
+        ("checkpoint_seconds", "phase", "seconds", "last", "seconds saving checkpoints so far",
+         True),
+        ("eval_time_ratio", "phase", "ratio", "last", ("evaluation's share of the time since "
+         "the first step (eval / (train + eval + checkpoint), whole run)"), True),
+        ("checkpoint_time_ratio", "phase", "ratio", "last", ("checkpoints' share of the time "
+         "since the first step (whole run)"), True),
+        ("compiles", "phase", "count", "last", "torch.compile compilations so far", True),
+        ("eval_batch_size", "phase", "samples", "last", "the evaluation DataLoader's batch size",
+         True),
+        ("inference_batch_size", "phase", "samples", "last", ("samples per batch (or sequences "
+         "per generate() call) of an inference process"), True),
+        ("inference_batches", "phase", "count", "last", ("batches and generate() calls of an "
+         "inference process so far"), True),
         # hook: config facts (current value; windows don't apply)
         ("num_workers", "config", "count", "last", "DataLoader num_workers", False),
         ("pin_memory", "config", "bool", "last", "DataLoader pin_memory", False),
@@ -160,6 +200,30 @@ def _defs() -> dict[str, SignalDef]:
          "(false: the hook saw none)"), False),
         ("step_source", "config", "text", "last", ("what the hook counts as a step: "
          "'optimizer' (optimizer.step) or 'backward' (loops without torch.optim)"), False),
+        ("grad_scaler", "config", "bool", "last", "an enabled torch.amp.GradScaler (fp16)", False),
+        ("optimizer", "config", "text", "last", "the optimizer's class (AdamW, SGD...)", False),
+        ("framework", "config", "text", "last", ("what drives the loop: 'transformers' (the "
+         "Trainer), 'lightning', 'accelerate'; absent for a plain loop"), False),
+        ("fw_batch_size", "config", "samples", "last", ("the framework's per-device train "
+         "batch (per_device_train_batch_size)"), False),
+        ("fw_grad_accum", "config", "count", "last", ("the framework's gradient accumulation "
+         "steps (gradient_accumulation_steps, accumulate_grad_batches)"), False),
+        ("fw_precision", "config", "text", "last", ("the framework's precision setting "
+         "('bf16', 'fp16', 'fp32'; Lightning's 'bf16-mixed'...)"), False),
+        ("fw_tf32", "config", "bool", "last", "TrainingArguments(tf32=...)", False),
+        ("fw_optim", "config", "text", "last", "TrainingArguments(optim=...)", False),
+        ("fw_num_workers", "config", "count", "last", "TrainingArguments(dataloader_num_workers)",
+         False),
+        ("fw_grad_ckpt", "config", "bool", "last", "the framework's gradient_checkpointing",
+         False),
+        ("fw_eval_batch_size", "config", "samples", "last", ("the framework's eval batch "
+         "(per_device_eval_batch_size; Lightning: the val DataLoader's)"), False),
+        ("fw_eval_every", "config", "steps", "last", ("how often the framework evaluates "
+         "(eval_steps; Lightning: val_check_interval)"), False),
+        ("fw_eval_batches", "config", "batches", "last", "Lightning's limit_val_batches", False),
+        ("fw_eval_accum", "config", "count", "last", "TrainingArguments(eval_accumulation_steps)",
+         False),
+        ("fw_compile", "config", "bool", "last", "TrainingArguments(torch_compile)", False),
         ("autocast", "config", "bool", "last", "autocast to a 16-bit type is on", True),
         # step-time attribution (docs/advice.md): each is a share of the window's wall time
         # since the job's first step, and the five always sum to 1; any window function
@@ -196,6 +260,11 @@ def _defs() -> dict[str, SignalDef]:
         ("gpm", "fact", "0/1", "last", ("whether GPM fields (sm_active, tensor_active...) are "
          "measured on this GPU"), False),
         ("hook", "fact", "0/1", "last", "whether the torch hook reports steps for this GPU's job",
+         False),
+        ("hook_attached", "fact", "0/1", "last", ("whether a torch hook reports for this GPU's "
+         "job at all (steps, settings or phases)"), False),
+        ("phase", "fact", "text", "last", ("what the job does now, by its hook: 'startup', "
+         "'compile', 'train', 'eval', 'checkpoint', 'inference' (absent without phases)"),
          False),
     ]
     return {r[0]: SignalDef(name=r[0], table=r[1], unit=r[2], agg=r[3], doc=r[4], derived=r[5])

@@ -19,7 +19,11 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
      "loss_scale": 32768.0, "mem_allocated_bytes": …, "mem_reserved_bytes": …,
      "max_mem_allocated_bytes": …,
      "config": {"num_workers": 4, …}, "exit_reason": null, "error": null,
-     "sender_dropped": {"no_receiver": 2}, "hook_errors": 0}
+     "sender_dropped": {"no_receiver": 2}, "hook_errors": 0,
+     "phase": "train", "phases": {"startup": 41.2, "compile": 38.0, "train": 120.5, …},
+     "compiles": 2, "eval": {"batches": 40, "samples": 320, "batch_size": 8,
+     "wait_seconds": 0.4}, "inference": {"batches": 0, …, "generate_calls": 0},
+     "problems": [{"what": "config.tf32", "error": "RuntimeError: …"}], "hook_state": "on"}
 
 - ``kind`` is ``report`` (periodic, also as a heartbeat with no steps) or ``exit`` (the
   last one: the process is exiting; ``exit_reason`` says why).
@@ -28,6 +32,13 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
   holds per-step detail for the newest of them, as parallel arrays (at most
   :data:`MAX_STEPS`, fewer when the datagram would not fit) and ``steps_omitted`` counts
   the older ones that only the window and the counters carry.
+- ``phase`` is what the process is doing now (:data:`PHASES`), ``phases`` the seconds it
+  spent in each so far (cumulative, like the counters). ``steps.micro_batches`` counts the
+  backward() calls in each iteration (gradient accumulation), ``window.micro_batches``
+  sums them over the ``window.micro_counted`` steps that had a count.
+- ``problems`` lists what the hook could not read or do (each once, all of them in every
+  report, at most :data:`MAX_PROBLEMS`); ``hook_state`` is ``off`` once it stopped
+  measuring after too many errors of its own.
 - Readers ignore unknown fields, so fields can be added within version 1; anything else
   is a new version, which a version-1 receiver drops (and counts) as ``version``.
 """
@@ -48,9 +59,13 @@ MAX_TEXT = 500  # characters in any string value (error text, config values)
 MAX_INT = 2**63 - 1  # integers beyond this can't be exported (float) or recorded faithfully
 KINDS = ("report", "exit")
 STEP_FIELDS = ("step", "t", "step_seconds", "data_wait_seconds", "batch_size", "skipped",
-               "first_batch", "first_batch_wait_seconds", "loss")
+               "first_batch", "first_batch_wait_seconds", "loss", "micro_batches")
 WINDOW_FIELDS = ("steps", "skipped", "timed", "step_seconds", "data_wait_seconds", "samples",
-                 "sample_seconds", "iterators", "first_batch_wait_seconds")
+                 "sample_seconds", "iterators", "first_batch_wait_seconds", "micro_batches",
+                 "micro_counted")
+PHASES = ("startup", "compile", "train", "eval", "checkpoint", "inference")
+HOOK_STATES = ("on", "off")
+MAX_PROBLEMS = 16
 
 # reasons a receiver drops a datagram (the label of gpuwatch_hook_messages_dropped_total)
 OVERSIZED = "oversized"
@@ -83,6 +98,8 @@ class Window:
     # persistent_workers=False a new set of workers), and the data wait of those batches
     iterators: int = 0
     first_batch_wait_seconds: float = 0.0
+    micro_batches: int = 0  # backward() calls, summed over the steps that counted them
+    micro_counted: int = 0  # how many steps that is
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,28 @@ class StepRecord:
     # and fetching its first batch); None when first_batch is not true
     loss: float | None = None  # the value its last top-level backward() ran on, unscaled;
     # read for at most one step per report (None on the others, and when not a number)
+    micro_batches: int | None = None  # top-level backward() calls in it (accumulation)
+
+
+@dataclass(frozen=True)
+class Work:
+    """Batches a process ran outside training: evaluation, or (a process that never
+    trains) inference."""
+
+    batches: int = 0
+    samples: int = 0
+    batch_size: int | None = None  # of the last batch with a known size
+    wait_seconds: float = 0.0  # evaluation: the loader's wait for those batches
+    generate_calls: int = 0  # inference: Hugging Face generate() calls
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something the hook could not read or do: ``what`` (``config.tf32``,
+    ``hook.report``, ``hook.off``) and the error's text."""
+
+    what: str
+    error: str
 
 
 @dataclass(frozen=True)
@@ -127,6 +166,13 @@ class Report:
     error: str | None = None
     sender_dropped: Mapping[str, int] = field(default_factory=dict)
     hook_errors: int = 0
+    phase: str | None = None
+    phases: Mapping[str, float] = field(default_factory=dict)
+    compiles: int = 0
+    eval: Work = field(default_factory=Work)
+    inference: Work = field(default_factory=Work)
+    problems: tuple[Problem, ...] = ()
+    hook_state: str = "on"
 
 
 # -- encoding (the hook's side) ------------------------------------------------------------
@@ -149,6 +195,7 @@ def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
         "first_batch_wait_seconds": [_finite(s.first_batch_wait_seconds, 7) for s in steps],
         "loss": [s.loss if isinstance(s.loss, float) and math.isfinite(s.loss) else None
                  for s in steps],
+        "micro_batches": [s.micro_batches for s in steps],
     }
 
 
@@ -260,7 +307,8 @@ def _window(value: Any) -> Window:
     if not isinstance(value, dict):
         raise ProtocolError(MALFORMED, "window must be an object")
     ints = {k: _int(value, k, default=0)
-            for k in ("steps", "skipped", "timed", "samples", "iterators")}
+            for k in ("steps", "skipped", "timed", "samples", "iterators", "micro_batches",
+                      "micro_counted")}
     floats = {k: _num(value.get(k), f"window.{k}") or 0.0
               for k in ("step_seconds", "data_wait_seconds", "sample_seconds",
                         "first_batch_wait_seconds")}
@@ -298,6 +346,10 @@ def _steps(value: Any) -> tuple[StepRecord, ...]:
         first = cols["first_batch"][i]
         if first is not None and not isinstance(first, bool):
             raise ProtocolError(MALFORMED, f"steps.first_batch[{i}] must be true, false or null")
+        micro = cols["micro_batches"][i]
+        if micro is not None and (isinstance(micro, bool) or not isinstance(micro, int)
+                                  or not 0 <= micro <= MAX_INT):
+            raise ProtocolError(MALFORMED, f"steps.micro_batches[{i}] must be an integer or null")
         t_value = _num(t, f"steps.t[{i}]")
         if t_value is None:
             raise ProtocolError(MALFORMED, f"steps.t[{i}] is missing")
@@ -309,7 +361,8 @@ def _steps(value: Any) -> tuple[StepRecord, ...]:
                               first_batch_wait_seconds=_num(
                                   cols["first_batch_wait_seconds"][i],
                                   "steps.first_batch_wait_seconds"),
-                              loss=_signed(cols["loss"][i], f"steps.loss[{i}]")))
+                              loss=_signed(cols["loss"][i], f"steps.loss[{i}]"),
+                              micro_batches=micro))
     return tuple(out)
 
 
@@ -329,6 +382,48 @@ def _config(value: Any) -> dict[str, Any] | None:
         if isinstance(item, str) and len(item) > MAX_TEXT:
             raise ProtocolError(MALFORMED, f"config.{key} is too long")
     return dict(value)
+
+
+def _work(value: Any, key: str) -> Work:
+    if value is None:
+        return Work()
+    if not isinstance(value, dict):
+        raise ProtocolError(MALFORMED, f"{key} must be an object")
+    return Work(batches=_int(value, "batches", default=0) or 0,
+                samples=_int(value, "samples", default=0) or 0,
+                batch_size=_int(value, "batch_size"),
+                wait_seconds=_num(value.get("wait_seconds"), f"{key}.wait_seconds") or 0.0,
+                generate_calls=_int(value, "generate_calls", default=0) or 0)
+
+
+def _phases(value: Any) -> dict[str, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 16:
+        raise ProtocolError(MALFORMED, "phases must be a small object of seconds")
+    out = {}
+    for k, v in value.items():
+        if k not in PHASES:
+            continue  # a phase a newer hook knows: ignored, as unknown fields are
+        out[k] = _num(v, f"phases.{k}") or 0.0
+    return out
+
+
+def _problems(value: Any) -> tuple[Problem, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_PROBLEMS:
+        raise ProtocolError(MALFORMED, f"problems must be a list of at most {MAX_PROBLEMS}")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ProtocolError(MALFORMED, f"problems[{i}] must be an object")
+        what = _text(item.get("what"), f"problems[{i}].what", 64)
+        error = _text(item.get("error"), f"problems[{i}].error")
+        if not what:
+            raise ProtocolError(MALFORMED, f"problems[{i}].what is missing")
+        out.append(Problem(what=what, error=error or ""))
+    return tuple(out)
 
 
 def _counts(value: Any, key: str) -> dict[str, int]:
@@ -382,4 +477,23 @@ def decode(data: bytes) -> Report:
         error=_text(msg.get("error"), "error"),
         sender_dropped=_counts(msg.get("sender_dropped"), "sender_dropped"),
         hook_errors=_int(msg, "hook_errors", default=0) or 0,
+        phase=_phase(msg.get("phase")),
+        phases=_phases(msg.get("phases")),
+        compiles=_int(msg, "compiles", default=0) or 0,
+        eval=_work(msg.get("eval"), "eval"),
+        inference=_work(msg.get("inference"), "inference"),
+        problems=_problems(msg.get("problems")),
+        hook_state=_hook_state(msg.get("hook_state")),
     )
+
+
+def _phase(value: Any) -> str | None:
+    text = _text(value, "phase", 32)
+    return text if text in PHASES else None
+
+
+def _hook_state(value: Any) -> str:
+    text = _text(value, "hook_state", 16)
+    if text is not None and text not in HOOK_STATES:
+        raise ProtocolError(MALFORMED, f"hook_state must be one of {HOOK_STATES}")
+    return text or "on"

@@ -32,13 +32,16 @@ import psutil
 from gpuwatch import logs
 from gpuwatch.errors import UserError
 from gpuwatch.job import protocol
-from gpuwatch.samples import ConfigSample, JobEnd, JobStats, StepSample
+from gpuwatch.samples import ConfigSample, HookProblem, JobEnd, JobStats, PhaseSample, StepSample
 from gpuwatch.store import Store, unseen_steps
 
 log = logging.getLogger(__name__)
 
 # how far ahead of this host's clock a step's time may be before it is taken as now
 MAX_CLOCK_AHEAD = 5.0  # seconds
+# a job's `phase` line is written when its phase (or its evaluation, inference or compile
+# counts) changes, and otherwise this often, with its seconds by phase so far
+PHASE_EVERY = 5.0  # seconds
 
 # processes known at once (alive, or dead and not yet forgotten): each is a set of training
 # series, so this caps what senders can add to a scrape; a new one past it is dropped and
@@ -59,6 +62,9 @@ class _Job:
     dead_since: float | None = None  # monotonic
     first_step_t: float | None = None  # Unix seconds: the end of its first iteration
     error: str | None = None  # the exit report's error text
+    phase_key: tuple | None = None  # what its last `phase` line said (besides seconds)
+    phase_t: float = 0.0  # when that line was written (Unix seconds)
+    problems: set[str] | None = None  # problems already passed on
 
 
 def _end(stats: JobStats, t: float, first_step_t: float | None, error: str | None) -> JobEnd:
@@ -385,6 +391,8 @@ class HookReceiver:
                 max_mem_allocated_bytes=r.max_mem_allocated_bytes,
                 alive=not final,
                 exit_reason=(r.exit_reason or "exited") if final else None,
+                phase=r.phase, phase_seconds=dict(r.phases),
+                hook_problems=len(r.problems), hook_state=r.hook_state,
             )
             if job is None or prev is None:
                 job = self._jobs[pid] = _Job(stats=stats, last_seen=now)
@@ -397,6 +405,7 @@ class HookReceiver:
                 job.error = r.error
             end = _end(stats, r.t, job.first_step_t, job.error) if final and was_alive \
                 else None
+            events = self._events(job, pid, r, gpu, final)
         # the hook stamps steps with this host's clock; one stamped far ahead (a wrong
         # clock, a forged datagram) would make the store's time trim drop the history
         latest = time.time() + MAX_CLOCK_AHEAD
@@ -404,7 +413,7 @@ class HookReceiver:
                             data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
                             skipped=s.skipped, first_batch=s.first_batch,
                             first_batch_wait_seconds=s.first_batch_wait_seconds, loss=s.loss,
-                            pid=pid,
+                            micro_batches=s.micro_batches, pid=pid,
                             rank=r.rank, gpu=gpu)
                  for s in r.steps]
         # steps the datagram had no room to list still count (their sums, in the window)
@@ -420,9 +429,40 @@ class HookReceiver:
             self.store.add_steps(steps, unseen=unseen)
         if r.config is not None:
             self.store.set_config(ConfigSample(t=r.t, pid=pid, rank=r.rank, values=r.config))
+        for event in events:
+            self.store.add_event(event)
         self.store.set_job(stats)
         if end is not None:
             self.store.add_job_end(end)
+
+    @staticmethod
+    def _events(job: _Job, pid: int, r: protocol.Report, gpu: int | None,
+                final: bool) -> list[PhaseSample | HookProblem]:
+        """The `phase` line due for this report, and the hook's problems not passed on yet."""
+        out: list[PhaseSample | HookProblem] = []
+        if job.problems is None:
+            job.problems = set()
+        for p in r.problems:
+            if p.what not in job.problems:
+                job.problems.add(p.what)
+                out.append(HookProblem(t=r.t, what=p.what, error=p.error, pid=pid, rank=r.rank,
+                                       gpu=gpu))
+        if r.phase is None:
+            return out  # an older hook: no phases
+        key = (r.phase, r.hook_state, r.compiles, r.eval.batches, r.inference.batches,
+               r.inference.generate_calls)
+        if key == job.phase_key and r.t - job.phase_t < PHASE_EVERY and not final:
+            return out
+        job.phase_key, job.phase_t = key, r.t
+        out.append(PhaseSample(
+            t=r.t, phase=r.phase, seconds=dict(r.phases), compiles=r.compiles,
+            eval_batches=r.eval.batches, eval_samples=r.eval.samples,
+            eval_batch_size=r.eval.batch_size, eval_wait_seconds=r.eval.wait_seconds,
+            inference_batches=r.inference.batches, inference_samples=r.inference.samples,
+            inference_batch_size=r.inference.batch_size,
+            generate_calls=r.inference.generate_calls, hook_state=r.hook_state,
+            pid=pid, rank=r.rank, gpu=gpu))
+        return out
 
     def _sweep(self, now: float, vanish_after: float | None = None) -> None:
         """Mark silent jobs whose process is gone; forget long-dead ones."""

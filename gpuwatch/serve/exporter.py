@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwatch import __version__, logs
-from gpuwatch.job.protocol import DROP_REASONS
+from gpuwatch.job.protocol import DROP_REASONS, PHASES
 from gpuwatch.samples import GpuInfo, GpuSample, Health, HostSample, JobStats, Snapshot
 
 log = logging.getLogger(__name__)
@@ -419,16 +419,36 @@ def _train_families(snap: Snapshot) -> list[Metric]:
          lambda j: j.max_mem_allocated_bytes),
         (GaugeMetricFamily("gpuwatch_train_up", "1 while the job reports, 0 after it died.",
                            labels=TRAIN_LABELS), lambda j: 1 if j.alive else 0),
+        (GaugeMetricFamily("gpuwatch_train_hook_measuring",
+                           "1 while the job's hook measures, 0 once it stopped itself after "
+                           "errors of its own (its problems say why).", labels=TRAIN_LABELS),
+         lambda j: 0 if j.hook_state == "off" else 1),
     ]
+    problems = CounterMetricFamily("gpuwatch_train_hook_problems",
+                                   "Distinct problems the job's hook reported (a setting it "
+                                   "could not read, an error of its own).", labels=TRAIN_LABELS)
+    phase_labels = [*TRAIN_LABELS, "phase"]
+    phase_seconds = CounterMetricFamily(
+        "gpuwatch_train_phase_seconds", "Seconds the job spent in each phase: startup, "
+        "compile, train, eval, checkpoint, inference.", labels=phase_labels)
+    phase_now = GaugeMetricFamily("gpuwatch_train_phase",
+                                  "1 for the phase the job is in now, 0 for the others.",
+                                  labels=phase_labels)
     for j in snap.jobs:
         labels = [str(j.pid), _label(j.rank), _label(j.gpu)]
         steps.add_metric(labels, float(j.steps_total))
         skipped.add_metric(labels, float(j.skipped_steps_total))
+        problems.add_metric(labels, float(j.hook_problems))
         for fam, get in gauges:
             value = get(j)
             if value is not None:
                 fam.add_metric(labels, float(value))
-    return [steps, skipped] + [fam for fam, _ in gauges]
+        if j.phase is not None:
+            for phase in PHASES:
+                phase_seconds.add_metric([*labels, phase],
+                                         float(j.phase_seconds.get(phase, 0.0)))
+                phase_now.add_metric([*labels, phase], 1.0 if phase == j.phase else 0.0)
+    return [steps, skipped, problems, phase_seconds, phase_now] + [fam for fam, _ in gauges]
 
 
 def time_share_families(jobs: Iterable[Mapping[str, Any]]) -> list[Metric]:

@@ -43,9 +43,11 @@ from gpuwatch.samples import (
     GpuInfo,
     GpuProcess,
     GpuSample,
+    HookProblem,
     HostSample,
     JobEnd,
     JobTree,
+    PhaseSample,
     Sample,
     StepSample,
     StepsSample,
@@ -225,6 +227,17 @@ def _indices(name: str, v: Any) -> Any:
     return tuple(_count(f"{name}[{i}]", x) for i, x in enumerate(v))
 
 
+def _seconds_by_name(name: str, v: Any) -> Any:
+    if not isinstance(v, dict):
+        raise _Bad(f"field '{name}' must be an object of seconds by phase, got {_show(v)}")
+    out = {}
+    for key, seconds in v.items():
+        value = _nonneg(f"{name}.{key}", seconds)
+        if value is not None:
+            out[str(key)] = value
+    return out
+
+
 _JOB: dict[str, Check] = {"pid": _count, "name": _string, "user": _string,
                           "cpu_cores": _nonneg, "main_cpu_cores": _nonneg,
                           "workers_cpu_cores": _nonneg, "processes": _count, "rss_bytes": _count,
@@ -261,7 +274,7 @@ _STEP: dict[str, Check] = {
     "batch_size": _count, "loss_scale": _nonneg, "mem_allocated_bytes": _count,
     "mem_reserved_bytes": _count, "max_mem_allocated_bytes": _count, "loss": _anynum,
     "skipped": _boolean, "first_batch": _boolean, "first_batch_wait_seconds": _nonneg,
-    "pid": _count, "rank": _count,
+    "micro_batches": _count, "pid": _count, "rank": _count,
     "gpu": _count,
 }
 _STEPS: dict[str, Check] = {
@@ -273,8 +286,18 @@ _STEPS: dict[str, Check] = {
     "first_batch": _count, "first_batch_wait_seconds": _nonneg,
     "first_batch_data_wait_seconds": _nonneg, "loss_scale": _nonneg,
     "mem_allocated_bytes": _count, "mem_reserved_bytes": _count,
-    "max_mem_allocated_bytes": _count, "pid": _count, "rank": _count, "gpu": _count,
+    "max_mem_allocated_bytes": _count, "micro_batches": _count, "micro_counted": _count,
+    "pid": _count, "rank": _count, "gpu": _count,
 }
+_PHASE: dict[str, Check] = {
+    "phase": _string, "seconds": _seconds_by_name, "compiles": _count, "eval_batches": _count,
+    "eval_samples": _count, "eval_batch_size": _count, "eval_wait_seconds": _nonneg,
+    "inference_batches": _count, "inference_samples": _count, "inference_batch_size": _count,
+    "generate_calls": _count, "hook_state": _string, "pid": _count, "rank": _count,
+    "gpu": _count,
+}
+_HOOK_PROBLEM: dict[str, Check] = {"what": _string, "error": _string, "pid": _count,
+                                   "rank": _count, "gpu": _count}
 _CONFIG: dict[str, Check] = {"pid": _count, "rank": _count}
 _JOB_END: dict[str, Check] = {
     "pid": _count, "exit_reason": _string, "rank": _count, "gpu": _count, "error": _string,
@@ -295,6 +318,8 @@ _KINDS: dict[str, tuple[type, dict[str, Check], tuple[str, ...]]] = {
     "steps": (StepsSample, _STEPS, ("steps",)),
     "config": (ConfigSample, _CONFIG, ()),
     "job_end": (JobEnd, _JOB_END, ("pid", "exit_reason")),
+    "phase": (PhaseSample, _PHASE, ("phase",)),
+    "hook_problem": (HookProblem, _HOOK_PROBLEM, ("what",)),
 }
 _KIND_OF = {cls: kind for kind, (cls, _, _) in _KINDS.items()}
 _TIME = _number(0.0, None, "a Unix time in seconds")

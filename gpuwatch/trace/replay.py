@@ -42,8 +42,10 @@ from gpuwatch.samples import (
     GpuInfo,
     GpuSample,
     Health,
+    HookProblem,
     HostSample,
     JobStats,
+    PhaseSample,
     Snapshot,
     StepSample,
     StepsSample,
@@ -314,6 +316,9 @@ class Replayer:
             elif isinstance(s, ConfigSample):
                 self._publish_steps(steps)
                 self.store.set_config(replace(s, t=due))
+            elif isinstance(s, (PhaseSample, HookProblem)):
+                self._publish_steps(steps)
+                self.store.add_event(replace(s, t=due))
         self._publish_steps(steps)
         if group:
             self._publish_group(group, at(group[0].t))

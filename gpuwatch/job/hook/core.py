@@ -54,6 +54,8 @@ from torch.amp.grad_scaler import GradScaler
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gpuwatch.job import protocol
+from gpuwatch.job.hook import facts
+from gpuwatch.job.hook.frameworks import Framework
 
 ENV_SOCKET = "GPUWATCH_SOCKET"  # one path, or several separated by os.pathsep
 SYSTEM_SOCKET = "/run/gpuwatch/hook.sock"
@@ -69,6 +71,30 @@ BACKWARD = "backward"
 CONFIG_INTERVAL = 30.0  # the configuration again, for a daemon started after the job
 MAX_PENDING_STEPS = 100_000  # per-step records waiting for the reporter (older ones dropped)
 MAX_HOOK_ERRORS = 100  # after this many internal errors the hook stops measuring
+
+# What the process is doing (docs/hook.md, "Phases"). Start-up lasts until the first
+# iteration ends; evaluation, checkpoints and torch.compile's compilation interrupt
+# training and are left out of the iteration they fall in; a process that runs forward
+# passes (batches, generate()) and never a backward() is an inference process.
+STARTUP = "startup"
+TRAIN = "train"
+EVAL = "eval"
+CHECKPOINT = "checkpoint"
+COMPILE = "compile"
+INFERENCE = "inference"
+PHASES = (STARTUP, COMPILE, TRAIN, EVAL, CHECKPOINT, INFERENCE)
+# a module switched to eval() starts an evaluation only if it holds at least this share of
+# the parameter tensors the optimizer trains (a frozen BatchNorm's eval() in every step is
+# not an evaluation)
+EVAL_MODULE_SHARE = 0.5
+# a process is an inference process once it has fetched this many batches (or called
+# generate() this often) and kept at it this long without a single backward()
+INFER_BATCHES = 3
+INFER_AFTER = 20.0  # seconds, compiling left out
+# loader roles (the DataLoader whose batches precede backward() trains; any other one, once
+# training has begun, evaluates)
+_TRAIN_LOADER = 1
+_OTHER_LOADER = 2
 
 _perf = time.perf_counter
 # what a forked child inherited from its parent's hook: kept alive for good (after_fork)
@@ -151,8 +177,42 @@ class _Hook:
         self.primary: weakref.ref | None = None  # the optimizer that clocks iterations
         self.scaler: weakref.ref | None = None
         self.stream: Any = None  # the training thread's CUDA stream, for ordered reads
+        # autocast in force during training: the dtype of an enabled autocast entered
+        # since the last iteration ended (amp_iter), and that of the last iteration that
+        # finished (autocast_dtype), so a setting changed after start-up is what is judged
+        self.amp_iter: str | None = None
         self.autocast_dtype: str | None = None
+        self.autocast_seen: str | None = None  # before the first iteration: any enabled one
         self.checkpointing = False
+        self.backwards = 0  # top-level backward() calls in the current iteration
+        # phases: the one in force, since when (perf_counter), the seconds of those that
+        # ended, and what an interruption (checkpoint, compile) returns to
+        self.phase = STARTUP
+        self.phase_t0 = _perf()
+        self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.phase_stack: list[str] = []
+        self.iter_excl = 0.0  # seconds of evaluation, checkpoints, compiling in this iteration
+        # loaders by id(): _TRAIN_LOADER once a backward() followed one of its batches
+        self.loader_roles: dict[int, int] = {}
+        self.train_loader: int | None = None
+        self.last_loader: int | None = None  # the loader of the last batch fetched
+        self.backward_seen = False
+        self.opt_params = 0  # parameter tensors of the optimizer that clocks iterations
+        self.eval_batches = 0  # batches of other loaders once training began
+        self.eval_samples = 0
+        self.eval_batch_size: int | None = None
+        self.eval_wait = 0.0  # their data wait, seconds
+        self.infer_batches = 0  # batches and generate() calls of a process that never trained
+        self.infer_t0: float | None = None  # when the first of them came
+        self.infer_compile0 = 0.0  # compile seconds by then
+        self.infer_samples = 0
+        self.infer_batch_size: int | None = None
+        self.generate_calls = 0
+        self.compiles = 0
+        self.saving = False
+        self.framework = Framework()
+        self.framework_patched = False
+        self.problems = facts.Problems()
         # the tensor the last top-level backward() ran on (its graph already freed by
         # that backward), unscaled; end_iteration() pairs it with its iteration in
         # loss_of, which the reporter takes. References only: no copy, no sync.
@@ -172,6 +232,7 @@ class _Hook:
         self.last_send = 0.0
         self.last_config: dict[str, Any] | None = None
         self.last_config_time = 0.0
+        self.last_status: dict[str, Any] | None = None
         self.dropped: dict[str, int] = {}
         self.errors = 0
         self.exit_reason: str | None = None
@@ -202,10 +263,93 @@ class _Hook:
                 pass
 
     def fault(self) -> None:
-        """An error inside the hook: count it; after too many, stop measuring."""
+        """An error inside the hook (called from an ``except`` block): count it, say where
+        (once per place); after too many, stop measuring, and say that too."""
         self.errors += 1
-        if self.errors >= MAX_HOOK_ERRORS:
+        try:
+            err = sys.exc_info()[1]
+            tb = err.__traceback__ if err is not None else None
+            where = "hook"
+            while tb is not None:  # the innermost frame of ours
+                if tb.tb_frame.f_globals.get("__name__", "").startswith("gpuwatch"):
+                    where = f"hook.{tb.tb_frame.f_code.co_name}"
+                tb = tb.tb_next
+            if err is not None:
+                self.problems.add(where, err)
+        except Exception:
+            pass
+        if self.errors >= MAX_HOOK_ERRORS and not self.off:
             self.off = True
+            self.problems.add("hook.off", f"stopped measuring after {self.errors} errors of "
+                              f"its own; steps, data wait and settings are no longer sent")
+
+    # -- phases -------------------------------------------------------------------------
+    def switch(self, phase: str, now: float) -> None:
+        """The process moves to ``phase``; time in an interruption (evaluation, a
+        checkpoint, compiling) is left out of the iteration it falls in."""
+        old = self.phase
+        spent = now - self.phase_t0
+        self.phase_seconds[old] += spent
+        if old is EVAL or old is CHECKPOINT or old is COMPILE:
+            self.iter_excl += spent
+        self.phase = phase
+        self.phase_t0 = now
+
+    def interrupt(self, phase: str) -> None:
+        """A checkpoint or a compilation begins (they nest: a save inside an evaluation)."""
+        self.phase_stack.append(self.phase)
+        self.switch(phase, _perf())
+
+    def resume(self) -> None:
+        back = self.phase_stack.pop() if self.phase_stack else (TRAIN if self.n else STARTUP)
+        self.switch(back, _perf())
+
+    def other_batch(self, info: list[Any] | None, t0: float, t1: float) -> None:
+        """A batch of a loader that has not trained, once training began: evaluation."""
+        if self.phase is TRAIN:
+            self.switch(EVAL, t0)
+        self.eval_batches += 1
+        self.eval_wait += t1 - t0
+        if info is not None:
+            info[2] = None  # its first batch is no training epoch's start
+            if info[0]:
+                self.eval_samples += info[0]
+                self.eval_batch_size = info[0]
+
+    def inference_work(self, batch: int | None, now: float) -> None:
+        """A batch (or a generate() call) before any backward(): a process that keeps
+        doing this with no backward() at all serves or evaluates a model, it does not train."""
+        if self.infer_t0 is None:
+            self.infer_t0 = now
+            self.infer_compile0 = self.phase_seconds[COMPILE]
+        self.infer_batches += 1
+        if batch:
+            self.infer_samples += batch
+            self.infer_batch_size = batch
+        if self.phase is STARTUP and self.infer_batches >= INFER_BATCHES:
+            busy = now - self.infer_t0 - (self.phase_seconds[COMPILE] - self.infer_compile0)
+            if busy >= INFER_AFTER:
+                # since its first batch it has been serving: that time is inference
+                self.switch(INFERENCE, now)
+                moved = min(busy, self.phase_seconds[STARTUP])
+                self.phase_seconds[STARTUP] -= moved
+                self.phase_seconds[INFERENCE] += moved
+
+    def is_model(self, module: Any) -> bool:
+        """Whether ``module.eval()`` switches the model (not a frozen layer inside it):
+        it holds at least half of the parameter tensors the optimizer trains."""
+        if not self.opt_params:
+            ref = self.primary
+            opt = ref() if ref is not None else None
+            if opt is not None:
+                self.opt_params = sum(len(g["params"]) for g in opt.param_groups)
+        if not self.opt_params:
+            return len(module._modules) >= 2  # no optimizer known: not a leaf layer
+        need = max(1, int(self.opt_params * EVAL_MODULE_SHARE))
+        for i, _ in enumerate(module.parameters(), 1):
+            if i >= need:
+                return True
+        return False
 
     # -- the training thread ---------------------------------------------------------------
     def step_end(self, skipped: Any) -> None:
@@ -235,10 +379,12 @@ class _Hook:
             # the held backward() ends as the iterations they were
             self.held_backwards = []
             base = (0.0, 0, 0, 0.0)
+            amp = self.amp_iter
             for end, wait, samples, firsts, first_wait in held:
                 self.wait, self.firsts = wait - base[0], firsts - base[2]
                 self.samples = None if samples is None else samples - base[1]
                 self.first_wait = first_wait - base[3]
+                self.backwards, self.amp_iter = 1, amp
                 self.end_iteration(False, end)
                 base = (wait, samples or 0, firsts, first_wait)
             self.source = BACKWARD
@@ -249,23 +395,42 @@ class _Hook:
     def end_iteration(self, skipped: Any, now: float | None = None) -> None:
         if now is None:
             now = _perf()
+        if self.phase is not TRAIN:
+            self._training_again(now)
         start = self.iter_start
         first = None
         if self.firsts:
             first = (self.firsts, self.first_wait)
             self.firsts, self.first_wait = 0, 0.0
-        self.pending.append([self.n, now, None if start is None else now - start, self.wait,
-                             self.samples, skipped, first, None])
+        self.pending.append([self.n, now, None if start is None else now - start - self.iter_excl,
+                             self.wait, self.samples, skipped, first, None,
+                             self.backwards or None])
         self.loss_of = (self.n, self.loss_tensor)
         self.n += 1
         if skipped is True:
             self.skipped_known += 1
         self.iter_start = now
+        self.iter_excl = 0.0
         self.wait = 0.0
         self.samples = None
+        self.backwards = 0
         self.opt_stepped = False
+        self.autocast_dtype, self.amp_iter = self.amp_iter, None
         if self.thread is None:
             self.start_reporting()
+
+    def _training_again(self, now: float) -> None:
+        """An iteration ends outside the training phase: the first one (start-up ends,
+        and the framework driving the loop is looked for), or the first after an
+        evaluation that no training batch closed."""
+        phase = self.phase
+        if phase is EVAL or phase is STARTUP or phase is INFERENCE:
+            self.switch(TRAIN, now)
+        if not self.framework.looked:
+            try:
+                self.framework.find(sys._getframe(2), self.problems)
+            except Exception:
+                self.fault()
 
     def scaler_update(self, scaler: Any) -> None:
         ref = self.scaler
@@ -317,7 +482,17 @@ class _Hook:
             if isinstance(rec[5], list):
                 rec[5] = _Flags(rec[5])
             self.held.append(rec)
-        self._resolve(final)
+        try:
+            self._resolve(final)
+        except Exception:
+            # the device reads failed: the steps still go, with what is known of them
+            self.fault()
+            self.inflight = None
+            for rec in self.held:
+                if isinstance(rec[5], _Flags):
+                    rec[5] = None
+                if rec[7] is _PENDING:
+                    rec[7] = None
         held = self.held
         ready = 0
         while ready < len(held) and not isinstance(held[ready][5], _Flags) \
@@ -332,16 +507,32 @@ class _Hook:
             ready = len(held)
         steps, self.held = held[:ready], held[ready:]
         now = time.time()
-        config = self._config()
-        config_due = config != self.last_config or now - self.last_config_time >= CONFIG_INTERVAL
-        if not steps and not final and not config_due and now - self.last_send < HEARTBEAT_INTERVAL:
+        try:
+            _late_patches(self)
+        except Exception:
+            self.fault()
+        try:
+            config = self._config()
+        except Exception as err:  # each fact has its own guard: this is a bug of ours
+            self.problems.add("config", err)
+            config = self.last_config
+        status = self._status()
+        config_due = config is not None and (
+            config != self.last_config or now - self.last_config_time >= CONFIG_INTERVAL)
+        status_due = status != self.last_status
+        if not steps and not final and not config_due and not status_due \
+                and now - self.last_send < HEARTBEAT_INTERVAL:
             return
         offset = now - _perf()  # perf_counter → Unix seconds, fresh each report
         window = {"steps": len(steps), "skipped": 0, "timed": 0, "step_seconds": 0.0,
                   "data_wait_seconds": 0.0, "samples": 0, "sample_seconds": 0.0,
-                  "iterators": 0, "first_batch_wait_seconds": 0.0}
+                  "iterators": 0, "first_batch_wait_seconds": 0.0, "micro_batches": 0,
+                  "micro_counted": 0}
         records = []
-        for n, end, dur, wait, batch, skipped, first, loss in steps:
+        for n, end, dur, wait, batch, skipped, first, loss, micro in steps:
+            if micro is not None:
+                window["micro_batches"] += micro
+                window["micro_counted"] += 1
             if first is not None:
                 window["iterators"] += first[0]
                 window["first_batch_wait_seconds"] += first[1]
@@ -358,10 +549,11 @@ class _Hook:
                 step=n, t=end + offset, step_seconds=dur,
                 data_wait_seconds=wait if (dur is not None or wait) else None,
                 batch_size=batch, skipped=skipped, first_batch=first is not None,
-                first_batch_wait_seconds=None if first is None else first[1], loss=loss))
-        rank, local_rank, world = self._rank()
-        gpu, uuid = self._gpu()
-        mem = self._memory()
+                first_batch_wait_seconds=None if first is None else first[1], loss=loss,
+                micro_batches=micro))
+        rank, local_rank, world = self._guarded(self._rank, "rank", (None, None, None))
+        gpu, uuid = self._guarded(self._gpu, "gpu", (None, None))
+        mem = self._guarded(self._memory, "memory", {})
         header: dict[str, Any] = {
             "kind": "exit" if final else "report", "pid": self.pid, "seq": self.seq,
             "t": now, "rank": rank, "local_rank": local_rank, "world_size": world,
@@ -371,13 +563,44 @@ class _Hook:
             "config": config if config_due else None,
             "exit_reason": (self.exit_reason or "exited") if final else None,
             "error": self.error, "sender_dropped": dict(self.dropped),
-            "hook_errors": self.errors,
+            "hook_errors": self.errors, **status,
+            "phases": self._phase_seconds(),
         }
         self._send(protocol.encode(header, records))
         self.seq += 1
         self.last_send = now
+        self.last_status = status
         if config_due:
             self.last_config, self.last_config_time = config, now
+
+    def _guarded(self, fn: Callable[[], Any], what: str, default: Any) -> Any:
+        try:
+            return fn()
+        except Exception as err:
+            self.problems.add(what, err)
+            return default
+
+    def _status(self) -> dict[str, Any]:
+        """What changes rarely: the phase, evaluation and inference counts, problems."""
+        return {
+            "phase": self.phase,
+            "compiles": self.compiles,
+            "eval": {"batches": self.eval_batches, "samples": self.eval_samples,
+                     "batch_size": self.eval_batch_size,
+                     "wait_seconds": round(self.eval_wait, 3)},
+            "inference": {"batches": self.infer_batches, "samples": self.infer_samples,
+                          "batch_size": self.infer_batch_size,
+                          "generate_calls": self.generate_calls},
+            "problems": self.problems.as_list(),
+            "hook_state": "off" if self.off else "on",
+        }
+
+    def _phase_seconds(self) -> dict[str, float]:
+        """Seconds in each phase so far, the one in force included."""
+        phase, t0 = self.phase, self.phase_t0
+        out = dict(self.phase_seconds)
+        out[phase] = out.get(phase, 0.0) + max(0.0, _perf() - t0)
+        return {k: round(v, 3) for k, v in out.items() if v}
 
     def _send(self, data: bytes) -> None:
         if self.sock is None:
@@ -567,35 +790,46 @@ class _Hook:
         return rank, _env_int("LOCAL_RANK"), world
 
     def _config(self) -> dict[str, Any]:
+        """The settings, each read under its own guard (a failure costs that fact, said
+        once in ``problems``). ``in_training``: read after the first iteration, so what
+        training may still change (autocast, TF32, the optimizer) is what is in force."""
         cfg: dict[str, Any] = {}
+        p = self.problems
+        read = facts.read
         loader = self.loader
         if loader is not None:
             cfg.update(loader[1])
-        cfg["autocast"] = self.autocast_dtype is not None
-        cfg["autocast_dtype"] = self.autocast_dtype
-        cfg["tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
-        cfg["cudnn_tf32"] = bool(torch.backends.cudnn.allow_tf32)
-        cfg["float32_matmul_precision"] = torch.get_float32_matmul_precision()
-        cfg["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+        cfg["in_training"] = self.n > 0
+        # autocast in the last iteration that finished; before the first, any seen
+        amp = self.autocast_dtype if self.n else self.autocast_seen
+        cfg["autocast"] = amp is not None
+        cfg["autocast_dtype"] = amp
+        read(cfg, "tf32", facts.matmul_tf32, p)
+        read(cfg, "cudnn_tf32", facts.cudnn_tf32, p)
+        read(cfg, "float32_matmul_precision", facts.float32_matmul_precision, p)
+        read(cfg, "cudnn_benchmark", lambda: bool(torch.backends.cudnn.benchmark), p)
         ref = self.primary
         opt = ref() if ref is not None else None
         if opt is not None:
             defaults = getattr(opt, "defaults", {}) or {}
-            cfg["optimizer"] = type(opt).__name__
-            cfg["fused_optimizer"] = bool(defaults.get("fused"))
-            cfg["foreach_optimizer"] = defaults.get("foreach")
+            read(cfg, "optimizer", lambda: type(opt).__name__, p)
+            read(cfg, "fused_optimizer", lambda: bool(defaults.get("fused")), p)
+            read(cfg, "foreach_optimizer", lambda: defaults.get("foreach"), p)
         cfg["grad_scaler"] = self.scaler is not None
         cfg["gradient_checkpointing"] = self.checkpointing
         cfg["uses_dataloader"] = self.loader_made
         cfg["uses_conv"] = self.uses_conv
-        channels_last = self._channels_last()
-        if channels_last is not None:
-            cfg["channels_last"] = channels_last
+        read(cfg, "channels_last", self._channels_last, p)
+        if cfg.get("channels_last") is None:
+            cfg.pop("channels_last", None)
         if self.source is not None:
             cfg["step_source"] = self.source
-        dev = self._device()
-        cfg["device"] = str(dev) if dev is not None else None
+        read(cfg, "device", lambda: None if self._device() is None else str(self._device()), p)
         cfg["torch_version"] = torch.__version__
+        try:
+            self.framework.settings(cfg, p)
+        except Exception as err:
+            p.add("framework", err)
         return cfg
 
     def _channels_last(self) -> bool | None:
@@ -750,19 +984,28 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             t1 = _perf()
             try:
-                h.wait += t1 - t0
-                if h.iter_start is None:
-                    h.iter_start = t0
                 info = self.__dict__.get("_gpuwatch")
-                if info is not None:
-                    h.loader = info
-                    if info[0] is not None:
-                        h.samples = (h.samples or 0) + info[0]
-                    if info[2] is not None:  # this iterator's first batch
-                        h.firsts += 1
-                        h.first_wait += info[2] + (t1 - t0)
-                        info[2] = None
-                h.loader_seen = True
+                key = info[4] if info is not None else None
+                h.last_loader = key
+                if h.n and h.loader_roles.get(key) is not _TRAIN_LOADER:
+                    h.other_batch(info, t0, t1)  # another loader once training began
+                else:
+                    if h.phase is EVAL:
+                        h.switch(TRAIN, t0)  # the training loader again: evaluation is over
+                    h.wait += t1 - t0
+                    if h.iter_start is None:
+                        h.iter_start = t0
+                    if info is not None:
+                        h.loader = info
+                        if info[0] is not None:
+                            h.samples = (h.samples or 0) + info[0]
+                        if info[2] is not None:  # this iterator's first batch
+                            h.firsts += 1
+                            h.first_wait += info[2] + (t1 - t0)
+                            info[2] = None
+                    h.loader_seen = True
+                    if not h.backward_seen:
+                        h.inference_work(info[0] if info is not None else None, t1)
             except Exception:
                 h.fault()
     return __next__
@@ -789,7 +1032,7 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
                 "persistent_workers": bool(loader.persistent_workers),
                 "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
                 "batch_size": batch if isinstance(batch, int) else None,
-            }, init, t0]
+            }, init, t0, id(loader)]
             # starting the workers is waiting for data too: the cost that persistent
             # workers save at each epoch
             h.wait += init
@@ -815,6 +1058,13 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             if scaled is not None:  # a GradScaler is in use: the loss is what scale() got
                 t = scaled[1] if scaled[0] is t else None
             h.loss_tensor = t
+            h.backwards += 1
+            h.backward_seen = True
+            if h.phase is EVAL:
+                h.switch(TRAIN, _perf())
+            key = h.last_loader
+            if h.loader_roles.get(key) is not _TRAIN_LOADER:
+                h.loader_roles[key] = _TRAIN_LOADER  # its batches are what trains
         h.depth += 1
         try:
             result = orig(*args, **kwargs)
@@ -844,21 +1094,21 @@ def _wrap_optimizer_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     return __init__
 
 
-def _wrap_conv_init(orig: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        orig(self, *args, **kwargs)
-        h = _hook
-        if h is not None and not h.off:
-            try:
-                h.uses_conv = True
-                if len(h.convs) < 8 and isinstance(self, torch.nn.Conv2d):
-                    h.convs.append(weakref.ref(self))
-                if h.thread is None:
-                    h.start_reporting()
-            except Exception:
-                h.fault()
-    return __init__
+def _on_submodule(_parent: Any, _name: str, module: Any) -> None:
+    """A submodule is registered (torch's global module registration hook): a model is
+    being built; note its convolutions."""
+    h = _hook
+    if h is None or h.off:
+        return
+    try:
+        if isinstance(module, torch.nn.modules.conv._ConvNd):
+            h.uses_conv = True
+            if len(h.convs) < 8 and isinstance(module, torch.nn.Conv2d):
+                h.convs.append(weakref.ref(module))
+        if h.thread is None:
+            h.start_reporting()
+    except Exception:
+        h.fault()
 
 
 def _on_parameter(_module: Any, _name: str, _param: Any) -> None:
@@ -901,10 +1151,12 @@ def _wrap_autocast_enter(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def __enter__(self: Any) -> Any:
         h = _hook
-        if h is not None and h.autocast_dtype is None:
+        if h is not None:
             try:
                 if getattr(self, "_enabled", False):
-                    h.autocast_dtype = str(self.fast_dtype).replace("torch.", "")
+                    h.amp_iter = dtype = str(self.fast_dtype).replace("torch.", "")
+                    if h.autocast_seen is None:
+                        h.autocast_seen = dtype
             except Exception:
                 h.fault()
         return orig(self)
@@ -921,9 +1173,183 @@ def _wrap_checkpoint(orig: Callable[..., Any]) -> Callable[..., Any]:
     return checkpoint
 
 
+def _wrap_module_eval(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``Module.eval``: a model switched to eval mode while it trains begins an evaluation
+    (Hugging Face's evaluation loop, Lightning's validation, a hand-written one). It ends at
+    the next training batch, backward() or optimizer step."""
+    @functools.wraps(orig)
+    def eval(self: Any) -> Any:  # noqa: A001 (the method's own name)
+        h = _hook
+        if h is not None and h.phase is TRAIN and not h.off:
+            try:
+                if h.is_model(self):
+                    h.switch(EVAL, _perf())
+            except Exception:
+                h.fault()
+        return orig(self)
+    return eval
+
+
+def _checkpointing(h: _Hook) -> bool:
+    """Enter the checkpoint phase for a save during training (False: not counted)."""
+    if h.off or not h.n or h.saving or threading.current_thread() is h.thread:
+        return False
+    try:
+        h.saving = True
+        h.interrupt(CHECKPOINT)
+        return True
+    except Exception:
+        h.saving = False
+        h.fault()
+        return False
+
+
+def _checkpointed(h: _Hook) -> None:
+    h.saving = False
+    try:
+        h.resume()
+    except Exception:
+        h.fault()
+
+
+def _wrap_save(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.save`` during training: a checkpoint, left out of the iteration."""
+    @functools.wraps(orig)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        h = _hook
+        if h is None or not _checkpointing(h):
+            return orig(*args, **kwargs)
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            _checkpointed(h)
+    return save
+
+
+def _wrap_method_as_checkpoint(obj: Any, name: str) -> None:
+    """A framework's own checkpoint method (on that one object: Hugging Face's
+    ``Trainer._save_checkpoint`` writes safetensors files, which torch.save never sees)."""
+    orig = getattr(obj, name, None)
+    if orig is None or getattr(orig, "_gpuwatch", False):
+        return
+
+    @functools.wraps(orig)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        h = _hook
+        if h is None or not _checkpointing(h):
+            return orig(*args, **kwargs)
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            _checkpointed(h)
+    method._gpuwatch = True  # type: ignore[attr-defined]
+    setattr(obj, name, method)
+
+
+def _on_compile_start(*_args: Any) -> None:
+    h = _hook
+    if h is not None and not h.off and h.pid == os.getpid():
+        try:
+            h.compiles += 1
+            h.interrupt(COMPILE)
+        except Exception:
+            h.fault()
+
+
+def _on_compile_end(*_args: Any) -> None:
+    h = _hook
+    if h is not None and not h.off and h.phase is COMPILE and h.pid == os.getpid():
+        try:
+            h.resume()
+        except Exception:
+            h.fault()
+
+
+_compile_callbacks = False
+
+
+def _hook_compiler() -> None:
+    """torch.compile is in use: time its compilations through dynamo's own compile
+    callbacks (torch 2.5+; an older torch has none, and compiling stays unnamed)."""
+    global _compile_callbacks
+    if _compile_callbacks:
+        return
+    _compile_callbacks = True
+    try:
+        from torch._dynamo import callback
+    except Exception:
+        return
+    if callable(getattr(callback, "on_compile_start", None)):
+        callback.on_compile_start(_on_compile_start)
+        callback.on_compile_end(_on_compile_end)
+
+
+def _unhook_compiler() -> None:
+    global _compile_callbacks
+    if not _compile_callbacks:
+        return
+    _compile_callbacks = False
+    callback = sys.modules.get("torch._dynamo.callback")
+    handler = getattr(callback, "callback_handler", None)
+    for fn, remove in ((_on_compile_start, "remove_start_callback"),
+                       (_on_compile_end, "remove_end_callback")):
+        try:
+            getattr(handler, remove)(fn)
+        except Exception:
+            pass
+
+
+def _wrap_compile(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 (torch's own name)
+        h = _hook
+        if h is not None and not h.off:
+            try:
+                _hook_compiler()
+            except Exception:
+                h.fault()
+        return orig(*args, **kwargs)
+    return compile
+
+
+def _wrap_generate(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Hugging Face's ``generate()``: inference work (and, in a process that never runs
+    backward(), the sign of an inference process), with the number of sequences asked."""
+    @functools.wraps(orig)
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        h = _hook
+        if h is not None and not h.off and not h.backward_seen:
+            try:
+                ids = kwargs.get("input_ids", args[0] if args else None)
+                shape = getattr(ids, "shape", None)
+                h.generate_calls += 1
+                h.inference_work(int(shape[0]) if shape else None, _perf())
+            except Exception:
+                h.fault()
+        return orig(self, *args, **kwargs)
+    generate._gpuwatch = True  # type: ignore[attr-defined]
+    return generate
+
+
+def _late_patches(h: _Hook) -> None:
+    """Patches for modules a job may import after torch (the reporting thread looks)."""
+    gen = sys.modules.get("transformers.generation.utils")
+    mixin = getattr(gen, "GenerationMixin", None)
+    if mixin is not None and not getattr(mixin.generate, "_gpuwatch", False):
+        _patch(mixin, "generate", _wrap_generate)
+    obj = h.framework.obj()
+    if obj is not None and not h.framework_patched:
+        h.framework_patched = True
+        if h.framework.name == "transformers":
+            _wrap_method_as_checkpoint(obj, "_save_checkpoint")
+        elif h.framework.name == "lightning":
+            _wrap_method_as_checkpoint(obj, "save_checkpoint")
+
+
 _scaler_update: Any = None
 _optimizer_hook_handle: Any = None
 _parameter_hook_handle: Any = None
+_module_hook_handle: Any = None
 _problem: str | None = None  # why attach() failed, when it did
 _prev_excepthook: Any = None
 _prev_threading_excepthook: Any = None
@@ -1057,7 +1483,7 @@ def attach_when_training() -> bool:
 
 def _attach(socket_path: str | None) -> bool:
     global _hook, _scaler_update, _optimizer_hook_handle, _parameter_hook_handle
-    global _prev_excepthook, _prev_threading_excepthook, _problem
+    global _module_hook_handle, _prev_excepthook, _prev_threading_excepthook, _problem
     with _attach_lock:
         if _hook is not None:
             return True
@@ -1075,7 +1501,10 @@ def _attach(socket_path: str | None) -> bool:
             # Tensor.backward() calls torch.autograd.backward(): one wrapper sees both
             _patch(torch.autograd, "backward", _wrap_backward)
             _patch(torch.optim.Optimizer, "__init__", _wrap_optimizer_init)
-            _patch(torch.nn.modules.conv._ConvNd, "__init__", _wrap_conv_init)
+            _patch(torch.nn.Module, "eval", _wrap_module_eval)
+            _patch(torch, "save", _wrap_save)
+            if callable(getattr(torch, "compile", None)):
+                _patch(torch, "compile", _wrap_compile)
             _patch(os, "_exit", _wrap_os_exit)
             _patch(multiprocessing.process.BaseProcess, "run", _wrap_process_run)
             spawn = sys.modules.get("torch.multiprocessing.spawn")
@@ -1086,6 +1515,10 @@ def _attach(socket_path: str | None) -> bool:
                                "register_module_parameter_registration_hook", None)
             if register is not None:  # torch 2.0+
                 _parameter_hook_handle = register(_on_parameter)
+            register = getattr(torch.nn.modules.module,
+                               "register_module_module_registration_hook", None)
+            if register is not None:  # torch 2.0+
+                _module_hook_handle = register(_on_submodule)
             _prev_excepthook = sys.excepthook
             sys.excepthook = _excepthook
             _prev_threading_excepthook = threading.excepthook
@@ -1105,7 +1538,7 @@ def attach_problem() -> str | None:
 
 
 def _undo_patches() -> None:
-    global _optimizer_hook_handle, _parameter_hook_handle
+    global _optimizer_hook_handle, _parameter_hook_handle, _module_hook_handle
     while _patches:
         owner, name, orig, wrapper = _patches.pop()
         if getattr(owner, name, None) is wrapper:
@@ -1116,6 +1549,10 @@ def _undo_patches() -> None:
     if _parameter_hook_handle is not None:
         _parameter_hook_handle.remove()
         _parameter_hook_handle = None
+    if _module_hook_handle is not None:
+        _module_hook_handle.remove()
+        _module_hook_handle = None
+    _unhook_compiler()
 
 
 def detach() -> None:

@@ -1,0 +1,179 @@
+"""Which framework drives the training loop, and its settings.
+
+Found once, at the first iteration's end: the stack then runs through the framework's own
+loop (Hugging Face ``Trainer._inner_training_loop``, a Lightning loop, Accelerate's
+``AcceleratedOptimizer.step``), so one walk up the frames finds its object, with no import
+of the framework and no wrapper around it. Settings are read from that object by the
+reporting thread, each under its own guard (:func:`facts.read`), as framework-neutral config
+keys (``fw_*``: docs/hook.md) beside ``framework`` and ``framework_version``: the advisor
+turns them back into each framework's knobs.
+"""
+
+# ruff: noqa: BLE001
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+
+from gpuwatch.job.hook.facts import Problems, read
+
+TRANSFORMERS = "transformers"
+LIGHTNING = "lightning"
+ACCELERATE = "accelerate"
+MAX_FRAMES = 80  # how far up the stack to look
+
+
+def _is(obj: Any, module_prefixes: tuple[str, ...], class_name: str) -> bool:
+    for cls in type(obj).__mro__:
+        if cls.__name__ == class_name and cls.__module__.startswith(module_prefixes):
+            return True
+    return False
+
+
+def _lightning_trainer(obj: Any) -> Any:
+    if _is(obj, ("lightning.pytorch", "pytorch_lightning"), "Trainer"):
+        return obj
+    trainer = getattr(obj, "trainer", None) if type(obj).__module__.startswith(
+        ("lightning.pytorch", "pytorch_lightning")) else None
+    if trainer is not None and _is(trainer, ("lightning.pytorch", "pytorch_lightning"),
+                                   "Trainer"):
+        return trainer
+    return None
+
+
+def detect(frame: Any) -> tuple[str, Any] | None:
+    """(framework, its object) from the frames above ``frame``; None for a plain loop.
+
+    A Hugging Face Trainer also runs Accelerate underneath, so it wins over it."""
+    found: tuple[str, Any] | None = None
+    depth = 0
+    while frame is not None and depth < MAX_FRAMES:
+        depth += 1
+        code_file = frame.f_code.co_filename
+        if ("transformers" in code_file or "lightning" in code_file
+                or "accelerate" in code_file):
+            obj = frame.f_locals.get("self")
+            if obj is not None:
+                mod = type(obj).__module__
+                if mod.startswith("transformers") and _is(obj, ("transformers",), "Trainer"):
+                    return TRANSFORMERS, obj
+                if mod.startswith(("lightning", "pytorch_lightning")):
+                    trainer = _lightning_trainer(obj)
+                    if trainer is not None:
+                        return LIGHTNING, trainer
+                if mod.startswith("accelerate") and found is None:
+                    found = (ACCELERATE, None)
+        frame = frame.f_back
+    return found
+
+
+def _enum_value(v: Any) -> Any:
+    v = getattr(v, "value", v)
+    return v if isinstance(v, (bool, int, float, str)) or v is None else str(v)
+
+
+def _version(module: str) -> Any:
+    return lambda: getattr(sys.modules.get(module), "__version__", None)
+
+
+def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None:
+    args = trainer.args
+    read(cfg, "framework_version", _version("transformers"), problems)
+    read(cfg, "fw_batch_size", lambda: args.per_device_train_batch_size, problems)
+    read(cfg, "fw_grad_accum", lambda: args.gradient_accumulation_steps, problems)
+    read(cfg, "fw_precision", lambda: "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+         problems)
+    read(cfg, "fw_tf32", lambda: args.tf32, problems)
+    read(cfg, "fw_optim", lambda: _enum_value(args.optim), problems)
+    read(cfg, "fw_num_workers", lambda: args.dataloader_num_workers, problems)
+    read(cfg, "fw_pin_memory", lambda: args.dataloader_pin_memory, problems)
+    read(cfg, "fw_persistent_workers", lambda: args.dataloader_persistent_workers, problems)
+    read(cfg, "fw_grad_ckpt", lambda: bool(args.gradient_checkpointing), problems)
+    read(cfg, "fw_eval_batch_size", lambda: args.per_device_eval_batch_size, problems)
+    read(cfg, "fw_eval_strategy", lambda: _enum_value(args.eval_strategy), problems)
+    read(cfg, "fw_eval_every", lambda: args.eval_steps, problems)
+    read(cfg, "fw_eval_accum", lambda: args.eval_accumulation_steps, problems)
+    read(cfg, "fw_compile", lambda: bool(args.torch_compile), problems)
+    read(cfg, "fw_world_size", lambda: args.world_size, problems)
+
+
+def _first_loader(loaders: Any) -> Any:
+    if isinstance(loaders, (list, tuple)):
+        return loaders[0] if loaders else None
+    if isinstance(loaders, dict):
+        return next(iter(loaders.values()), None)
+    return loaders
+
+
+def _lightning(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None:
+    read(cfg, "framework_version", lambda: getattr(
+        sys.modules.get("lightning") or sys.modules.get("pytorch_lightning"), "__version__",
+        None), problems)
+    read(cfg, "fw_precision", lambda: str(trainer.precision), problems)
+    read(cfg, "fw_grad_accum", lambda: trainer.accumulate_grad_batches, problems)
+    read(cfg, "fw_eval_every", lambda: trainer.val_check_interval, problems)
+    read(cfg, "fw_eval_epochs", lambda: trainer.check_val_every_n_epoch, problems)
+    read(cfg, "fw_eval_batches", lambda: trainer.limit_val_batches, problems)
+    read(cfg, "fw_world_size", lambda: trainer.world_size, problems)
+    read(cfg, "fw_batch_size", lambda: getattr(
+        _first_loader(trainer.train_dataloader), "batch_size", None), problems)
+    read(cfg, "fw_eval_batch_size", lambda: getattr(
+        _first_loader(trainer.val_dataloaders), "batch_size", None), problems)
+
+
+def _accelerate(cfg: dict[str, Any], problems: Problems) -> None:
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return
+    read(cfg, "framework_version", _version("accelerate"), problems)
+    read(cfg, "fw_grad_accum", lambda: state.GradientState._shared_state.get(
+        "plugin_kwargs", {}).get("num_steps"), problems)
+    read(cfg, "fw_precision", lambda: _enum_value(
+        state.AcceleratorState._shared_state.get("_mixed_precision")), problems)
+
+
+class Framework:
+    """The framework found (or not) for this process, and a weak reference to its object."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.looked = False
+        self._ref: Any = None
+
+    def find(self, frame: Any, problems: Problems) -> None:
+        """Once: look up the stack from ``frame`` (the training thread, at an iteration's
+        end)."""
+        if self.looked:
+            return
+        self.looked = True
+        try:
+            got = detect(frame)
+        except Exception as err:
+            problems.add("framework", err)
+            return
+        if got is None:
+            return
+        self.name, obj = got
+        if obj is not None:
+            try:
+                self._ref = weakref.ref(obj)
+            except TypeError:
+                self._ref = lambda: obj
+
+    def obj(self) -> Any:
+        return self._ref() if self._ref is not None else None
+
+    def settings(self, cfg: dict[str, Any], problems: Problems) -> None:
+        """The framework's settings into ``cfg`` (the reporting thread)."""
+        if self.name is None:
+            return
+        cfg["framework"] = self.name
+        obj = self.obj()
+        if self.name == TRANSFORMERS and obj is not None:
+            _transformers(cfg, obj, problems)
+        elif self.name == LIGHTNING and obj is not None:
+            _lightning(cfg, obj, problems)
+        elif self.name == ACCELERATE:
+            _accelerate(cfg, problems)
