@@ -98,7 +98,7 @@ def test_text_report_has_a_breakdown_line():
     (j,) = advise_json(DATA / "input_bound.jsonl")["jobs"]
     data = 100 * j["time_share"]["data"]
     assert 80 <= data <= 90  # README: 87 % of each step waits for data
-    assert line.startswith(f"GPU 0 (pid {j['pid']}) time: data wait {data:.0f} %")
+    assert line.startswith(f"GPU 0 (pid {j['pid']}) training time: data wait {data:.0f} %")
     assert line.index("data wait") < line.index("GPU work")  # the largest slice first
 
 

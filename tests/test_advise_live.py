@@ -234,22 +234,20 @@ def test_live_windows_do_not_straddle_the_loop_of_a_replay(caplog):
     5.0x from `advise --demo`: windows mixed one pass's end with the next one's start."""
     offline = json.loads(run_cli("advise", "--demo", "--format", "json").stdout)
     (want,) = [a for a in offline["advice"] if a["id"] == "raise-batch-size"]
-    assert "2 -> 16" in want["action"]
+    assert "2 → 16" in want["action"]
 
     def verdicts(reports: list[dict]) -> list[dict]:
         return [a for r in reports for a in r["advice"] if a["id"] == "raise-batch-size"]
 
-    # the premise: an advisor told nothing of the loop gets it wrong
-    other = Store()
-    blind = verdicts(play_looped(LiveAdvisor(other, None), other, 3, segment=False))
-    assert any("2 -> 32" in a["action"] for a in blind)
-
+    # (an advisor told nothing of the loop used to get it wrong; since batch advice reads
+    # the GPU's share of the time inside steps, the idle loop point no longer sways it, and
+    # what is checked here is that each pass is judged as `advise --demo` judges the run)
     store = Store()
     advisor = LiveAdvisor(store, None)
     with caplog.at_level(logging.INFO, logger="gpuwatch.advisor.live"):
         reports = play_looped(advisor, store, 3, segment=True)
     seen = verdicts(reports)
-    assert seen and all("batch_size=2 -> 16" in a["action"] for a in seen), \
+    assert seen and all("batch_size=2 → 16" in a["action"] for a in seen), \
         {a["action"][:60] for a in seen}
     assert all(a["expected_gain"] == pytest.approx(want["expected_gain"], rel=0.15)
                for a in seen)

@@ -40,7 +40,7 @@ def test_same_advice_without_the_hook(name, tmp_path: Path):
     report = advise_json(path)
     want = EXPECTED[name]
     assert ids(report) & SIX == ({want} - HOOK_ONLY if want else set())
-    assert report["hook"] == {"steps": False, "config": False}
+    assert report["hook"] == {"steps": False, "config": False, "phases": False, "problems": []}
     assert any("torch hook" in n for n in report["notes"])
 
 
@@ -63,7 +63,7 @@ def test_evidence_is_from_the_steady_state_not_start_up():
     # 87 % of each step waits for data in the steady state (FORMAT.md)
     assert 0.8 <= a["evidence"]["data_wait_ratio"] <= 0.95
     assert a["evidence"]["job_workers"] == 0
-    assert "num_workers=0 ->" in a["action"] and "pin_memory=True" in a["action"]
+    assert "num_workers=0 → " in a["action"] and "pin_memory=True" in a["action"]
 
 
 def test_hook_makes_the_advice_concrete_and_surer(tmp_path: Path):
@@ -71,7 +71,7 @@ def test_hook_makes_the_advice_concrete_and_surer(tmp_path: Path):
     no_hook = advise_json(write(tmp_path / "sb.jsonl", without_steps(load("small_batch"))))
     no_hook = no_hook["advice"][0]
     assert with_hook["confidence"] > no_hook["confidence"]
-    assert "batch_size=2 ->" in with_hook["action"] and "batch_size=" not in no_hook["action"]
+    assert "batch_size=2 → " in with_hook["action"] and "batch_size=" not in no_hook["action"]
     assert "square-root" in with_hook["action"]  # the learning-rate rule that goes with it
     assert no_hook["hook_would_add"] and with_hook["hook_would_add"] is None
 

@@ -247,7 +247,7 @@ def test_evidence_is_read_while_the_job_trains_not_from_its_teardown(name):
     workers = json.loads(truth.read_text())["workers"] if truth.exists() else 2
     assert a["evidence"]["job_workers"] == pytest.approx(workers, abs=0.2)
     assert a["evidence"]["workers_busy_ratio"] >= 0.8
-    assert "I/O" not in a["message"] and f"num_workers={workers} -> " in a["action"]
+    assert "I/O" not in a["message"] and f"num_workers={workers} → " in a["action"]
 
 
 def test_markdown_shows_where_each_ranks_time_went():

@@ -87,7 +87,7 @@ def test_small_batch_beside_another_process(tmp_path, name):
     assert ids(report) & SIX == {"raise-batch-size"}
     a = report["advice"][0]
     bs = a["evidence"]["batch_size"]
-    suggested = int(a["action"].split(f"batch_size={bs:.0f} -> ")[1].split()[0])
+    suggested = int(a["action"].split(f"batch_size={bs:.0f} → ")[1].split(")")[0])
     free = 0.85 * 150_754_820_096 - max(
         d["mem_used_bytes"] for d in lines if d["kind"] == "gpu" and "mem_used_bytes" in d)
     assert bs < suggested and (suggested - bs) * a["evidence"]["act_mem_per_sample_bytes"] <= free

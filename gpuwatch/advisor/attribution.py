@@ -12,7 +12,7 @@ from typing import Any
 SHARE_CATEGORIES = ("data", "sync", "gpu", "host", "other")
 SHARE_SIGNALS = {f"share_{c}": c for c in SHARE_CATEGORIES}
 RANK_SIGNALS = frozenset({"gpu_busy", "job_rank", "job_ranks", "rank_score", "slowest_rank",
-                          "peer_straggler", "straggler_gain"})
+                          "peer_straggler", "straggler_gain", "busy_in_steps"})
 ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
 # nvidia-resiliency-ext flags a rank whose score (best rank's time / its own) is below this
 STRAGGLER_SCORE = 0.75
@@ -112,6 +112,13 @@ class Attribution:
             return self.shares[SHARE_SIGNALS[name]]
         if name == "gpu_busy":
             return self.window.busy
+        if name == "busy_in_steps":
+            # the GPU's share of the time inside training steps (pauses between them, an
+            # evaluation the hook did not tell apart, left out); without the hook, all of
+            # the time counts as steps
+            w = self.window
+            in_step = min(1.0, w.step_total / w.wall) if w.hook and w.wall > 0 else 1.0
+            return min(1.0, self.shares["gpu"] / in_step) if in_step > 0.05 else None
         if name == "job_rank":
             return float(self.rank) if self.rank is not None else 0.0
         if name == "job_ranks":

@@ -18,6 +18,7 @@ from typing import Any
 
 from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
 from gpuwatch.advisor.frame import Frame, Subject
+from gpuwatch.advisor.knobs import knob as knob_text
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
 from gpuwatch.advisor.vocabulary import VOCABULARY
 from gpuwatch.advisor.windows import GROWTH_SIGNALS, growth, window_stat
@@ -111,6 +112,11 @@ class _Ctx:
             return ring.mean(self.end, n)
         return window_stat(ring, fn, self.end, n, self.res)
 
+    def knob(self, name: str, old: Any, new: Any) -> str | None:
+        """A setting's change in the words of the framework that drives the job."""
+        framework = self.frame.config_value(self.subj, "framework")
+        return knob_text(name, framework if isinstance(framework, str) else None, old, new)
+
     def last(self, name: str) -> Any:
         if name in self.locals:
             return self.locals[name]
@@ -200,6 +206,7 @@ class Engine:
         # each subject is judged by the rules of its scope, in the rule set's order
         self._gpu_rules = [r for r in self.rules if r.scope != "host"]
         self._host_rules = [r for r in self.rules if r.scope == "host"]
+        self._cpu_job_rules = list(self.rules)
         # the window a training rule must find mostly training: the usual one
         self._train_window = 15.0
 
@@ -230,7 +237,10 @@ class Engine:
             if subj.gpu is None:
                 if not frame.host_tables.ever and not subj.job.ever:
                     continue
-                rules = self._host_rules
+                # a job the hook reports with no GPU in the data (CPU-only): the job's
+                # rules judge it too, as far as their evidence needs no GPU
+                cpu_job = len(frame.subjects) == 1 and (subj.job.ever or subj.hook_seen)
+                rules = self._cpu_job_rules if cpu_job else self._host_rules
             else:
                 rules = self._gpu_rules
             ctx = _Ctx(frame, subj, idx + 1)
@@ -283,14 +293,22 @@ class Engine:
         if owner is None:
             if phase != "train":
                 return False
-            return not (frame.hook_attached(subj) and frame.train_start(subj) is None
-                        and not frame.hook_dead(subj))
+            if frame.train_start(subj) is not None:
+                return True  # the hook's steps, without phases (an older hook)
+            if frame.hook_attached(subj) and not frame.hook_dead(subj):
+                return False  # its hook reports no step yet: starting up
+            # NVML and psutil alone: once its GPU has begun to work for its process
+            return subj.gpu is None or not subj.proc_pids or frame.started_work(
+                subj, end, MIN_TRAIN_BUCKETS)
         now = owner.phase
         if phase == "train":
             if now != "train":
                 return False
             ring = owner.phase_table.rings.get("phase_train")
             n = max(1, round(self._train_window / self.res))
+            warm = frame.train_start(subj)
+            if warm is not None:  # windows start at the first step: so does this share
+                n = max(1, min(n, end - warm))
             share = ring.mean(end, n) if ring is not None else None
             return share is None or share >= TRAIN_SHARE
         if phase == "inference":

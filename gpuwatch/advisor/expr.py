@@ -60,6 +60,8 @@ class Context(Protocol):
 
     def last(self, name: str) -> Any: ...
 
+    def knob(self, name: str, old: Any, new: Any) -> Any: ...
+
 
 # windowed statistics over a signal: name -> (needs a window, what it is)
 WINDOW_FUNCTIONS: dict[str, str] = {
@@ -84,6 +86,8 @@ SCALAR_FUNCTIONS: dict[str, str] = {
     "clamp": "clamp(x, lo, hi)", "pow2floor": "largest power of two <= x (x >= 1)",
     "coalesce": "first argument that is known", "known": "true when the argument is known",
     "ifelse": "ifelse(cond, a, b): a when cond is true, b when false, unknown when unknown",
+    "knob": ('knob("name", old, new): the change of a setting in the words of the framework '
+             "that drives the job, with the torch form beside it (docs/rules.md)"),
 }
 
 _KEYWORDS = {"and", "or", "not", "true", "false", "null"}
@@ -329,13 +333,20 @@ class _Parser:
         arity = {"abs": (1, 1), "sqrt": (1, 1), "log2": (1, 1), "floor": (1, 1),
                  "ceil": (1, 1), "round": (1, 2), "clamp": (3, 3), "pow2floor": (1, 1),
                  "known": (1, 1), "ifelse": (3, 3), "min": (1, 99), "max": (1, 99),
-                 "coalesce": (1, 99)}[name]
+                 "coalesce": (1, 99), "knob": (3, 3)}[name]
         if not arity[0] <= len(args) <= arity[1]:
             want = str(arity[0]) if arity[0] == arity[1] else f"{arity[0]} or more"
             raise ExprError(f"{name}() takes {want} argument(s), got {len(args)}", fname.col)
         for a in args:
             if a.op == "dur" and name not in ("min", "max"):
                 raise ExprError(f"{name}() does not take a window", a.col)
+        if name == "knob":
+            from gpuwatch.advisor.knobs import KNOBS
+
+            first = args[0]
+            if first.op != "const" or first.args[0] not in KNOBS:
+                raise ExprError(f"knob() takes the name of a setting first, one of "
+                                f"{', '.join(sorted(KNOBS))}", first.col)
         return Node("call", (name, *args), fname.col)
 
     def window_call(self, name: str, args: list[Node], col: int) -> Node:
@@ -599,6 +610,16 @@ def _pow2floor(x: float) -> float | None:
 
 
 def _call(name: str, fs: list[Compiled]) -> Compiled:
+    if name == "knob":
+        fname, fold, fnew = fs
+
+        def knob(ctx: Any) -> Any:
+            ask = getattr(ctx, "knob", None)
+            new = fnew(ctx)
+            if ask is None or new is None:
+                return None
+            return ask(fname(ctx), fold(ctx), new)
+        return knob
     if name == "coalesce":
         def coalesce(ctx: Any) -> Any:
             for f in fs:

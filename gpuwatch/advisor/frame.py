@@ -173,6 +173,12 @@ class Subject:
         # without the hook: the first bucket its GPU ran kernels for its process (before
         # it, a job is starting up: workers prefetching while the GPU idles is no training)
         self.first_busy: int | None = None
+        self.micro_sum = 0.0  # backward() calls summed over the steps that counted them
+        # seconds of evaluation, checkpoints and compiling when the span began and at its
+        # newest step: the whole run's training time leaves them out
+        self.nontrain_t0 = 0.0
+        self.nontrain_t1 = 0.0
+        self.micro_n = 0.0
 
 
 class Frame:
@@ -405,6 +411,8 @@ class Frame:
     def _span_begins(self, subj: Subject, begin: float) -> None:
         """A step line read in a bucket the span counts: its steps began at ``begin``."""
         if subj.job_warm is not None and self.idx is not None and self.idx >= subj.job_warm:
+            if subj.span_t0 is None:
+                subj.nontrain_t0 = self._nontrain(subj)
             subj.span_t0 = begin if subj.span_t0 is None else min(subj.span_t0, begin)
 
     def feed_step(self, s: Any) -> None:
@@ -422,6 +430,7 @@ class Frame:
             self._hook_starts(subj)
         t_end = get("t")
         subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
+        subj.nontrain_t1 = self._nontrain(subj)
         job = subj.job
         job.ever = True
         acc = job.acc
@@ -447,6 +456,8 @@ class Frame:
         micro = get("micro_batches")
         if micro:
             acc.add_weighted("micro_batches", float(micro), count)
+            subj.micro_sum += micro * count
+            subj.micro_n += count
         first = get("first_batch")
         if first is not None:
             acc.add("_fb_known", 1.0)
@@ -488,6 +499,7 @@ class Frame:
         if subj.job_warm is None and self.idx is not None:
             self._hook_starts(subj)
         subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
+        subj.nontrain_t1 = self._nontrain(subj)
         begin = get("begin_t")
         self._span_begins(subj, t_end if begin is None else min(float(begin), t_end))
         job = subj.job
@@ -512,6 +524,8 @@ class Frame:
         if micro_sum and micro_n:
             acc.add_n("micro_batches", float(micro_sum), float(micro_n))
             micro = micro_sum / micro_n
+            subj.micro_sum += micro_sum
+            subj.micro_n += micro_n
         first = get("first_batch")
         if first is not None:
             acc.add("_fb_known", 1.0)
@@ -887,8 +901,13 @@ class Frame:
     def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True
                    ) -> JobWindow | None:
         """The attribution's inputs for ``subj`` over the ``n`` buckets before ``end``,
-        from its job's first step on (None: nothing to attribute)."""
-        if subj.gpu is None:
+        from its job's first step on (None: nothing to attribute). Wall time is training
+        time: where the hook's phases say part of the window went to evaluation,
+        checkpoints or compiling, that part is left out (the phases split the wall time
+        first; docs/advice.md). A CPU-only job (no GPU in the data, the hook's steps on
+        the host) gets its breakdown too, with no GPU share."""
+        cpu_only = subj.gpu is None
+        if cpu_only and (not subj.job.ever or len(self.subjects) > 1 or subj.hook_off):
             return None
         table, owner = self._job_table(subj)
         hook = table is not None
@@ -903,16 +922,24 @@ class Frame:
             start = max(start, subj.first)
         if end - start < 1:
             return None
-        gt = subj.gpu_table.rings
-        busy_ring = gt.get("sm_active") if subj.facts.get("gpm") else None
-        busy = ring_mean(busy_ring, start, end)
-        util = ring_mean(gt.get("util"), start, end)
-        if busy is None:
-            busy = util
+        if cpu_only:
+            busy = util = 0.0  # no GPU: nothing of the step is GPU work
+        else:
+            gt = subj.gpu_table.rings
+            busy_ring = gt.get("sm_active") if subj.facts.get("gpm") else None
+            busy = ring_mean(busy_ring, start, end)
+            util = ring_mean(gt.get("util"), start, end)
+            if busy is None:
+                busy = util
         main = ring_mean(self._cpu_ring(subj, "main_busy_ratio"), start, end)
         wb = ring_mean(self._cpu_ring(subj, "workers_busy_ratio"), start, end)
         workers = ring_mean(self._cpu_ring(subj, "job_workers"), start, end)
         wall = (end - start) * self.res
+        phases = self.phase_owner(subj)
+        if phases is not None:
+            train = ring_mean(phases.phase_table.rings.get("phase_train"), start, end)
+            if train is not None:
+                wall *= max(train, 1e-3)
         if not hook:
             return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
                              workers_busy=wb, workers=workers)
@@ -928,18 +955,26 @@ class Frame:
                          main=main, workers_busy=wb, workers=workers)
 
     def train_start(self, subj: Subject) -> int | None:
-        """The bucket from which ``subj``'s job is in training: after its first step by
-        the hook; without the hook, from its GPU's first work for its process (before it,
-        workers prefetching while the GPU idles are start-up, not training). None: not
-        known to train yet."""
+        """The bucket from which ``subj``'s job is in training (after its first step), or
+        None without the hook's steps."""
         if subj.job.ever and not subj.hook_off:  # the usual case first: asked every window
             return subj.job_warm
         table, owner = self._job_table(subj)
         if table is not None:
             return owner.job_warm
-        if self.hook_attached(subj) and not self.hook_dead(subj):
-            return None  # its hook reports no step yet: starting up
-        return subj.first_busy
+        host = self.host
+        if subj.gpu is not None and not subj.job.ever and host.job.ever and not host.hook_off:
+            # steps no GPU was named for, with several GPUs: the job drives them all, and
+            # none of them is judged before its first step
+            return host.job_warm
+        return None
+
+    def started_work(self, subj: Subject, end: int, buckets: int) -> bool:
+        """Without the hook: whether ``subj``'s GPU has run kernels for its process for at
+        least ``buckets`` buckets before ``end`` (before that, DataLoader workers
+        prefetching while the GPU idles are start-up, not training)."""
+        first = subj.first_busy
+        return first is not None and end - first >= buckets
 
     def _group_key(self, subj: Subject) -> Any:
         """Which ranks are one job: one process per GPU with a rank and the same world
@@ -987,8 +1022,18 @@ class Frame:
         # the span sums the steps read from the bucket after the first step's on; buckets
         # round that out to whole ones, so its wall is taken from the steps' own clock:
         # from when the first of them began to when the last ended
-        wall = max(subj.job_t1 - subj.span_t0, 1e-3)
+        # (less what its phases spent meanwhile evaluating, saving or compiling)
+        wall = subj.job_t1 - subj.span_t0 - max(0.0, subj.nontrain_t1 - subj.nontrain_t0)
+        wall = max(wall, 1e-3)
         return replace(w, wall=wall, step_total=min(w.step_total, wall))
+
+    def _nontrain(self, subj: Subject) -> float:
+        """Seconds the job's phases spent evaluating, saving and compiling, so far."""
+        owner = self.phase_owner(subj)
+        if owner is None:
+            return 0.0
+        sec = owner.phase_seconds
+        return sec.get("eval", 0.0) + sec.get("checkpoint", 0.0) + sec.get("compile", 0.0)
 
     def jobs(self, end: int | None = None, n: int | None = None) -> list[dict[str, Any]]:
         """One entry per job and rank: ``pid``, ``rank``, ``gpu``, ``time_share``. Over the
@@ -1000,7 +1045,7 @@ class Frame:
             e = end if end is not None else (self.idx or 0)
             got = self._attribute_all(lambda s: self.job_window(s, e, n))
         out = []
-        for gpu in sorted(g for g in got if g is not None):
+        for gpu in sorted(got, key=lambda g: -1 if g is None else g):
             a = got[gpu]
             subj = self.subjects[gpu]
             w = a.window
@@ -1026,7 +1071,44 @@ class Frame:
                 entry["ranks"] = a.ranks
                 entry["rank_score"] = round(a.score, 3)
                 entry["slowest_rank"] = a.slowest_rank
+            entry.update(self._job_extras(subj))
             out.append(entry)
+        # jobs the hook reports that never trained (an inference process) or have not yet:
+        # their phases, without a breakdown of steps they do not take
+        for gpu, subj in sorted(self.subjects.items(), key=lambda kv: -1 if kv[0] is None
+                                else kv[0]):
+            if gpu in got or subj.phase is None or (gpu is None and self.gpus()):
+                continue
+            out.append({"pid": subj.phase_pid, "rank": subj.job_rank, "gpu": gpu,
+                        "time_share": None, "bottleneck": None, "source": "hook",
+                        "seconds": None, "steps": int(round(subj.steps_seen)) or None,
+                        "step_seconds": None, **self._job_extras(subj)})
+        return out
+
+    def _job_extras(self, subj: Subject) -> dict[str, Any]:
+        """What the hook says of a job besides its breakdown: its phases, the framework
+        that drives it, its micro-batches, evaluation and inference batches."""
+        out: dict[str, Any] = {}
+        owner = self.phase_owner(subj)
+        if owner is not None:
+            out["phase"] = owner.phase
+            out["phases"] = {k: round(v, 1) for k, v in owner.phase_seconds.items() if v > 0}
+            info = owner.phase_info
+            if info.get("compiles"):
+                out["compiles"] = info["compiles"]
+            if info.get("eval_batches"):
+                out["eval"] = {"batches": info["eval_batches"],
+                               "batch_size": info.get("eval_batch_size")}
+            if owner.phase == "inference" or info.get("inference_batches"):
+                out["inference"] = {"batches": info.get("inference_batches"),
+                                    "batch_size": info.get("inference_batch_size"),
+                                    "generate_calls": info.get("generate_calls")}
+        framework = self.config_value(subj, "framework")
+        if framework:
+            out["framework"] = framework
+        table, _ = self._job_table(subj)
+        if table is not None and subj.micro_n:
+            out["micro_batches"] = round(subj.micro_sum / subj.micro_n, 2)
         return out
 
     def finish(self) -> None:

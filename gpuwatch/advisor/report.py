@@ -227,6 +227,31 @@ def advice_order(item: dict[str, Any]) -> tuple[float, float, float, float, int]
             -(item.get("confidence") or 0.0), item["gpu"] if item.get("gpu") is not None else -1)
 
 
+def hook_problem_notes(problems: list[dict[str, Any]]) -> list[str]:
+    """One note per process whose hook lost facts or stopped, saying what and where."""
+    by_pid: dict[Any, list[dict[str, Any]]] = {}
+    for p in problems:
+        by_pid.setdefault((p.get("instance"), p.get("pid")), []).append(p)
+    notes = []
+    for (instance, pid), items in by_pid.items():
+        where = f"{instance} " if instance else ""
+        who = f"the hook in pid {pid}" if pid is not None else "the hook"
+        gpu = next((p.get("gpu") for p in items if p.get("gpu") is not None), None)
+        off = [p for p in items if p.get("what") == "hook.off"]
+        rest = [p for p in items if p.get("what") != "hook.off"]
+        said = "; ".join(f"{p['what']}: {p.get('error') or 'failed'}" for p in rest[:4])
+        more = f" (and {len(rest) - 4} more)" if len(rest) > 4 else ""
+        if off:
+            on = f"GPU {gpu}" if gpu is not None else "its job"
+            notes.append(f"{where}{who.capitalize()} stopped: {off[0].get('error')}"
+                         f"{'; before that: ' + said + more if said else ''}. The advice for "
+                         f"{on} from then on comes from NVML and the process tree only.")
+        elif said:
+            notes.append(f"{where}{who.capitalize()} could not read everything: {said}{more}. "
+                         "Only those facts are missing; steps and the rest were measured.")
+    return notes
+
+
 def _pieces(n: int) -> str:
     return f"{n} piece of advice" if n == 1 else f"{n} pieces of advice"
 
@@ -248,11 +273,15 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
     gpus: list[dict[str, Any]] = []
     advice: list[dict[str, Any]] = []
     jobs: list[dict[str, Any]] = []
-    steps = config = False
+    steps = config = phases = False
     host_cpus = None
     ended: list[dict[str, Any]] = []
+    problems: list[dict[str, Any]] = []
     for engine, findings, instance in parts:
         ended += getattr(engine.frame, "job_ends", [])
+        problems += [dict(p, instance=instance) if instance is not None else dict(p)
+                     for p in getattr(engine.frame, "problems", [])]
+        phases = phases or getattr(engine.frame, "hook_phases", False)
         gpus += gpu_entries(engine, instance)
         advice += findings_json(findings, instance)
         for job in engine.jobs():
@@ -261,8 +290,8 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         config = config or engine.frame.hook_config
         host_cpus = host_cpus or engine.frame.facts.get("host_cpus")
     advice.sort(key=advice_order)
-    notes = []
-    if not steps and gpus:
+    notes = hook_problem_notes(problems)
+    if not steps and not config and not phases and gpus:
         notes.append(HOOK_NOTE)
     if gpus and not any(g["gpm"] for g in gpus):
         notes.append("No GPM counters (SM/tensor/FP32 activity: Hopper and newer): "
@@ -274,7 +303,9 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         "format": REPORT_FORMAT,
         "generated_at": round(time.time(), 3),
         "source": source,
-        "hook": {"steps": steps, "config": config},
+        "hook": {"steps": steps, "config": config, "phases": phases,
+                 "problems": [{k: v for k, v in p.items() if v is not None}
+                              for p in problems]},
         "host": {"cpus": int(host_cpus) if host_cpus else None},
         "gpus": gpus,
         "judged": seen,
@@ -487,6 +518,9 @@ def evidence_items(ev: dict[str, Any]) -> list[tuple[str, str]]:
 
 def not_judged_text(report: dict[str, Any]) -> str:
     reason = report.get("judged", {}).get("reason") or "there is no GPU data"
+    if any(j.get("gpu") is None for j in report.get("jobs", [])):
+        return (f"No GPU in this data: {reason}. What needs a GPU could not be judged; the "
+                "job's steps, phases and data loading, measured by the torch hook, were.")
     return (f"Not judged: the GPU and training rules could not be judged, because {reason}. "
             "Only the host was judged.")
 
@@ -512,6 +546,8 @@ def no_advice_text(report: dict[str, Any]) -> str:
     if not seen:  # a report from an older daemon
         return "No advice: nothing in this data calls for a change."
     if seen.get("gpu") is False:
+        if any(j.get("gpu") is None for j in report.get("jobs", [])):
+            return not_judged_text(report) + " Nothing in them calls for a change."
         return not_judged_text(report) + " Nothing on the host calls for a change."
     if seen.get("training") is False:
         return ("No advice: no training job ran on a GPU in this data (no steps from the "
@@ -536,36 +572,76 @@ _CATEGORY_NAMES = {"data": "data wait", "sync": "waiting on peers", "gpu": "GPU 
                    "host": "host", "other": "other"}
 
 
-def job_line(j: dict[str, Any]) -> str:
-    """One job's (rank's) step-time breakdown: where its wall time went."""
+_PHASE_NAMES = {"startup": "start-up", "compile": "compiling", "train": "training",
+                "eval": "evaluation", "checkpoint": "checkpoints", "inference": "inference"}
+
+
+def job_where(j: dict[str, Any]) -> str:
     where = f"{j['instance']} " if j.get("instance") else ""
+    return f"{where}GPU {j['gpu']}" if j.get("gpu") is not None else f"{where}CPU-only job"
+
+
+def job_line(j: dict[str, Any]) -> str:
+    """One job's (rank's) step-time breakdown: where its training time went."""
     who = [f"pid {j['pid']}"] if j.get("pid") is not None else []
     if j.get("rank") is not None and (j.get("ranks") or 1) > 1:
         who.append(f"rank {j['rank']}")
-    shares = j.get("time_share", {})
-    parts = ", ".join(f"{_CATEGORY_NAMES.get(c, c)} {100 * v:.0f} %"
-                      for c, v in sorted(shares.items(), key=lambda kv: -kv[1]))
+    if j.get("framework"):
+        who.append(j["framework"])
+    who_txt = f" ({', '.join(who)})" if who else ""
+    shares = j.get("time_share")
+    if not shares:
+        if j.get("phase") == "inference":
+            inf = j.get("inference") or {}
+            what = (f"{inf['batches']} batches or generate() calls of {inf.get('batch_size')}"
+                    if inf.get("batches") else "forward passes only")
+            return f"{job_where(j)}{who_txt}: inference only, never a backward ({what})"
+        return f"{job_where(j)}{who_txt}: no training step measured yet"
+    cpu = j.get("gpu") is None
+    names = dict(_CATEGORY_NAMES, host="the step's own work on the CPU") if cpu \
+        else _CATEGORY_NAMES
+    parts = ", ".join(f"{names.get(c, c)} {100 * v:.0f} %"
+                      for c, v in sorted(shares.items(), key=lambda kv: -kv[1])
+                      if not (cpu and c in ("gpu", "sync")))
     tail = []
     if j.get("step_seconds"):
         tail.append(f"step {1000 * j['step_seconds']:.1f} ms")
+    if (j.get("micro_batches") or 1) > 1.05:
+        tail.append(f"{j['micro_batches']:g} micro-batches per step")
     if j.get("source") == "nvml":
         tail.append("estimated without the hook")
-    who_txt = f" ({', '.join(who)})" if who else ""
     tail_txt = f" ({', '.join(tail)})" if tail else ""
-    return f"{where}GPU {j['gpu']}{who_txt} time: {parts}{tail_txt}"
+    return f"{job_where(j)}{who_txt} training time: {parts}{tail_txt}"
+
+
+def phases_line(j: dict[str, Any]) -> str | None:
+    """Where a job's wall time went by phase (the hook's phases), or None without them."""
+    phases = j.get("phases") or {}
+    total = sum(phases.values())
+    if not total:
+        return None
+    order = ("startup", "compile", "train", "eval", "checkpoint", "inference")
+    parts = [f"{_PHASE_NAMES[p]} {duration(phases[p])} ({100 * phases[p] / total:.0f} %)"
+             for p in order if phases.get(p)]
+    return f"    by phase: {', '.join(parts)}"
 
 
 def render_text(report: dict[str, Any], width: int | None = None) -> str:
     width = width or min(100, max(60, shutil.get_terminal_size((100, 24)).columns))
     hook = report.get("hook", {})
-    hook_txt = "steps and settings" if hook.get("config") else (
-        "steps" if hook.get("steps") else "none")
+    hook_txt = ", ".join(what for what, seen in (("steps", hook.get("steps")),
+                                                 ("settings", hook.get("config")),
+                                                 ("phases", hook.get("phases"))) if seen)
+    hook_txt = hook_txt or "none"
     lines = [f"gpuwatch advice: {_source_line(report)} (torch hook data: {hook_txt})", ""]
     for g in report.get("gpus", []):
         lines.append(_gpu_line(g))
     for j in report.get("jobs", []):
         lines.append(job_line(j))
-    if report.get("gpus"):
+        by_phase = phases_line(j)
+        if by_phase:
+            lines.append(by_phase)
+    if report.get("gpus") or report.get("jobs"):
         lines.append("")
     for end in report.get("job_ends", []):
         lines += textwrap.wrap("Ended: " + end["summary"] + ".", width=width,
@@ -615,13 +691,17 @@ def render_markdown(report: dict[str, Any]) -> str:
                      f"| {_yes(g['gpm'])} |")
     if report.get("jobs"):
         lines += ["", "## Where the time went", "",
-                  "Each job's (rank's) wall time, split so the parts add up to 100 % "
-                  "(docs/advice.md, step-time attribution).", "",
+                  "Each job's (rank's) training time, split so the parts add up to 100 % "
+                  "(docs/advice.md, step-time attribution); evaluation, checkpoints and "
+                  "start-up are phases of their own, below.", "",
                   "| GPU | job | data wait | waiting on peers | GPU work | host | other "
                   "| step | bottleneck |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for j in report["jobs"]:
-            where = f"{j['instance']} {j['gpu']}" if j.get("instance") else str(j["gpu"])
+            if not j.get("time_share"):
+                continue
+            gpu = "CPU" if j.get("gpu") is None else str(j["gpu"])
+            where = f"{j['instance']} {gpu}" if j.get("instance") else gpu
             who = " ".join(x for x in (f"pid {j['pid']}" if j.get("pid") is not None else "",
                                        f"rank {j['rank']}" if j.get("rank") is not None
                                        and (j.get("ranks") or 1) > 1 else "") if x) or "?"
@@ -632,6 +712,19 @@ def render_markdown(report: dict[str, Any]) -> str:
                 "no hook" if j.get("source") == "nvml" else "?")
             lines.append(f"| {where} | {who} | {cells} | {step} | "
                          f"{_CATEGORY_NAMES.get(j.get('bottleneck'), j.get('bottleneck') or '?')} |")
+    phased = [j for j in report.get("jobs", []) if j.get("phases")]
+    if phased:
+        lines += ["", "## Phases", "",
+                  "| GPU | job | start-up | compiling | training | evaluation | checkpoints "
+                  "| inference |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for j in phased:
+            gpu = "CPU" if j.get("gpu") is None else str(j["gpu"])
+            ph = j["phases"]
+            cells = " | ".join(duration(ph[p]) if ph.get(p) else "–"
+                               for p in ("startup", "compile", "train", "eval", "checkpoint",
+                                         "inference"))
+            who = f"pid {j['pid']}" if j.get("pid") is not None else "?"
+            lines.append(f"| {gpu} | {who} | {cells} |")
     if report.get("job_ends"):
         lines += ["", "## Job ends", ""]
         lines += [f"- {end['summary']}." for end in report["job_ends"]]

@@ -82,17 +82,27 @@ class RuleFileError(FileFormatError):
 # -- templates -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Template:
-    """Text with ``{name}`` / ``{name:.0%}`` placeholders: no attribute access, no calls."""
+    """Text with ``{name}`` / ``{name:.0%}`` placeholders: no attribute access, no calls.
+
+    Text between ``[[`` and ``]]`` is said only where every value in it is known, so a
+    message never prints a number it does not have ("the GPU is busy ? of the time" on a
+    job with no GPU)."""
 
     parts: tuple[tuple[str, str | None, str], ...]  # (literal, name, spec)
     source: str
+    groups: tuple[int, ...] = ()  # per part: 0, or the optional fragment it belongs to
 
     def names(self) -> set[str]:
         return {n for _, n, _ in self.parts if n}
 
     def render(self, values: dict[str, Any]) -> str:
+        groups = self.groups or (0,) * len(self.parts)
+        unknown = {g for (_, name, _), g in zip(self.parts, groups, strict=True)
+                   if g and name and values.get(name) is None}
         out: list[str] = []
-        for lit, name, spec in self.parts:
+        for (lit, name, spec), g in zip(self.parts, groups, strict=True):
+            if g in unknown:
+                continue
             out.append(lit)
             if name:
                 out.append(format_value(values.get(name), spec))
@@ -156,6 +166,31 @@ def parse_template(text: str) -> Template:
     if not isinstance(text, str):
         raise TypeError(f"expected text, got {type(text).__name__}")
     parts: list[tuple[str, str | None, str]] = []
+    groups: list[int] = []
+    pieces = re.split(r"(\[\[|\]\])", text)
+    group, n_groups = 0, 0
+    for piece in pieces:
+        if piece == "[[":
+            if group:
+                raise ValueError("an optional fragment [[...]] cannot hold another")
+            n_groups += 1
+            group = n_groups
+            continue
+        if piece == "]]":
+            if not group:
+                raise ValueError("']]' closes no optional fragment")
+            group = 0
+            continue
+        got = _parse_segment(piece)
+        parts += got
+        groups += [group] * len(got)
+    if group:
+        raise ValueError("an optional fragment '[[' is never closed with ']]'")
+    return Template(tuple(parts), text, tuple(groups))
+
+
+def _parse_segment(text: str) -> list[tuple[str, str | None, str]]:
+    parts: list[tuple[str, str | None, str]] = []
     lit: list[str] = []
     pos = 0
     for m in _TEMPLATE_RE.finditer(text):
@@ -181,7 +216,7 @@ def parse_template(text: str) -> Template:
             lit = []
     lit.append(text[pos:])
     parts.append(("".join(lit), None, ""))
-    return Template(tuple(parts), text)
+    return parts
 
 
 # -- rules -------------------------------------------------------------------------------

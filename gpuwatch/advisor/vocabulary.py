@@ -240,6 +240,9 @@ def _defs() -> dict[str, SignalDef]:
          "checkpoints) or nobody busy"), True),
         ("gpu_busy", "job", "ratio", "mean", ("the GPU busy share the attribution uses: SM "
          "active where GPM exists, else NVML util, over the job's training time"), True),
+        ("busy_in_steps", "job", "ratio", "mean", ("how busy the GPU is while training steps "
+         "run: the GPU's share of the time inside steps (the hook's step times), else "
+         "busy_ratio's; batch advice's measure of a step too small for the GPU"), True),
         ("job_rank", "job", "rank", "last", "the job's rank (0 for a single process)", True),
         ("job_ranks", "job", "count", "last", ("ranks of this job on this host: those the hook "
          "reports, else those whose environment ties them to one launch (1: a single "

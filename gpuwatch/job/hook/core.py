@@ -588,9 +588,11 @@ class _Hook:
             "eval": {"batches": self.eval_batches, "samples": self.eval_samples,
                      "batch_size": self.eval_batch_size,
                      "wait_seconds": round(self.eval_wait, 3)},
-            "inference": {"batches": self.infer_batches, "samples": self.infer_samples,
-                          "batch_size": self.infer_batch_size,
-                          "generate_calls": self.generate_calls},
+            # a process that trains is no inference process, whatever came before its
+            # first backward() (prefetched batches, a sample generate() at start-up)
+            "inference": {} if self.backward_seen else {
+                "batches": self.infer_batches, "samples": self.infer_samples,
+                "batch_size": self.infer_batch_size, "generate_calls": self.generate_calls},
             "problems": self.problems.as_list(),
             "hook_state": "off" if self.off else "on",
         }

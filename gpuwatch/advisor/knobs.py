@@ -1,0 +1,124 @@
+"""Each setting advice may change, in the words of the framework that drives the job.
+
+A rule's action names a knob (``knob("num_workers", nw, suggested)`` in its ``values``);
+this table writes it as the user would type it: ``TrainingArguments(dataloader_num_workers=0
+→ 3)`` for the Hugging Face Trainer, ``Trainer(accumulate_grad_batches=16 → 4)`` for
+Lightning, ``Accelerator(gradient_accumulation_steps=…)`` for Accelerate, with the plain
+torch form beside it; for a plain loop, the torch form alone. The framework is the hook's
+(``framework`` config key: docs/hook.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TORCH = "torch"
+FRAMEWORKS = ("transformers", "lightning", "accelerate")
+
+# knob -> framework -> template ({old}, {new}: the values, "old → new" where both are known)
+KNOBS: dict[str, dict[str, str]] = {
+    "batch_size": {
+        TORCH: "DataLoader(batch_size={change})",
+        "transformers": "TrainingArguments(per_device_train_batch_size={change})",
+        "lightning": "the training DataLoader(batch_size={change})",
+    },
+    "grad_accum": {
+        TORCH: "gradient accumulation over {change} micro-batches per optimizer.step()",
+        "transformers": "TrainingArguments(gradient_accumulation_steps={change})",
+        "lightning": "Trainer(accumulate_grad_batches={change})",
+        "accelerate": "Accelerator(gradient_accumulation_steps={change})",
+    },
+    "num_workers": {
+        TORCH: "DataLoader(num_workers={change})",
+        "transformers": "TrainingArguments(dataloader_num_workers={change})",
+    },
+    "pin_memory": {
+        TORCH: "DataLoader(pin_memory={change})",
+        "transformers": "TrainingArguments(dataloader_pin_memory={change})",
+    },
+    "persistent_workers": {
+        TORCH: "DataLoader(persistent_workers={change})",
+        "transformers": "TrainingArguments(dataloader_persistent_workers={change})",
+    },
+    "prefetch_factor": {
+        TORCH: "DataLoader(prefetch_factor={change})",
+        "transformers": "TrainingArguments(dataloader_prefetch_factor={change})",
+    },
+    "eval_batch_size": {
+        TORCH: "the evaluation DataLoader(batch_size={change})",
+        "transformers": "TrainingArguments(per_device_eval_batch_size={change})",
+        "lightning": "the validation DataLoader(batch_size={change})",
+    },
+    "eval_every": {
+        TORCH: "evaluate every {change} steps",
+        "transformers": "TrainingArguments(eval_steps={change})",
+        "lightning": "Trainer(val_check_interval={change})",
+    },
+    "eval_batches": {
+        TORCH: "evaluate on {new} of the evaluation set",
+        "transformers": "a part of the eval_dataset "
+                        "(eval_dataset.select(range(int(len(eval_dataset) * {new}))))",
+        "lightning": "Trainer(limit_val_batches={new})",
+    },
+    "eval_accum": {
+        TORCH: "move predictions to the CPU every {new} evaluation batches",
+        "transformers": "TrainingArguments(eval_accumulation_steps={new})",
+    },
+    "bf16": {
+        TORCH: 'torch.autocast("cuda", dtype=torch.bfloat16) around forward and loss, '
+               "no GradScaler",
+        "transformers": "TrainingArguments(bf16=True, fp16=False)",
+        "lightning": 'Trainer(precision="bf16-mixed")',
+        "accelerate": 'Accelerator(mixed_precision="bf16")',
+    },
+    "tf32": {
+        TORCH: 'torch.backends.cuda.matmul.fp32_precision = "tf32" (torch 2.9+; '
+               "older: torch.backends.cuda.matmul.allow_tf32 = True)",
+        "transformers": "TrainingArguments(tf32=True)",
+        "lightning": 'torch.set_float32_matmul_precision("high") before Trainer.fit',
+    },
+    "fused_optimizer": {
+        TORCH: "torch.optim.AdamW(..., fused=True)",
+        "transformers": 'TrainingArguments(optim="adamw_torch_fused")',
+    },
+    "grad_ckpt_off": {
+        TORCH: "drop torch.utils.checkpoint around the blocks "
+               "(model.gradient_checkpointing_disable() for a Hugging Face model)",
+        "transformers": "TrainingArguments(gradient_checkpointing=False)",
+    },
+    "compile": {
+        TORCH: "model = torch.compile(model)",
+        "transformers": "TrainingArguments(torch_compile=True)",
+    },
+}
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _fill(template: str, old: Any, new: Any) -> str:
+    if old is None or old == new:
+        change = _text(new)
+    else:
+        change = f"{_text(old)} → {_text(new)}"
+    return template.format(change=change, old=_text(old), new=_text(new))
+
+
+def knob(name: str, framework: str | None, old: Any, new: Any) -> str | None:
+    """The change of ``name`` from ``old`` to ``new``, as the user of ``framework`` writes it;
+    None for a knob this table does not know (a rule file's typo is caught at load)."""
+    forms = KNOBS.get(name)
+    if forms is None or new is None:
+        return None
+    torch_form = _fill(forms[TORCH], old, new)
+    own = forms.get(framework) if framework in FRAMEWORKS else None
+    if own is None:
+        return torch_form
+    return f"{_fill(own, old, new)} (in torch: {_fill(forms[TORCH], None, new)})"

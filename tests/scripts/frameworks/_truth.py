@@ -1,0 +1,31 @@
+"""The script's own clock, written beside what gpuwatch recorded: the ground truth the
+framework tests compare the hook's phases and steps with."""
+
+from __future__ import annotations
+
+import json
+import time
+
+
+class Truth:
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.t0 = time.time()
+        self.data: dict = {"eval_seconds": 0.0, "evals": 0, "steps": 0, "micro_batches": 0}
+        self._eval_t0: float | None = None
+
+    def eval_begins(self) -> None:
+        self._eval_t0 = time.perf_counter()
+
+    def eval_ends(self) -> None:
+        if self._eval_t0 is not None:
+            self.data["eval_seconds"] += time.perf_counter() - self._eval_t0
+            self.data["evals"] += 1
+            self._eval_t0 = None
+
+    def write(self, **extra: object) -> None:
+        self.data.update(extra)
+        self.data["wall_seconds"] = time.time() - self.t0
+        if self.path:
+            with open(self.path, "w") as f:
+                json.dump(self.data, f)

@@ -1,0 +1,39 @@
+"""A process that only serves a model: a tiny GPT-2 answering one prompt at a time with
+``model.generate`` under ``torch.no_grad`` (no backward, no optimizer), as a
+notebook's or a service's inference loop does."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from _truth import Truth  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--seconds", type=float, default=30.0)
+p.add_argument("--batch", type=int, default=1)
+p.add_argument("--new-tokens", type=int, default=16)
+p.add_argument("--width", type=int, default=64)
+p.add_argument("--out")
+a = p.parse_args()
+
+truth = Truth(a.out)
+torch.manual_seed(0)
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = GPT2LMHeadModel(GPT2Config(n_embd=a.width, n_layer=2, n_head=2, vocab_size=1000,
+                                   n_positions=128)).to(device).eval()
+calls = 0
+end = time.monotonic() + a.seconds
+with torch.no_grad():
+    while time.monotonic() < end:
+        prompt = torch.randint(0, 1000, (a.batch, 8), device=device)
+        model.generate(prompt, max_new_tokens=a.new_tokens, do_sample=False, pad_token_id=0)
+        calls += 1
+truth.write(generate_calls=calls, batch=a.batch)
+print("generated", calls, "times", file=sys.stderr)

@@ -1,0 +1,102 @@
+"""A tiny BERT fine-tuned by the Hugging Face Trainer on random tokens, on the CPU or a GPU.
+
+What a user writes: TrainingArguments with evaluation every few steps, gradient
+accumulation, and a small eval batch. A TrainerCallback times the evaluations (the
+script's own truth, --out). ``--tf32-new-api before|after`` sets TF32 through torch's
+``fp32_precision`` API before or after the hook attaches (transformers 5 does so itself
+for tf32=True); ``before`` attaches explicitly (run it without ``gpuwatch run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=24)
+p.add_argument("--accum", type=int, default=4)
+p.add_argument("--batch", type=int, default=8)
+p.add_argument("--eval-batch", type=int, default=4)
+p.add_argument("--eval-every", type=int, default=8)
+p.add_argument("--eval-samples", type=int, default=512)
+p.add_argument("--hidden", type=int, default=32)
+p.add_argument("--layers", type=int, default=2)
+p.add_argument("--seq", type=int, default=32)
+p.add_argument("--tf32-new-api", choices=["before", "after"], default=None)
+p.add_argument("--bf16", action="store_true")
+p.add_argument("--compile", action="store_true")
+p.add_argument("--grad-ckpt", action="store_true")
+p.add_argument("--workers", type=int, default=0)
+p.add_argument("--out")
+a = p.parse_args()
+
+if a.tf32_new_api == "before":
+    torch.backends.fp32_precision = "tf32"
+    import gpuwatch.torch
+
+    gpuwatch.torch.attach()
+
+from _truth import Truth  # noqa: E402
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForSequenceClassification,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+if a.tf32_new_api == "after":
+    torch.backends.fp32_precision = "tf32"
+
+truth = Truth(a.out)
+torch.manual_seed(0)
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(n)
+        self.ids = torch.randint(5, 1000, (n, a.seq), generator=g)
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones(a.seq, dtype=torch.long),
+                "labels": self.labels[i]}
+
+
+class Clock(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+        truth.data["steps"] = state.global_step
+        truth.eval_begins()  # an evaluation, if one comes, starts right after a step
+
+    def on_evaluate(self, args, state, control, **kw):  # noqa: ANN001
+        truth.eval_ends()
+
+    def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+        truth._eval_t0 = None  # no evaluation came after the last step
+
+
+config = BertConfig(vocab_size=1000, hidden_size=a.hidden, num_hidden_layers=a.layers,
+                    num_attention_heads=2, intermediate_size=2 * a.hidden,
+                    max_position_embeddings=a.seq)
+model = BertForSequenceClassification(config)
+args = TrainingArguments(
+    output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hf-{os.getpid()}"),
+    max_steps=a.steps, per_device_train_batch_size=a.batch,
+    gradient_accumulation_steps=a.accum, per_device_eval_batch_size=a.eval_batch,
+    eval_strategy="steps", eval_steps=a.eval_every, logging_steps=1000, save_strategy="no",
+    report_to=[], learning_rate=1e-4, dataloader_num_workers=a.workers,
+    use_cpu=not torch.cuda.is_available(), bf16=a.bf16, torch_compile=a.compile,
+    gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0)
+trainer = Trainer(model=model, args=args, train_dataset=Tokens(a.steps * a.batch * a.accum),
+                  eval_dataset=Tokens(a.eval_samples), callbacks=[Clock()])
+trainer.train()
+truth.write(micro_batches=a.accum, batch=a.batch, eval_batch=a.eval_batch)
+print("trained", truth.data["steps"], "steps", file=sys.stderr)
