@@ -287,3 +287,177 @@ def job_seconds(run: Run, gpu: int = 0) -> float:
 
 
 MIB_BYTES = MIB
+
+
+# -- the framework classes (issue "Advice that is right on the stacks people train with") --
+def phase_lines(schedule: list[tuple[str, float]], *, start: float, pid: int, gpu: int | None = 0,
+                every: float = 0.5, **extra: Any) -> list[dict[str, Any]]:
+    """The hook's `phase` lines for ``schedule`` (phase, seconds) from ``start`` (Unix
+    seconds): one every ``every`` seconds, each with the seconds by phase so far."""
+    out: list[dict[str, Any]] = []
+    spans, t = [], start
+    for phase, seconds in schedule:
+        spans.append((phase, t, t + seconds))
+        t += seconds
+    end, now = t, start + every
+    while now <= end + 1e-9:
+        seconds: dict[str, float] = {}
+        current = spans[-1][0]
+        for phase, a, b in spans:
+            if a < now:
+                seconds[phase] = round(seconds.get(phase, 0.0) + min(b, now) - a, 3)
+            if a < now <= b:
+                current = phase
+        line = {"t": now, "kind": "phase", "pid": pid, "phase": current, "seconds": seconds,
+                **{k: (v(now - start) if callable(v) else v) for k, v in extra.items()}}
+        if gpu is not None:
+            line["gpu"] = gpu
+        out.append(line)
+        now += every
+    return out
+
+
+def with_lines(run: Run, extra: list[dict[str, Any]]) -> Run:
+    body = sorted(run.lines[1:] + extra, key=lambda d: d["t"])
+    return Run([run.lines[0], *body], run.first_step, run.truth)
+
+
+def host_bound_bert(seconds: float = 40.0) -> Run:
+    """BERT-base in fp32 at batch 8 (issue: util 60 %, SM 47 %, 4 % of memory, 54 % of each
+    step in the host): 90 ms steps with no data wait, the main process pegged."""
+    steps = steady_steps(seconds, 0.09, wait=0.001, batch_size=8,
+                         mem_allocated_bytes=1_400_000_000,
+                         max_mem_allocated_bytes=1_900_000_000,
+                         mem_reserved_bytes=2_400_000_000)
+    return build(steps={0: steps},
+                 gpu=const(util=0.60, sm_active=0.47, tensor_active=0.02, fp32_active=0.12,
+                           dram_active=0.2),
+                 host=lambda rel: {"job_cpu_cores": 1.05, "job_main_cpu_cores": 1.0,
+                                   "job_workers_cpu_cores": 0.05, "job_processes": 2},
+                 mem_used=lambda rel, g: 0.04 * H100,
+                 configs={0: {"num_workers": 1, "persistent_workers": False,
+                              "pin_memory": True, "uses_dataloader": True, "batch_size": 8,
+                              "autocast_dtype": None, "tf32": True, "framework": "transformers",
+                              "fw_batch_size": 8, "fw_grad_accum": 1, "fw_precision": "fp32"}})
+
+
+def grad_accum(seconds: float = 40.0, framework: str = "accelerate") -> Run:
+    """Micro-batches of 4, 16 per optimizer step (Accelerate's accumulate()): each step
+    fetches 64 samples in 16 backward passes; the GPU busy 30 %, memory 8 % used."""
+    steps = steady_steps(seconds, 0.4, wait=0.004, batch_size=64, micro_batches=16,
+                         mem_allocated_bytes=2_000_000_000,
+                         max_mem_allocated_bytes=2_400_000_000,
+                         mem_reserved_bytes=3_000_000_000)
+    return build(steps={0: steps},
+                 gpu=const(util=0.45, sm_active=0.3, tensor_active=0.1, fp32_active=0.01,
+                           dram_active=0.1),
+                 host=lambda rel: {"job_cpu_cores": 1.1, "job_main_cpu_cores": 1.0,
+                                   "job_workers_cpu_cores": 0.1, "job_processes": 3},
+                 mem_used=lambda rel, g: 0.08 * H100,
+                 configs={0: {"num_workers": 2, "persistent_workers": True, "pin_memory": True,
+                              "uses_dataloader": True, "batch_size": 4,
+                              "autocast_dtype": "bfloat16", "framework": framework,
+                              "fw_grad_accum": 16, "fw_precision": "bf16"}})
+
+
+def eval_heavy(seconds: float = 60.0, train: float = 2.0, evaluate: float = 8.0) -> Run:
+    """The Trainer evaluating every few steps at per_device_eval_batch_size=8: ``train``
+    seconds of steps, then ``evaluate`` seconds of evaluation (the GPU at 20 %), over and
+    over. The hook leaves the evaluation out of the step times and says so in its phases."""
+    steps, t, i, phases = [], 0.0, 0, [("startup", 0.0)]
+    cycle = train + evaluate
+    while t + cycle <= seconds:
+        n = round(train / 0.1)
+        for _ in range(n):
+            t += 0.1
+            steps.append({"step": i, "step_seconds": 0.1, "data_wait_seconds": 0.002,
+                          "batch_size": 32, "micro_batches": 1,
+                          "mem_allocated_bytes": 3_000_000_000,
+                          "max_mem_allocated_bytes": 5_000_000_000,
+                          "mem_reserved_bytes": 6_000_000_000, "t": t})
+            i += 1
+        phases += [("train", train), ("eval", evaluate)]
+        t += evaluate
+
+    def gpu(rel: float, g: int) -> dict[str, Any]:
+        evaluating = rel % cycle >= train
+        return ({"util": 0.2, "sm_active": 0.1, "tensor_active": 0.03, "fp32_active": 0.01,
+                 "dram_active": 0.05} if evaluating else
+                {"util": 0.95, "sm_active": 0.8, "tensor_active": 0.4, "fp32_active": 0.01,
+                 "dram_active": 0.3})
+    run = build(steps={0: steps}, gpu=gpu,
+                host=lambda rel: {"job_cpu_cores": 1.2, "job_main_cpu_cores": 1.0,
+                                  "job_workers_cpu_cores": 0.2, "job_processes": 3},
+                mem_used=lambda rel, g: 0.12 * H100,
+                configs={0: {"num_workers": 2, "persistent_workers": True, "pin_memory": True,
+                             "uses_dataloader": True, "batch_size": 32,
+                             "autocast_dtype": "bfloat16", "framework": "transformers",
+                             "fw_eval_batch_size": 8, "fw_eval_every": 20,
+                             "fw_batch_size": 32, "fw_grad_accum": 1}})
+    first = run.first_step
+    extra = phase_lines(phases[1:], start=first, pid=4000, eval_batch_size=8)
+    run = with_lines(run, extra)
+    run.truth = {0: {"eval": evaluate / cycle}}
+    return run
+
+
+def startup_prefetch(startup: float = 30.0, seconds: float = 30.0, hook: bool = True) -> Run:
+    """A Lightning DDP rank before its first step: persistent workers prefetch (8 workers
+    pegged) for ``startup`` seconds with the GPU idle, then it trains, healthy."""
+    steps = steady_steps(seconds, 0.05, wait=0.001, batch_size=64)
+
+    def host(rel: float) -> dict[str, Any]:
+        return {"job_cpu_cores": 8.5, "job_main_cpu_cores": 0.5, "job_workers_cpu_cores": 8.0,
+                "job_processes": 9}
+    run = build(steps={0: steps},
+                gpu=const(util=0.97, sm_active=0.85, tensor_active=0.4, fp32_active=0.01,
+                          dram_active=0.3),
+                host=host, startup=startup, mem_used=lambda rel, g: 0.3 * H100,
+                configs={0: {"num_workers": 8, "persistent_workers": True, "pin_memory": True,
+                             "uses_dataloader": True, "batch_size": 64,
+                             "autocast_dtype": "bfloat16", "framework": "lightning"}})
+    # start-up: the workers pegged from the first second, not only from the first step
+    for d in run.lines:
+        if d["kind"] == "host":
+            d.update(host(0.0))
+    if not hook:
+        return run.without_hook()
+    extra = phase_lines([("startup", startup - 2.0), ("train", seconds + 2.0)], start=T0 + 2.0,
+                        pid=4000)
+    return with_lines(run, extra)
+
+
+def compiling(compile_seconds: float = 50.0, seconds: float = 30.0) -> Run:
+    """torch.compile compiling for ``compile_seconds`` before the first step (GPU idle)."""
+    steps = steady_steps(seconds, 0.05, wait=0.001, batch_size=64)
+    run = build(steps={0: steps},
+                gpu=const(util=0.97, sm_active=0.85, tensor_active=0.4, fp32_active=0.01,
+                          dram_active=0.3),
+                host=lambda rel: {"job_cpu_cores": 1.5, "job_main_cpu_cores": 1.0,
+                                  "job_workers_cpu_cores": 0.5, "job_processes": 3},
+                startup=compile_seconds + 6.0, mem_used=lambda rel, g: 0.3 * H100,
+                configs={0: {"num_workers": 2, "persistent_workers": True, "pin_memory": True,
+                             "uses_dataloader": True, "batch_size": 64,
+                             "autocast_dtype": "bfloat16"}})
+    extra = phase_lines([("startup", 4.0), ("compile", compile_seconds),
+                         ("startup", 2.0), ("train", seconds)], start=T0, pid=4000,
+                        compiles=lambda rel: 1 if rel >= 4.0 else 0)
+    return with_lines(run, extra)
+
+
+def inference(seconds: float = 40.0) -> Run:
+    """A process that only runs model.generate at batch 1 under no_grad: no backward, no
+    optimizer, no step; the GPU busy 20 % (launch-bound decoding)."""
+    run = build(steps={0: [{"step": 0, "t": seconds, "step_seconds": None}]},
+                gpu=const(util=0.2, sm_active=0.08, tensor_active=0.01, fp32_active=0.01,
+                          dram_active=0.05),
+                host=lambda rel: {"job_cpu_cores": 1.0, "job_main_cpu_cores": 1.0,
+                                  "job_workers_cpu_cores": 0.0, "job_processes": 1},
+                mem_used=lambda rel, g: 0.02 * H100,
+                configs={0: {"uses_dataloader": False, "autocast_dtype": None}})
+    lines = [d for d in run.lines if d["kind"] != "step"]  # it never steps
+    extra = phase_lines([("startup", 6.0), ("inference", seconds + 2.0)], start=T0,
+                        pid=4000, inference_batch_size=1,
+                        inference_batches=lambda rel: max(0, int((rel - 6.0) * 4)),
+                        generate_calls=lambda rel: max(0, int((rel - 6.0) * 4)))
+    return with_lines(Run(lines, run.first_step), extra)

@@ -299,7 +299,7 @@ class Engine:
                 return False  # its hook reports no step yet: starting up
             # NVML and psutil alone: once its GPU has begun to work for its process
             return subj.gpu is None or not subj.proc_pids or frame.started_work(
-                subj, end, MIN_TRAIN_BUCKETS)
+                subj, end, round(self._train_window / self.res))
         now = owner.phase
         if phase == "train":
             if now != "train":

@@ -165,7 +165,8 @@ class Subject:
         self.phase: str | None = None
         self.phase_pid: int | None = None
         self.phase_seconds: dict[str, float] = {}
-        self.phase_acc: dict[str, float] = {}
+        self.phase_spans: list[tuple[str, float, float]] = []  # (phase, begin, end)
+        self.phase_t: float | None = None  # the time of its last `phase` line
         self.phase_info: dict[str, Any] = {}
         self.hook_seen = False  # a hook reports for this GPU's job (steps, settings, phases)
         self.problems: list[dict[str, Any]] = []
@@ -586,10 +587,16 @@ class Frame:
             subj.config["batch_size"] = float(values["batch_size"])
 
     def feed_phase(self, s: Any) -> None:
-        """A `phase` line: what the job does now and its seconds in each phase so far;
-        what each phase gained since its last line goes into the open bucket."""
+        """A `phase` line: what the job does now and its seconds in each phase so far.
+
+        What each phase gained since the job's previous line lies just before this one:
+        the phase in force then first, the one in force now last (its gain ends at ``t``).
+        Those spans are laid on the time line (``phase_spans``), where each bucket's
+        shares are read once the next bucket closes (lines may describe the bucket
+        before their own)."""
         get = _get(s)
-        self._advance(get("t"))
+        t = float(get("t"))
+        self._advance(t)
         pid = get("pid")
         subj = self._job_subject(get("gpu"), pid, get("rank"))
         subj.hook_seen = True
@@ -598,12 +605,27 @@ class Frame:
         if pid is not None and pid != subj.phase_pid:
             subj.phase_pid = pid  # another process on this GPU: its own totals
             subj.phase_seconds = {}
+            subj.phase_t = None
+        gains: dict[str, float] = {}
         for name, total in seconds.items():
             gained = float(total) - subj.phase_seconds.get(name, 0.0)
             if gained > 0:
-                subj.phase_acc[name] = subj.phase_acc.get(name, 0.0) + gained
+                gains[name] = gained
             subj.phase_seconds[name] = float(total)
-        subj.phase = get("phase")
+        now = get("phase")
+        before = subj.phase
+        order = sorted(gains, key=lambda n: (n != before, n == now))
+        end = t
+        for name in reversed(order):
+            begin = end - gains[name]
+            if subj.phase_t is not None:
+                begin = max(begin, subj.phase_t)
+            if begin < end:
+                subj.phase_spans.append((name, begin, end))
+            end = begin
+        subj.phase_spans.sort(key=lambda sp: sp[1])
+        subj.phase_t = t
+        subj.phase = now
         info = subj.phase_info
         for f in ("compiles", "eval_batch_size", "inference_batch_size", "inference_batches",
                   "generate_calls", "eval_batches"):
@@ -626,17 +648,29 @@ class Frame:
                                   "error": get("error") or ""})
 
     def _close_phase(self, idx: int, subj: Subject) -> None:
-        """The bucket's share of each phase, and the whole run's seconds so far."""
+        """The shares of each phase in the bucket before ``idx`` (complete now: a line
+        read in ``idx`` may describe it), and the whole run's seconds so far."""
         tab = subj.phase_table
         tab.ever = True
-        acc, subj.phase_acc = subj.phase_acc, {}
-        gained = sum(acc.values())
         res = self.res
-        if gained < res and subj.phase in _PHASE_NAMES:  # the rest of it: the phase in force
-            acc[subj.phase] = acc.get(subj.phase, 0.0) + (res - gained)
-            gained = res
-        for name in _PHASE_NAMES:
-            tab.push(idx, f"phase_{name}", acc.get(name, 0.0) / gained if gained > 0 else 0.0)
+        b = idx - 1
+        lo, hi = b * res, (b + 1) * res
+        share: dict[str, float] = {}
+        spans = subj.phase_spans
+        for name, begin, end in spans:
+            overlap = min(end, hi) - max(begin, lo)
+            if overlap > 0:
+                share[name] = share.get(name, 0.0) + overlap
+        covered = sum(share.values())
+        if covered < res:  # time no line has described yet: the phase in force
+            last = next((sp[0] for sp in reversed(spans) if sp[1] < hi), subj.phase)
+            if last in _PHASE_NAMES:
+                share[last] = share.get(last, 0.0) + (res - covered)
+                covered = res
+        subj.phase_spans = [sp for sp in spans if sp[2] > hi]
+        if b >= subj.first:
+            for name in _PHASE_NAMES:
+                tab.push(b, f"phase_{name}", share.get(name, 0.0) / covered if covered else 0.0)
         sec = subj.phase_seconds
         for name in ("train", "eval", "startup", "compile", "checkpoint"):
             tab.push(idx, f"{name}_seconds", sec.get(name, 0.0))
@@ -779,14 +813,12 @@ class Frame:
             acc.clear()
         no_hook = not self.hook_steps
         for subj in self.subjects.values():
-            if subj.job_warm is not None and idx >= subj.job_warm:
-                w = self.job_window(subj, idx + 1, 1, clamp=False)
-                if w is not None:
-                    subj.span.add(w)
-                    if subj.job_last == idx:
-                        subj.span_at_last_step = subj.span.total()
+            if subj.job_warm is not None:
+                # with phases, a bucket's share of training is known once the next bucket
+                # closes: the span takes the bucket before this one
+                self._span_add(subj, idx - 1 if self.phase_owner(subj) is not None else idx)
             elif subj.gpu is not None and no_hook and subj.job_warm is None and subj.proc_pids \
-                    and subj.first_busy is not None:
+                    and subj.first_busy is not None and not self.hook_attached(subj):
                 # without the hook: the buckets in which the GPU's process looks like it
                 # trains (kernels running, or its DataLoader workers pegged)
                 w = self.job_window(subj, idx + 1, 1)
@@ -911,6 +943,8 @@ class Frame:
             return None
         table, owner = self._job_table(subj)
         hook = table is not None
+        if not hook and self.hook_attached(subj) and not self.hook_dead(subj):
+            return None  # its hook reports no training step: starting up, or inference
         start = end - n
         if hook:
             # from the end of the job's first step: the first iteration carries its
@@ -1111,10 +1145,27 @@ class Frame:
             out["micro_batches"] = round(subj.micro_sum / subj.micro_n, 2)
         return out
 
+    def _span_add(self, subj: Subject, b: int) -> None:
+        """Bucket ``b`` of a job the hook reports into its whole-run span."""
+        if subj.job_warm is None or b < subj.job_warm:
+            return
+        w = self.job_window(subj, b + 1, 1, clamp=False)
+        if w is not None:
+            subj.span.add(w)
+            if subj.job_last == b:
+                subj.span_at_last_step = subj.span.total()
+
     def finish(self) -> None:
-        """Close the open bucket (end of a recording)."""
-        if self.idx is not None:
-            self.flush_to(self.idx + 1)
+        """Close the open bucket (end of a recording), and the last bucket's phases and
+        span, which wait for the next bucket otherwise."""
+        if self.idx is None:
+            return
+        self.flush_to(self.idx + 1)
+        for subj in self.subjects.values():
+            if subj.phase is not None:
+                self._close_phase(self.idx, subj)
+                if subj.job_warm is not None:
+                    self._span_add(subj, self.idx - 1)
 
     # -- reading ---------------------------------------------------------------------------
     def _close_cpu(self, idx: int, table: Table) -> None:

@@ -90,7 +90,7 @@ EVAL_MODULE_SHARE = 0.5
 # a process is an inference process once it has fetched this many batches (or called
 # generate() this often) and kept at it this long without a single backward()
 INFER_BATCHES = 3
-INFER_AFTER = 20.0  # seconds, compiling left out
+INFER_AFTER = 10.0  # seconds, compiling left out
 # loader roles (the DataLoader whose batches precede backward() trains; any other one, once
 # training has begun, evaluates)
 _TRAIN_LOADER = 1
@@ -305,12 +305,13 @@ class _Hook:
         self.switch(back, _perf())
 
     def other_batch(self, info: list[Any] | None, t0: float, t1: float) -> None:
-        """A batch of a loader that has not trained, once training began: evaluation."""
+        """A batch of a loader that has not trained, once training began: evaluation
+        (``info`` None: the loader's end, no batch)."""
         if self.phase is TRAIN:
             self.switch(EVAL, t0)
-        self.eval_batches += 1
         self.eval_wait += t1 - t0
         if info is not None:
+            self.eval_batches += 1
             info[2] = None  # its first batch is no training epoch's start
             if info[0]:
                 self.eval_samples += info[0]
@@ -981,8 +982,11 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
         if h is None or h.off:
             return orig(self)
         t0 = _perf()
+        got = False  # a batch came (not StopIteration at the end of the data)
         try:
-            return orig(self)
+            batch = orig(self)
+            got = True
+            return batch
         finally:
             t1 = _perf()
             try:
@@ -990,14 +994,14 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
                 key = info[4] if info is not None else None
                 h.last_loader = key
                 if h.n and h.loader_roles.get(key) is not _TRAIN_LOADER:
-                    h.other_batch(info, t0, t1)  # another loader once training began
+                    h.other_batch(info if got else None, t0, t1)  # evaluation
                 else:
                     if h.phase is EVAL:
                         h.switch(TRAIN, t0)  # the training loader again: evaluation is over
                     h.wait += t1 - t0
                     if h.iter_start is None:
                         h.iter_start = t0
-                    if info is not None:
+                    if info is not None and got:
                         h.loader = info
                         if info[0] is not None:
                             h.samples = (h.samples or 0) + info[0]
@@ -1006,7 +1010,7 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
                             h.first_wait += info[2] + (t1 - t0)
                             info[2] = None
                     h.loader_seen = True
-                    if not h.backward_seen:
+                    if got and not h.backward_seen:
                         h.inference_work(info[0] if info is not None else None, t1)
             except Exception:
                 h.fault()
@@ -1333,12 +1337,83 @@ def _wrap_generate(orig: Callable[..., Any]) -> Callable[..., Any]:
     return generate
 
 
-def _late_patches(h: _Hook) -> None:
-    """Patches for modules a job may import after torch (the reporting thread looks)."""
-    gen = sys.modules.get("transformers.generation.utils")
-    mixin = getattr(gen, "GenerationMixin", None)
+def _patch_generate(module: Any) -> None:
+    mixin = getattr(module, "GenerationMixin", None)
     if mixin is not None and not getattr(mixin.generate, "_gpuwatch", False):
         _patch(mixin, "generate", _wrap_generate)
+
+
+# modules a job may import after torch, and what to patch in them once they are loaded
+_AFTER_IMPORT: dict[str, Callable[[Any], None]] = {
+    "transformers.generation.utils": _patch_generate,
+}
+
+
+class _AfterImport:
+    """A meta path finder that patches a module right after it loads (the first call
+    into it already measured); it asks the other finders for the module, changing
+    nothing of how it is found or loaded, and leaves the path once all are patched."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.waiting = {n for n in _AFTER_IMPORT if n not in sys.modules}
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in self.waiting or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None) if finder is not self else None
+                spec = find(name, path, target) if find is not None else None
+                if spec is not None:
+                    break
+        finally:
+            self.busy = False
+        loader = getattr(spec, "loader", None)
+        run = getattr(loader, "exec_module", None)
+        if run is None:
+            return spec
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            self.loaded(name, module)
+        try:
+            loader.exec_module = exec_module
+        except (AttributeError, TypeError):
+            return spec
+        return spec
+
+    def loaded(self, name: str, module: Any) -> None:
+        self.waiting.discard(name)
+        if not self.waiting:
+            self.leave()
+        h = _hook
+        if h is None:
+            return
+        try:
+            _AFTER_IMPORT[name](module)
+        except Exception:
+            h.fault()
+
+    def leave(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+_after_import: _AfterImport | None = None
+
+
+def _late_patches(h: _Hook) -> None:
+    """Patches for modules imported before the hook attached, and the framework's own
+    checkpoint method once the framework is known (the reporting thread looks)."""
+    for name, patch in _AFTER_IMPORT.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
     obj = h.framework.obj()
     if obj is not None and not h.framework_patched:
         h.framework_patched = True
@@ -1486,6 +1561,7 @@ def attach_when_training() -> bool:
 def _attach(socket_path: str | None) -> bool:
     global _hook, _scaler_update, _optimizer_hook_handle, _parameter_hook_handle
     global _module_hook_handle, _prev_excepthook, _prev_threading_excepthook, _problem
+    global _after_import
     with _attach_lock:
         if _hook is not None:
             return True
@@ -1521,6 +1597,9 @@ def _attach(socket_path: str | None) -> bool:
                                "register_module_module_registration_hook", None)
             if register is not None:  # torch 2.0+
                 _module_hook_handle = register(_on_submodule)
+            _after_import = _AfterImport()
+            if _after_import.waiting:
+                sys.meta_path.insert(0, _after_import)
             _prev_excepthook = sys.excepthook
             sys.excepthook = _excepthook
             _prev_threading_excepthook = threading.excepthook
@@ -1555,6 +1634,8 @@ def _undo_patches() -> None:
         _module_hook_handle.remove()
         _module_hook_handle = None
     _unhook_compiler()
+    if _after_import is not None:
+        _after_import.leave()
 
 
 def detach() -> None:

@@ -1,0 +1,208 @@
+"""The framework classes of advice (docs/advice.md): phases, gradient accumulation,
+inference, evaluation, start-up and compiling, framework-native actions, rules that do not
+contradict each other, and a hook that says what it could not read, each judged through
+`gpuwatch advise --replay` on a recording built from the class's ground truth
+(tests/synthetic.py). The same classes recorded on GPUs are judged by
+test_advise_gpu_recordings.py; the hook's side of them, with the real frameworks on the
+CPU, by test_frameworks.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import synthetic
+from test_advise_classes import WARNING_ONSET, advice, ids, job, judge, onset
+from test_advise_support import run_cli
+
+LR = "learning rate"
+
+
+def test_host_bound_job_with_room_gets_the_larger_batch_whatever_util_reads(tmp_path):
+    """BERT-base fp32 at batch 8: util 60 %, SM 47 %, 4 % of memory, the main process
+    holding the GPU up: raise-batch-size (it once missed the util/SM gates), within 20 s,
+    in the Trainer's words, and no rule claiming there is no room."""
+    run = synthetic.host_bound_bert()
+    report = judge(tmp_path, run)
+    a = advice(report, "raise-batch-size")
+    assert onset(report, run, "raise-batch-size") <= WARNING_ONSET
+    assert a["action"].startswith("Raise the batch size: TrainingArguments("
+                                  "per_device_train_batch_size=8 → ")
+    assert "(in torch: DataLoader(batch_size=" in a["action"]
+    assert a["evidence"]["busy_in_steps"] < 0.5
+    for other in report["advice"]:
+        assert "no room" not in other["message"]
+
+
+def test_accumulation_lowers_the_micro_batch_count_not_the_learning_rate(tmp_path):
+    """Accelerate, micro-batch 4 x 16 accumulation steps: the lever is the micro-batch at
+    the same effective batch (64), with the LR unchanged; never "batch_size=64 -> 128"."""
+    run = synthetic.grad_accum()
+    report = judge(tmp_path, run)
+    assert "raise-batch-size" not in ids(report)
+    a = advice(report, "reduce-gradient-accumulation")
+    assert onset(report, run, "reduce-gradient-accumulation") <= WARNING_ONSET
+    assert "16 micro-batches of 4 samples" in a["message"]
+    assert "effective batch of 64" in a["action"] and "the learning rate as they are" in \
+        a["action"]
+    assert "Accelerator(gradient_accumulation_steps=16 → " in a["action"]
+    assert "batch_size=4 → " in a["action"]
+    assert "64 → 128" not in a["action"] and "x2" not in a["action"]
+    (j,) = report["jobs"]
+    assert j["micro_batches"] == 16 and j["framework"] == "accelerate"
+    # the same job in the Trainer's words
+    hf = judge(tmp_path, synthetic.grad_accum(framework="transformers"), "hf.jsonl")
+    b = advice(hf, "reduce-gradient-accumulation")
+    assert "TrainingArguments(gradient_accumulation_steps=16 → " in b["action"]
+    assert "TrainingArguments(per_device_train_batch_size=4 → " in b["action"]
+
+
+def test_evaluation_is_its_own_phase_and_gets_its_own_advice(tmp_path):
+    """80 % of the wall time evaluating at per_device_eval_batch_size=8: the training rules
+    judge the training windows only (no batch x4, no LR), the evaluation gets its own."""
+    run = synthetic.eval_heavy()
+    report = judge(tmp_path, run)
+    got = ids(report)
+    assert "raise-batch-size" not in got and "gpu-underused" not in got
+    a = advice(report, "speed-up-evaluation")
+    assert a["evidence"]["eval_time_ratio"] == pytest.approx(run.truth[0]["eval"], abs=0.05)
+    assert "TrainingArguments(per_device_eval_batch_size=8 → " in a["action"]
+    assert "TrainingArguments(eval_steps=20 → " in a["action"]
+    assert "the learning rate does not change" in a["action"]
+    assert all(LR not in x["action"] or "does not change" in x["action"]
+               for x in report["advice"])
+    (j,) = report["jobs"]
+    ph = j["phases"]
+    assert ph["eval"] / (ph["eval"] + ph["train"]) == pytest.approx(run.truth[0]["eval"],
+                                                                    abs=0.05)
+    # the breakdown is of the training time: the GPU works through the steps
+    assert j["time_share"]["gpu"] >= 0.7 and j["time_share"]["other"] <= 0.15
+    text = run_cli("advise", "--replay", str(run.write(tmp_path / "e.jsonl"))).stdout
+    assert "by phase:" in text and "evaluation" in text
+
+
+@pytest.mark.parametrize("hook", [True, False])
+def test_the_time_before_the_first_step_is_never_judged_as_training(tmp_path, hook):
+    """Persistent workers prefetching for 30 s with the GPU idle (Lightning DDP): no batch
+    or data advice for the start-up, with the hook's phases or without the hook."""
+    run = synthetic.startup_prefetch(hook=hook)
+    report = judge(tmp_path, run)
+    early = [a for a in report["advice"] if a["since"] < run.first_step + 5.0]
+    assert early == [], [(a["id"], a["since"] - run.first_step) for a in early]
+    assert not {"raise-batch-size", "add-dataloader-workers", "gpu-underused"} & ids(report)
+
+
+def test_compiling_is_named(tmp_path):
+    run = synthetic.compiling(compile_seconds=50.0)
+    report = judge(tmp_path, run)
+    a = advice(report, "long-compile")
+    assert a["severity"] == "info"
+    assert a["evidence"]["compile_seconds"] == pytest.approx(50.0, abs=1.0)
+    assert "TORCHINDUCTOR_CACHE_DIR" in a["action"] and "layer.compile()" in a["action"]
+    assert job(report)["phases"]["compile"] == pytest.approx(50.0, abs=1.0)
+    assert not {"raise-batch-size", "gpu-underused"} & ids(report)
+
+
+def test_an_inference_process_is_named_and_never_told_about_the_learning_rate(tmp_path):
+    run = synthetic.inference()
+    report = judge(tmp_path, run)
+    assert "raise-batch-size" not in ids(report)
+    a = advice(report, "batch-inference-requests")
+    assert "only runs inference" in a["message"] and "generate()" in a["action"]
+    assert all(LR not in x["action"] for x in report["advice"])
+    (j,) = report["jobs"]
+    assert j["phase"] == "inference" and j["time_share"] is None
+    assert report["hook"]["phases"] is True
+    assert not any("No data from the torch hook" in n for n in report["notes"])
+    text = run_cli("advise", "--replay", str(run.write(tmp_path / "i.jsonl"))).stdout
+    assert "inference only, never a backward" in text
+
+
+def test_a_hook_that_lost_a_fact_or_stopped_is_said(tmp_path):
+    run = synthetic.host_bound_bert()
+    t = run.first_step + 5.0
+    extra = [{"t": t, "kind": "hook_problem", "pid": 4000, "gpu": 0, "what": "config.tf32",
+              "error": "RuntimeError: mix of the legacy and new APIs"},
+             {"t": t + 15.0, "kind": "hook_problem", "pid": 4000, "gpu": 0, "what": "hook.off",
+              "error": "stopped measuring after 100 errors of its own"}]
+    report = judge(tmp_path, synthetic.with_lines(run, extra))
+    (note,) = [n for n in report["notes"] if "pid 4000" in n]
+    assert "stopped measuring after 100 errors" in note and "config.tf32" in note
+    assert "from NVML and the process tree only" in note
+    assert [p["what"] for p in report["hook"]["problems"]] == ["config.tf32", "hook.off"]
+    # a lost fact alone: said, and the rest stands
+    report = judge(tmp_path, synthetic.with_lines(run, extra[:1]), "one.jsonl")
+    (note,) = [n for n in report["notes"] if "pid 4000" in n]
+    assert "could not read everything: config.tf32" in note
+    assert "raise-batch-size" in ids(report)
+
+
+def test_settings_read_before_the_first_step_are_not_taken_as_facts(tmp_path):
+    """A bf16 job whose hook sent its settings before training began (autocast not yet
+    entered) and in training: the setting in force is what is judged."""
+    run = synthetic.resnet_fp32(config=False)
+    cfg = {"num_workers": 8, "persistent_workers": True, "pin_memory": True,
+           "uses_dataloader": True, "uses_conv": True, "tf32": False, "cudnn_benchmark": True,
+           "fused_optimizer": True, "batch_size": 64, "channels_last": True}
+    before = {"t": run.first_step - 1.0, "kind": "config", "pid": 4000, **cfg,
+              "autocast_dtype": None, "in_training": False}
+    during = {"t": run.first_step + 1.0, "kind": "config", "pid": 4000, **cfg,
+              "autocast_dtype": "bfloat16", "in_training": True}
+    report = judge(tmp_path, synthetic.with_lines(run, [before, during]))
+    assert "enable-mixed-precision" not in ids(report)
+    # and a job that turned autocast off once training began is told
+    off = dict(during, autocast_dtype=None)
+    on = dict(before, autocast_dtype="bfloat16")
+    report = judge(tmp_path, synthetic.with_lines(run, [on, off]), "off.jsonl")
+    assert "enable-mixed-precision" in ids(report)
+
+
+def test_checkpointing_with_memory_to_spare_and_fp16_on_a_bf16_gpu(tmp_path):
+    run = synthetic.host_bound_bert()
+    cfg = [d for d in run.lines if d["kind"] == "config"][0]
+    cfg.update(gradient_checkpointing=True, fw_grad_ckpt=True, autocast_dtype="float16",
+               grad_scaler=True)
+    report = judge(tmp_path, run)
+    a = advice(report, "disable-gradient-checkpointing")
+    assert "TrainingArguments(gradient_checkpointing=False)" in a["action"]
+    b = advice(report, "use-bf16-not-fp16")
+    assert "TrainingArguments(bf16=True, fp16=False)" in b["action"]
+
+
+def test_a_cpu_only_job_gets_its_breakdown_and_data_advice(tmp_path):
+    """No GPU at all (no gpu lines): the hook's steps still give the breakdown, the phases
+    and what needs no GPU (data loading, evaluation)."""
+    run = synthetic.starved_cnn()
+    lines = [d for d in run.lines if d["kind"] not in ("gpu",)]
+    lines[0] = {k: v for k, v in lines[0].items() if k not in ("gpus", "gpu_name",
+                                                                "compute_capability")}
+    for d in lines:
+        d.pop("gpu", None)
+    path = tmp_path / "cpu.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    report = json.loads(run_cli("advise", "--replay", str(path), "--format", "json").stdout)
+    (j,) = report["jobs"]
+    assert j["gpu"] is None and j["source"] == "hook"
+    assert j["time_share"]["data"] == pytest.approx(run.truth[0]["data"], abs=0.05)
+    assert "add-dataloader-workers" in ids(report)
+    a = advice(report, "add-dataloader-workers")
+    assert "GPU is busy" not in a["message"]
+    text = run_cli("advise", "--replay", str(path)).stdout
+    assert "CPU-only job" in text and "No GPU in this data" in text
+
+
+def test_rule_files_keep_info_rules_out_of_the_catch_alls_suppressors():
+    from gpuwatch.advisor.rules import load_rules
+
+    rules = load_rules(()).by_id()
+    for rid in rules["gpu-underused"].suppressed_by:
+        assert rules[rid].severity != "info", rid
+
+
+def test_onsets_of_the_new_warnings(tmp_path):
+    """Warnings still start within 20 s of the first training step."""
+    for build, rule in ((synthetic.host_bound_bert, "raise-batch-size"),
+                        (synthetic.grad_accum, "reduce-gradient-accumulation")):
+        run = build()
+        assert onset(judge(tmp_path, run, f"{rule}.jsonl"), run, rule) <= WARNING_ONSET

@@ -1,0 +1,201 @@
+"""The hook and the advisor around the frameworks people train with, for real, on the CPU:
+the Hugging Face Trainer (tiny BERT), Accelerate's ``accumulate()``, a Lightning Trainer
+with a validation loop, and ``model.generate`` under ``no_grad`` (tiny GPT-2).
+
+Each test runs ``gpuwatch run --record F -- python tests/scripts/frameworks/<script>.py``
+(or attaches explicitly where the test needs that), and checks what the hook reported
+(phases, micro-batches per step, the framework and its settings) against the script's
+own clock (a TrainerCallback, a Lightning Callback: ``--out``), then what
+``gpuwatch advise`` says of the recording. The versions are pinned in the test extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import clean_env
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+pytest.importorskip("lightning")
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "scripts" / "frameworks"
+RUN = [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0",
+       "--quiet"]
+# the hook's evaluation time against the script's: they start and stop a few lines of
+# framework code apart (the callback runs after the last eval batch's bookkeeping)
+EVAL_TOLERANCE = 0.15
+
+
+def record(tmp_path: Path, script: str, *args: str, timeout: float = 300) -> tuple[Path, dict]:
+    rec, truth = tmp_path / f"{script}.jsonl", tmp_path / f"{script}.truth.json"
+    env = clean_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+                    TMPDIR=str(tmp_path))
+    run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable,
+                          str(SCRIPTS / f"{script}.py"), *args, "--out", str(truth)],
+                         check=False, env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=timeout)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return rec, json.loads(truth.read_text())
+
+
+def lines(path: Path, kind: str) -> list[dict]:
+    out = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [x for x in out if x.get("kind") == kind]
+
+
+def advise(path: Path) -> dict:
+    run = subprocess.run([sys.executable, "-m", "gpuwatch", "advise", "--replay", str(path),
+                          "--format", "json"], check=True, capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    return json.loads(run.stdout)
+
+
+def last_config(path: Path) -> dict:
+    configs = [c for c in lines(path, "config") if c.get("in_training")]
+    assert configs, "no configuration read once training began"
+    return configs[-1]
+
+
+def test_trainer_evaluation_accumulation_and_its_settings(tmp_path: Path) -> None:
+    """TrainingArguments(eval_strategy="steps", gradient_accumulation_steps=4,
+    per_device_eval_batch_size=4): the evaluations are a phase of their own (not inside a
+    step), each step counts its 4 micro-batches, the framework and its settings are read,
+    and the advice speaks of the eval batch in TrainingArguments' words."""
+    # a model and evaluation set large enough that evaluation and training take several
+    # seconds on the CPU (speed-up-evaluation judges a share of at least 5 s, for 5 s)
+    rec, truth = record(tmp_path, "hf_trainer", "--steps", "24", "--eval-every", "6",
+                        "--eval-samples", "1024", "--hidden", "128", "--layers", "4",
+                        "--seq", "64")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"] == 24
+    assert {s["micro_batches"] for s in lines(rec, "step")} == {4}
+    phases = lines(rec, "phase")
+    final = phases[-1]["seconds"]
+    print(f"hook: {final}, script's evaluations: {truth['eval_seconds']:.2f} s")
+    assert final["eval"] == pytest.approx(truth["eval_seconds"], rel=EVAL_TOLERANCE, abs=0.3)
+    # a step never holds an evaluation: the longest one is far shorter than one evaluation
+    longest = max(s["step_seconds"] for s in lines(rec, "step") if s.get("step_seconds"))
+    assert longest < truth["eval_seconds"] / truth["evals"]
+    cfg = last_config(rec)
+    assert cfg["framework"] == "transformers" and cfg["framework_version"]
+    assert cfg["fw_grad_accum"] == 4 and cfg["fw_eval_batch_size"] == 4
+    assert cfg["fw_batch_size"] == 8 and cfg["fw_eval_strategy"] == "steps"
+    assert cfg["batch_size"] == 8  # the DataLoader's: the micro-batch
+    assert not lines(rec, "hook_problem")
+    report = advise(rec)
+    (job,) = report["jobs"]
+    assert job["framework"] == "transformers" and job["micro_batches"] == 4
+    assert job["phases"]["eval"] == pytest.approx(truth["eval_seconds"],
+                                                  rel=EVAL_TOLERANCE, abs=0.3)
+    (a,) = [a for a in report["advice"] if a["id"] == "speed-up-evaluation"]
+    assert "TrainingArguments(per_device_eval_batch_size=4 → " in a["action"]
+    assert "TrainingArguments(eval_steps=6 → " in a["action"]
+    assert not [a for a in report["advice"] if "Scale the learning rate" in a["action"]]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_tf32_through_the_new_api_keeps_the_hook_measuring(tmp_path: Path, when: str) -> None:
+    """transformers 5 sets TF32 through torch's fp32_precision API; from then on torch's
+    legacy getters raise. The hook reads the new API: no fact lost, every step reported,
+    before or after it attached ("before": the script attaches explicitly)."""
+    if when == "before":
+        rec, sock = tmp_path / "rec.jsonl", tmp_path / "hook.sock"
+        cfg = tmp_path / "gpuwatch.yaml"
+        cfg.write_text(f"hook_socket: {sock}\n")
+        daemon = subprocess.Popen([*RUN, "--config.file", str(cfg), "--record", str(rec)],
+                                  env=clean_env(), cwd=REPO, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not sock.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            truth = tmp_path / "truth.json"
+            run = subprocess.run([sys.executable, str(SCRIPTS / "hf_trainer.py"), "--steps",
+                                  "8", "--eval-every", "100", "--tf32-new-api", "before",
+                                  "--out", str(truth)],
+                                 env=clean_env(GPUWATCH_SOCKET=str(sock), TMPDIR=str(tmp_path)),
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0, run.stderr[-3000:]
+            time.sleep(1.5)  # the exit report, then the recorder's 2 s reorder hold
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+    else:
+        rec, _ = record(tmp_path, "hf_trainer", "--steps", "8", "--eval-every", "100",
+                        "--tf32-new-api", "after")
+    assert not lines(rec, "hook_problem")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == 8
+    cfg = last_config(rec)
+    assert cfg["tf32"] is True and cfg["float32_matmul_precision"] == "high"
+
+
+def test_accelerate_accumulate_is_micro_batches_not_a_larger_batch(tmp_path: Path) -> None:
+    rec, truth = record(tmp_path, "accelerate_accum", "--micro", "4", "--accum", "16",
+                        "--steps", "12")
+    steps = lines(rec, "step")
+    assert len(steps) == truth["steps"] == 12
+    assert {s["micro_batches"] for s in steps} == {16}
+    # what each optimizer step took in: 16 x 4 (Accelerate's loader fetches one batch
+    # ahead, so the first step holds 17 of them and the last 15)
+    sizes = sorted(s["batch_size"] for s in steps)
+    assert sizes[len(sizes) // 2] == 64 and 12 * 64 <= sum(sizes) <= 12 * 64 + 4
+    cfg = last_config(rec)
+    assert cfg["framework"] == "accelerate" and cfg["fw_grad_accum"] == 16
+    assert cfg["batch_size"] == 4
+    (job,) = advise(rec)["jobs"]
+    assert job["micro_batches"] == 16 and job["framework"] == "accelerate"
+
+
+def test_lightning_validation_is_a_phase(tmp_path: Path) -> None:
+    rec, truth = record(tmp_path, "lightning_val", "--steps", "40", "--val-every", "10",
+                        "--val-samples", "512", "--val-batch", "8")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == 40
+    final = lines(rec, "phase")[-1]["seconds"]
+    print(f"hook: {final}, script's validations: {truth['eval_seconds']:.2f} s")
+    assert final["eval"] == pytest.approx(truth["eval_seconds"], rel=EVAL_TOLERANCE, abs=0.3)
+    cfg = last_config(rec)
+    assert cfg["framework"] == "lightning" and cfg["fw_eval_every"] == 10
+    assert cfg["fw_eval_batch_size"] == 8 and cfg["fw_precision"] == "32-true"
+    phase = lines(rec, "phase")[-1]
+    assert phase["eval_batch_size"] == 8 and phase["eval_batches"] >= 4 * 64
+
+
+def test_generate_under_no_grad_is_an_inference_process(tmp_path: Path) -> None:
+    rec, truth = record(tmp_path, "generate", "--seconds", "30")
+    assert not lines(rec, "step") and not lines(rec, "steps")
+    phase = lines(rec, "phase")[-1]
+    assert phase["phase"] == "inference"
+    assert phase["generate_calls"] == truth["generate_calls"] > 0
+    assert phase["inference_batch_size"] == 1
+    assert phase["seconds"]["inference"] >= 15
+    report = advise(rec)
+    (job,) = report["jobs"]
+    assert job["phase"] == "inference" and job["time_share"] is None
+    assert report["hook"]["phases"] is True
+    assert not any("No data from the torch hook" in n for n in report["notes"])
+    assert all("learning rate" not in a["action"] for a in report["advice"])
+    (a,) = [a for a in report["advice"] if a["id"] == "batch-inference-requests"]
+    assert "generate()" in a["action"]
+
+
+def test_the_scripts_run_without_gpuwatch(tmp_path: Path) -> None:
+    """The same scripts, with no gpuwatch anywhere, train the same number of steps (the
+    hook changes nothing of the job)."""
+    truth = tmp_path / "t.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWATCH", "PYTHONPATH"))}
+    run = subprocess.run([sys.executable, str(SCRIPTS / "accelerate_accum.py"), "--steps", "3",
+                          "--out", str(truth)], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(truth.read_text())["steps"] == 3
