@@ -78,7 +78,7 @@ for step in range(a.steps):
         eval_t0 = time.perf_counter()
         model.eval()
         with torch.no_grad():
-            for x, y in val:
+            for x, _y in val:
                 run(x)
                 time.sleep(a.eval_ms / 1000)
         model.train()
