@@ -142,7 +142,7 @@ def micro_costs(calls: int, sock: str) -> dict[str, float]:
         update_us = (time.perf_counter() - t0) / calls * 1e6
 
         class It:
-            _gpuwatch = [16, {}, None, 0.0]
+            _gpuwatch = [16, {}, None, 0.0, 1, True]
 
         def raw(_self: Any) -> int:
             return 1

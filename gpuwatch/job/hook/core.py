@@ -91,10 +91,6 @@ EVAL_MODULE_SHARE = 0.5
 # generate() this often) and kept at it this long without a single backward()
 INFER_BATCHES = 3
 INFER_AFTER = 10.0  # seconds, compiling left out
-# loader roles (the DataLoader whose batches precede backward() trains; any other one, once
-# training has begun, evaluates)
-_TRAIN_LOADER = 1
-_OTHER_LOADER = 2
 
 _perf = time.perf_counter
 # what a forked child inherited from its parent's hook: kept alive for good (after_fork)
@@ -192,10 +188,10 @@ class _Hook:
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.phase_stack: list[str] = []
         self.iter_excl = 0.0  # seconds of evaluation, checkpoints, compiling in this iteration
-        # loaders by id(): _TRAIN_LOADER once a backward() followed one of its batches
-        self.loader_roles: dict[int, int] = {}
-        self.train_loader: int | None = None
-        self.last_loader: int | None = None  # the loader of the last batch fetched
+        # the DataLoaders (by id) whose batches a backward() followed: they train; any
+        # other one, once training began, evaluates
+        self.train_loaders: set[int] = set()
+        self.last_info: list[Any] | None = None  # the iterator of the last batch fetched
         self.backward_seen = False
         self.opt_params = 0  # parameter tensors of the optimizer that clocks iterations
         self.eval_batches = 0  # batches of other loaders once training began
@@ -991,10 +987,11 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
             t1 = _perf()
             try:
                 info = self.__dict__.get("_gpuwatch")
-                key = info[4] if info is not None else None
-                h.last_loader = key
-                if h.n and h.loader_roles.get(key) is not _TRAIN_LOADER:
-                    h.other_batch(info if got else None, t0, t1)  # evaluation
+                h.last_info = info
+                # once training began, a loader whose batches no backward() followed
+                # evaluates (info[5]: True once one did)
+                if h.n and info is not None and info[5] is not True:
+                    h.other_batch(info if got else None, t0, t1)
                 else:
                     if h.phase is EVAL:
                         h.switch(TRAIN, t0)  # the training loader again: evaluation is over
@@ -1038,7 +1035,7 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
                 "persistent_workers": bool(loader.persistent_workers),
                 "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
                 "batch_size": batch if isinstance(batch, int) else None,
-            }, init, t0, id(loader)]
+            }, init, t0, id(loader), id(loader) in h.train_loaders or None]
             # starting the workers is waiting for data too: the cost that persistent
             # workers save at each epoch
             h.wait += init
@@ -1068,9 +1065,10 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             h.backward_seen = True
             if h.phase is EVAL:
                 h.switch(TRAIN, _perf())
-            key = h.last_loader
-            if h.loader_roles.get(key) is not _TRAIN_LOADER:
-                h.loader_roles[key] = _TRAIN_LOADER  # its batches are what trains
+            info = h.last_info
+            if info is not None and info[5] is not True:
+                info[5] = True  # its batches are what trains (and its loader's next ones)
+                h.train_loaders.add(info[4])
         h.depth += 1
         try:
             result = orig(*args, **kwargs)

@@ -25,6 +25,7 @@ p.add_argument("--accum", type=int, default=16)
 p.add_argument("--steps", type=int, default=12)
 p.add_argument("--width", type=int, default=256)
 p.add_argument("--cpu-ms", type=float, default=0.0, help="host work per micro-batch")
+p.add_argument("--seconds", type=float, default=None, help="stop after this long")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -41,6 +42,7 @@ ds = torch.utils.data.TensorDataset(torch.randn(n, 64), torch.randn(n, 1))
 loader = torch.utils.data.DataLoader(ds, batch_size=a.micro, shuffle=True)
 model, opt, loader = accelerator.prepare(model, opt, loader)
 steps = 0
+began = time.time()
 for x, y in loader:
     with accelerator.accumulate(model):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -51,5 +53,7 @@ for x, y in loader:
         opt.zero_grad()
         if accelerator.sync_gradients:
             steps += 1
+            if a.seconds is not None and time.time() - began > a.seconds:
+                break
 truth.write(steps=steps, micro_batches=a.accum, micro_batch=a.micro)
 print("trained", steps, "optimizer steps", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,9 +30,12 @@ p.add_argument("--layers", type=int, default=2)
 p.add_argument("--seq", type=int, default=32)
 p.add_argument("--tf32-new-api", choices=["before", "after"], default=None)
 p.add_argument("--bf16", action="store_true")
+p.add_argument("--tf32-arg", action="store_true", help="TrainingArguments(tf32=True)")
 p.add_argument("--compile", action="store_true")
 p.add_argument("--grad-ckpt", action="store_true")
 p.add_argument("--workers", type=int, default=0)
+p.add_argument("--seconds", type=float, default=None,
+               help="stop training after this long (the Trainer stops at a step's end)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -74,6 +78,8 @@ class Tokens(torch.utils.data.Dataset):
 class Clock(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
         truth.data["steps"] = state.global_step
+        if a.seconds is not None and time.time() - truth.t0 > a.seconds:
+            control.should_training_stop = True
         truth.eval_begins()  # an evaluation, if one comes, starts right after a step
 
     def on_evaluate(self, args, state, control, **kw):  # noqa: ANN001
@@ -94,6 +100,7 @@ args = TrainingArguments(
     eval_strategy="steps", eval_steps=a.eval_every, logging_steps=1000, save_strategy="no",
     report_to=[], learning_rate=1e-4, dataloader_num_workers=a.workers,
     use_cpu=not torch.cuda.is_available(), bf16=a.bf16, torch_compile=a.compile,
+    tf32=True if a.tf32_arg else None,
     gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0)
 trainer = Trainer(model=model, args=args, train_dataset=Tokens(a.steps * a.batch * a.accum),
                   eval_dataset=Tokens(a.eval_samples), callbacks=[Clock()])

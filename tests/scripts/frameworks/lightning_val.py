@@ -29,6 +29,10 @@ p.add_argument("--devices", type=int, default=1)
 p.add_argument("--precision", default="32-true")
 p.add_argument("--accum", type=int, default=1)
 p.add_argument("--val-ms", type=float, default=0.0, help="extra work per validation batch")
+p.add_argument("--warm-seconds", type=float, default=0.0,
+               help="each loader worker spins the CPU this long before its first sample "
+                    "(a dataset that builds an index or decodes a cache at start)")
+p.add_argument("--seconds", type=float, default=None, help="stop training after this long")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -69,17 +73,33 @@ class Clock(pl.Callback):
         truth.data["steps"] = trainer.global_step
 
 
-def data(n: int, seed: int) -> torch.utils.data.TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    return torch.utils.data.TensorDataset(torch.randn(n, 64, generator=g),
-                                          torch.randn(n, 1, generator=g))
+class Data(torch.utils.data.Dataset):
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x, self.y = torch.randn(n, 64, generator=g), torch.randn(n, 1, generator=g)
+        self.ready_at: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        if a.warm_seconds and self.ready_at is None:
+            self.ready_at = time.monotonic() + a.warm_seconds
+            while time.monotonic() < self.ready_at:
+                pass  # busy: the worker pegs its core, the GPU waits
+        return self.x[i], self.y[i]
+
+
+def data(n: int, seed: int) -> Data:
+    return Data(n, seed)
 
 
 train = torch.utils.data.DataLoader(data(a.steps * a.batch * a.accum, 1), batch_size=a.batch,
                                     num_workers=a.workers, persistent_workers=a.workers > 0)
 val = torch.utils.data.DataLoader(data(a.val_samples, 2), batch_size=a.val_batch,
                                   num_workers=a.workers, persistent_workers=a.workers > 0)
-trainer = pl.Trainer(max_steps=a.steps, val_check_interval=a.val_every * a.accum,
+trainer = pl.Trainer(max_steps=a.steps,
+                     max_time=None if a.seconds is None else {"seconds": a.seconds}, val_check_interval=a.val_every * a.accum,
                      check_val_every_n_epoch=None, accumulate_grad_batches=a.accum,
                      accelerator="gpu" if torch.cuda.is_available() else "cpu",
                      devices=a.devices, precision=a.precision, logger=False,

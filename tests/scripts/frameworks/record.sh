@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Makes the tests/data/fw_*.jsonl recordings on a GPU machine (from the repo root, with
+# gpuwatch installed): each framework run under `gpuwatch run --record`, at the default
+# 1 s interval, its own truth (a TrainerCallback, a Lightning Callback, the loop's clock)
+# beside it. Usage: record.sh OUTDIR [all|'NAME NAME...']
+set -u
+out=${1:?OUTDIR}; what=${2:-all}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
+rec() {  # name, seconds allowed, then the command
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  (cd "$here" && timeout "$limit" python3 -m gpuwatch run --quiet \
+      --web.listen-address 127.0.0.1:0 --record "$out/fw_$name.jsonl" -- "$@" \
+      --out "$out/fw_$name.truth.json") >"$out/fw_$name.log" 2>&1
+  echo "$name: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/fw_$name.jsonl") lines"
+}
+want() { [ "$what" = all ] || [[ " $what " == *" $1 "* ]]; }
+bert="--hidden 768 --layers 12 --seq 128"
+# 1. the Trainer evaluating every 20 steps at per_device_eval_batch_size=8: ~70 % of the time
+want hf_eval_heavy && rec hf_eval_heavy 150 python3 hf_trainer.py $bert --steps 100000 --seconds 60 \
+  --batch 32 --accum 1 --eval-every 20 --eval-batch 8 --eval-samples 2048 --workers 2
+# 2. TrainingArguments(tf32=True, bf16=True, torch_compile=True): the hook stays up
+want hf_compile_tf32 && rec hf_compile_tf32 200 python3 hf_trainer.py $bert --steps 100000 --seconds 100 \
+  --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --tf32-arg --compile \
+  --workers 2
+# 3. BERT-base in fp32 at batch 8, host-bound (issue: util 60 %, SM 47 %, 4 % of memory)
+want hf_bert_b8 && rec hf_bert_b8 150 python3 hf_trainer.py $bert --steps 100000 --seconds 55 --batch 8 \
+  --accum 1 --eval-every 100000 --eval-samples 64 --workers 2
+# 4. gradient checkpointing left on with memory to spare
+want hf_grad_ckpt && rec hf_grad_ckpt 150 python3 hf_trainer.py $bert --steps 100000 --seconds 50 --batch 32 \
+  --accum 1 --eval-every 100000 --eval-samples 64 --grad-ckpt --bf16 --workers 2
+# 5. Accelerate: micro-batch 4, 16 accumulation steps
+want accelerate_accum && rec accelerate_accum 150 python3 accelerate_accum.py --micro 4 \
+  --accum 16 --steps 100000 --seconds 50 --width 4096
+# 6. inference only: generate() at batch 1 under no_grad
+want generate && rec generate 120 python3 generate.py --seconds 45 --width 768 --new-tokens 32
+# 7. timm ResNet-50 in fp16 with a GradScaler on a GPU that has bf16
+want timm_fp16 && rec timm_fp16 150 python3 timm_fp16.py --seconds 45
+# 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
+if want lightning_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec lightning_ddp 200 python3 lightning_val.py --devices "$n" --steps 100000 --seconds 60 --batch 256 \
+    --val-every 250 --val-batch 64 --val-samples 16384 --width 2048 --workers 6 \
+    --warm-seconds 20 --precision bf16-mixed
+fi
