@@ -207,7 +207,9 @@ def test_an_underused_training_gpu_is_never_called_fine(tmp_path):
 def test_the_biggest_slice_leads_with_the_built_in_rules(tmp_path):
     """Issue #9's example: a 2-GPU job with 1.2 ms steps, 12 % data wait and 88 % host
     overhead (main processes pegged, GPUs 10 % SM active). 'Add one DataLoader worker'
-    wins back a tenth of the time at best and must not come first."""
+    once came in with the host advice; its one worker is 10 % busy, so the wait is the main
+    process's own per-batch cost, which more workers do not cut: it is not said at all now,
+    and the host slice's advice comes first."""
     import synthetic as syn
 
     steps = {g: syn.steady_steps(30.0, 0.0012, 0.000144) for g in (0, 1)}
@@ -228,11 +230,11 @@ def test_the_biggest_slice_leads_with_the_built_in_rules(tmp_path):
     path = run.write(tmp_path / "host_bound_ddp.jsonl")
     rep = json.loads(advise(path, "json"))
     order = [a["id"] for a in rep["advice"]]
-    assert "add-dataloader-workers" in order and order[0] != "add-dataloader-workers", order
+    assert "add-dataloader-workers" not in order, order
     gains = [a.get("expected_gain") or 1.0 for a in rep["advice"]]
     assert gains == sorted(gains, reverse=True)  # no critical item here: by time won back
     first = rep["advice"][0]
-    assert first["expected_gain"] > 3 and "host" in first["message"]
+    assert first["expected_gain"] > 3 and "main process" in first["message"]
 
 
 @pytest.mark.parametrize("name", ["gpu_starved_cnn", "h200_input_bound_w2"])

@@ -427,7 +427,8 @@ class Frame:
         if rank is not None:
             subj.job_rank = int(rank)
         subj.job_last = self.idx
-        if subj.job_warm is None and self.idx is not None:
+        first_step = subj.job_warm is None and self.idx is not None
+        if first_step:
             self._hook_starts(subj)
         t_end = get("t")
         subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
@@ -442,6 +443,11 @@ class Frame:
         ss = get("step_seconds")
         dw = get("data_wait_seconds")
         self._span_begins(subj, t_end - float(ss or 0.0) * count)
+        if first_step and count == 1:
+            # the first iteration carries its one-off start (CUDA init, cuDNN autotuning,
+            # compiling, DataLoader workers warming up): its time and wait are no
+            # training's, and the windows after it must not read them
+            ss = dw = None
         if ss is not None:
             # a line standing for ``count`` steps weighs as many: the sums of step time and
             # data wait (the attribution's) stay right, the means stay means

@@ -117,6 +117,9 @@ def knob(name: str, framework: str | None, old: Any, new: Any) -> str | None:
     forms = KNOBS.get(name)
     if forms is None or new is None:
         return None
+    if name == "grad_accum" and new == 1:  # accumulation gone: say so in plain words
+        forms = dict(forms, **{TORCH: "no gradient accumulation (one backward() per "
+                                      "optimizer.step())"})
     torch_form = _fill(forms[TORCH], old, new)
     own = forms.get(framework) if framework in FRAMEWORKS else None
     if own is None:

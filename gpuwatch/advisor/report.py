@@ -431,7 +431,7 @@ def evidence_value(name: str, v: Any) -> str:
     unit = evidence_unit(name)
     if name.endswith("_r2"):  # a fit's R²: a plain number 0-1, not a share of anything
         return f"{v:.3f}"
-    if name.endswith(("_gain", "speedup")):  # a factor of speed
+    if name.endswith(("_gain", "speedup")) or unit == "times":  # a factor
         return f"{v:.2g}x" if v < 10 else f"{v:.0f}x"
     if unit == "ratio":
         return percent(v, fine_top="mem" in name)

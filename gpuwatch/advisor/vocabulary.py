@@ -146,7 +146,7 @@ def _defs() -> dict[str, SignalDef]:
          "gradient accumulation the job runs (1: none)"), False),
         ("micro_batch_size", "job", "samples", "last", ("samples per backward(): batch_size / "
          "micro_batches (the DataLoader's batch with gradient accumulation)"), True),
-        ("batch_room", "job", "ratio", "last", ("how many times the micro-batch fits in memory "
+        ("batch_room", "job", "times", "last", ("how many times the micro-batch fits in memory "
          "now (1 + mem_headroom_bytes / the micro-batch's activations): the one measure of "
          "room that batch advice reads"), True),
         # phases (the hook's `phase` lines): each a share of wall time per bucket, so a

@@ -87,9 +87,12 @@ PHASES = (STARTUP, COMPILE, TRAIN, EVAL, CHECKPOINT, INFERENCE)
 # the parameter tensors the optimizer trains (a frozen BatchNorm's eval() in every step is
 # not an evaluation)
 EVAL_MODULE_SHARE = 0.5
-# a process is an inference process once it has fetched this many batches (or called
-# generate() this often) and kept at it this long without a single backward()
-INFER_BATCHES = 3
+# a process is an inference process once it has fetched this many batches, or called
+# generate() this often, and kept at it this long, without a single backward(): more
+# batches than any training step fetches before its first backward() (accumulation
+# prefetched, a sanity check's validation batches, workers slow to start)
+INFER_BATCHES = 64
+INFER_GENERATE_CALLS = 3
 INFER_AFTER = 10.0  # seconds, compiling left out
 
 _perf = time.perf_counter
@@ -323,7 +326,8 @@ class _Hook:
         if batch:
             self.infer_samples += batch
             self.infer_batch_size = batch
-        if self.phase is STARTUP and self.infer_batches >= INFER_BATCHES:
+        if self.phase is STARTUP and (self.infer_batches >= INFER_BATCHES
+                                      or self.generate_calls >= INFER_GENERATE_CALLS):
             busy = now - self.infer_t0 - (self.phase_seconds[COMPILE] - self.infer_compile0)
             if busy >= INFER_AFTER:
                 # since its first batch it has been serving: that time is inference
