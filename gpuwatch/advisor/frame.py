@@ -589,6 +589,13 @@ class Frame:
         if "autocast_dtype" in values:
             dtype = values.get("autocast_dtype")
             subj.config["autocast"] = 1.0 if str(dtype).lower() in _AUTOCAST_ON else 0.0
+        # autocast entered inside a torch.compile'd forward is traced, never run: the hook
+        # cannot see it there; the framework's own precision setting says it is on
+        fw = str(values.get("fw_precision") or "").lower()
+        if subj.config.get("autocast") != 1.0 and ("bf16" in fw or "fp16" in fw
+                                                    or fw.startswith("16")):
+            subj.config["autocast"] = 1.0
+            subj.config["autocast_dtype"] = "bfloat16" if "bf16" in fw else "float16"
         if "batch_size" in values and values["batch_size"] is not None:
             subj.config["batch_size"] = float(values["batch_size"])
 

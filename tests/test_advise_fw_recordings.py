@@ -1,0 +1,182 @@
+"""Real recordings of framework runs on H100s (tests/data/fw_*.jsonl, made by
+tests/scripts/frameworks/record.sh around the scripts beside it, with transformers 5.17,
+Accelerate 1.15, Lightning 2.6.6 and timm on torch 2.11), judged by `gpuwatch advise
+--replay`: the advice each must and must not get, in the framework's own words, and what
+the hook measured against each script's own clock (fw_NAME.truth.json: a TrainerCallback,
+a Lightning Callback, the loop's counters). The same recordings without the hook's lines
+must not get advice the data cannot support."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_advise_support import DATA, advise_json, ids
+
+WARNING_ONSET = 20.0
+EVAL_TOLERANCE = 0.15  # the hook's evaluation time against the callback's, relative
+LR = "Scale the learning rate"
+STARTUP_RULES = {"long-compile"}  # about start-up itself: said before the first step
+
+# name: (must get, must not get)
+EXPECTED: dict[str, tuple[set[str], set[str]]] = {
+    "hf_eval_heavy": ({"speed-up-evaluation"}, {"raise-batch-size"}),
+    "hf_compile_tf32": ({"long-compile"}, {"enable-mixed-precision"}),
+    "hf_bert_b8": ({"raise-batch-size"}, {"reduce-launch-overhead"}),
+    "hf_grad_ckpt": ({"disable-gradient-checkpointing"}, {"enable-gradient-checkpointing"}),
+    "accelerate_accum": ({"reduce-gradient-accumulation"}, {"raise-batch-size"}),
+    "generate": ({"batch-inference-requests"}, {"raise-batch-size", "gpu-underused",
+                                                 "reduce-launch-overhead"}),
+    "timm_fp16": ({"use-bf16-not-fp16"}, {"enable-mixed-precision"}),
+    "lightning_ddp": (set(), {"add-dataloader-workers", "straggler-rank"}),
+}
+
+
+def path_of(name: str) -> Path:
+    return DATA / f"fw_{name}.jsonl"
+
+
+def truth(name: str) -> dict:
+    return json.loads((DATA / f"fw_{name}.truth.json").read_text())
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def first_step_end(path: Path) -> dict[int | None, float]:
+    """Each GPU's first step's end: where training (and judging it) begins."""
+    out: dict[int | None, float] = {}
+    for d in lines(path):
+        if d.get("kind") in ("step", "steps") and d.get("gpu") not in out:
+            out[d.get("gpu")] = d["t"]
+    return out
+
+
+def action(report: dict, rule: str) -> str:
+    got = [a["action"] for a in report["advice"] if a["id"] == rule]
+    assert got, (rule, [a["id"] for a in report["advice"]])
+    return got[0]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_gets_its_advice_and_not_the_wrong_one(name):
+    path = path_of(name)
+    report = advise_json(path)
+    must, must_not = EXPECTED[name]
+    got = ids(report)
+    assert must <= got, (must, got)
+    assert not must_not & got, (must_not, got)
+    starts = first_step_end(path)
+    for a in report["advice"]:
+        first = starts.get(a["gpu"], min(starts.values(), default=None))
+        if first is None or a["id"] in STARTUP_RULES:
+            continue
+        # nothing judges the time before the first step as training
+        assert a["since"] >= first, (a["id"], a["since"] - first)
+        if a["id"] in must and a["severity"] == "warning":
+            assert a["since"] - first <= WARNING_ONSET + 1, (a["id"], a["since"] - first)
+    assert not report["hook"]["problems"]
+
+
+def test_the_trainer_evaluating_most_of_the_time_is_told_so_in_its_words():
+    name = "hf_eval_heavy"
+    report = advise_json(path_of(name))
+    t = truth(name)
+    (job,) = report["jobs"]
+    assert job["framework"] == "transformers"
+    assert job["phases"]["eval"] == pytest.approx(t["eval_seconds"], rel=EVAL_TOLERANCE)
+    text = action(report, "speed-up-evaluation")
+    assert "TrainingArguments(per_device_eval_batch_size=8 → " in text
+    assert "TrainingArguments(eval_steps=20 → " in text
+    assert all(LR not in a["action"] for a in report["advice"])
+    # the training steps hold no evaluation: their time is the training's alone
+    assert job["steps"] == t["steps"]
+
+
+def test_tf32_and_compile_through_the_trainer_keep_the_hook_measuring():
+    """TrainingArguments(tf32=True, bf16=True, torch_compile=True): the hook once went dark
+    here (torch's legacy TF32 getters raise once transformers set the new API); every
+    step is counted, TF32 is read, the compilation is named, bf16 is known."""
+    name = "hf_compile_tf32"
+    path = path_of(name)
+    report = advise_json(path)
+    t = truth(name)
+    (job,) = report["jobs"]
+    assert job["steps"] == t["steps"]
+    assert job["phases"]["compile"] > 5
+    configs = [d for d in lines(path) if d.get("kind") == "config" and d.get("in_training")]
+    assert configs and configs[-1]["tf32"] is True and configs[-1]["fw_precision"] == "bf16"
+    assert not [d for d in lines(path) if d.get("kind") == "hook_problem"]
+    assert [e["exit_reason"] for e in report["job_ends"]] == ["exited"]
+
+
+def test_host_bound_bert_gets_the_larger_batch_in_the_trainers_words():
+    report = advise_json(path_of("hf_bert_b8"))
+    text = action(report, "raise-batch-size")
+    assert text.startswith("Raise the batch size: TrainingArguments("
+                           "per_device_train_batch_size=8 → ")
+    for a in report["advice"]:
+        assert "no room" not in a["message"]
+
+
+def test_accumulation_lowers_in_accelerates_words_at_the_same_effective_batch():
+    name = "accelerate_accum"
+    report = advise_json(path_of(name))
+    t = truth(name)
+    (job,) = report["jobs"]
+    assert job["micro_batches"] == t["micro_batches"] == 16
+    assert job["framework"] == "accelerate" and job["steps"] == t["steps"]
+    text = action(report, "reduce-gradient-accumulation")
+    assert "Accelerator(gradient_accumulation_steps=16 → " in text
+    assert "DataLoader(batch_size=4 → " in text and "effective batch of 64" in text
+    assert all(LR not in a["action"] for a in report["advice"])
+
+
+def test_a_generate_loop_is_named_an_inference_process():
+    name = "generate"
+    report = advise_json(path_of(name))
+    (job,) = report["jobs"]
+    assert job["phase"] == "inference" and job["time_share"] is None
+    assert job["inference"]["generate_calls"] == truth(name)["generate_calls"]
+    assert all("learning rate" not in a["action"] for a in report["advice"])
+    assert not any("No data from the torch hook" in n for n in report["notes"])
+
+
+def test_lightning_ddp_validation_and_start_up():
+    name = "lightning_ddp"
+    report = advise_json(path_of(name))
+    t = truth(name)
+    jobs = {j["rank"]: j for j in report["jobs"]}
+    assert set(jobs) == {0, 1}
+    for j in jobs.values():
+        assert j["framework"] == "lightning"
+        assert j["phases"]["eval"] == pytest.approx(t["eval_seconds"], rel=EVAL_TOLERANCE)
+        assert j["phases"]["startup"] > 20  # the workers' 20 s of warming up, then some
+        assert j["steps"] == t["steps"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_without_the_hook_nothing_is_said_the_data_cannot_support(tmp_path, name):
+    """The same runs as the daemon alone saw them (no step, config, phase or hook_problem
+    lines): no framework knob, no accumulation or evaluation advice (only the hook sees
+    those), no learning rate for an inference process, nothing before the GPU worked."""
+    hook = ("step", "steps", "config", "phase", "hook_problem", "job_end")
+    kept = [d for d in lines(path_of(name)) if d.get("kind") not in hook]
+    path = tmp_path / f"{name}.nohook.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in kept))
+    report = advise_json(path)
+    got = ids(report)
+    assert not got & {"speed-up-evaluation", "reduce-gradient-accumulation",
+                      "batch-inference-requests", "long-compile", "use-bf16-not-fp16",
+                      "disable-gradient-checkpointing"}
+    for a in report["advice"]:
+        assert "TrainingArguments" not in a["action"] and "Accelerator(" not in a["action"]
+    first_work = {}
+    for d in kept:
+        if d.get("kind") == "gpu" and (d.get("util") or 0) >= 0.01 and d.get("processes"):
+            first_work.setdefault(d["gpu"], d["t"])
+    for a in report["advice"]:
+        if a["gpu"] in first_work and a["severity"] == "warning":
+            assert a["since"] >= first_work[a["gpu"]], (a["id"], a["gpu"])
