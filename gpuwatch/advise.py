@@ -14,6 +14,7 @@ import argparse
 import importlib.resources
 import json
 import sys
+import urllib.parse
 from typing import Any
 
 from gpuwatch.errors import UserError
@@ -49,6 +50,9 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                          or getattr(args, "demo", False) else
                          "the daemon judges over its own live history")
                 raise UserError(f"{flag} applies to --prometheus only ({other})")
+    for flag, given in (("--url", getattr(args, "url", None)), ("--prometheus", prometheus)):
+        if given is not None:
+            _check_url(flag, given)
     if getattr(args, "replay", None) or getattr(args, "demo", False):
         ruleset = _ruleset(args)
         tally = report.RunTally()
@@ -85,12 +89,20 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         rep["ranks"] = fleet_ranks(rep["hosts"])
         return rep
     url = getattr(args, "url", None) or DEFAULT_URL
-    if getattr(args, "rules_dir", None):
-        raise UserError("--rules-dir does not apply to --url: the daemon judges with its "
-                        "own rules (set rules_dirs in its configuration)")
+    for flag, given in (("--rules-dir", getattr(args, "rules_dir", None)),
+                        ("--config.file", getattr(args, "config_file", None))):
+        if given:
+            raise UserError(f"{flag} does not apply to --url: the daemon judges with its "
+                            "own rules (set rules_dirs in its configuration)")
     got = sources.fetch_daemon_report(url)
     got.setdefault("source", {})["url"] = url
     return got
+
+
+def _check_url(flag: str, url: str) -> None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UserError(f"{flag}: bad URL {url!r}: expected http://HOST:PORT or https://HOST:PORT")
 
 
 # -- the fleet report (--prometheus) --------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuwatch.errors import UserError
+from gpuwatch.errors import UserError, file_error
 from gpuwatch.samples import Sample
 from gpuwatch.serve import sdnotify
 from gpuwatch.serve.config import Config, config_from_args
@@ -333,8 +333,11 @@ def main(args: argparse.Namespace) -> int:
             raise UserError("--demo and --replay both given: choose one")
         with demo_recording() as path:
             return _serve(config, path, "the bundled demo recording")
-    if replay is not None and not os.path.isfile(replay):
-        raise UserError(f"cannot replay {replay}: no such file")
+    if replay is not None:
+        try:  # before the port is bound; worded as `advise --replay` words it
+            open(replay, "rb").close()
+        except OSError as err:
+            raise file_error("read", "trace", replay, err) from err
     return _serve(config, replay, replay)
 
 

@@ -23,7 +23,7 @@ import yaml
 from gpuwatch.advisor import expr
 from gpuwatch.advisor.facts import cc_number
 from gpuwatch.advisor.vocabulary import VOCABULARY
-from gpuwatch.errors import FileFormatError, UserError
+from gpuwatch.errors import FileFormatError, UserError, file_error
 
 SEVERITIES = ("info", "warning", "critical")
 SCOPES = ("gpu", "host")
@@ -688,7 +688,7 @@ def _dir_files(directory: str) -> list[tuple[str, str]]:
                 with open(path, encoding="utf-8") as f:
                     out.append((path, f.read()))
             except OSError as err:
-                raise UserError(f"cannot read rule file {path}: {err.strerror or err}") from err
+                raise file_error("read", "rule file", path, err) from err
             except UnicodeDecodeError as err:
                 raise FileFormatError(path, [(None, f"not UTF-8 text ({err.reason})")]) from err
     return out
