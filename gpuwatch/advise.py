@@ -210,18 +210,20 @@ def _by_stall(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _ranks_text(block: dict[str, Any] | None) -> list[str]:
+    from gpuwatch.advisor.report import duration, percent
+
     if not block:
         return []
     lines = [f"Ranks across hosts ({len(block['ranks'])}):"]
     for r in block["ranks"]:
-        own = f", own {r['own_seconds'] * 1000:.0f} ms" if r.get("own_seconds") else ""
+        own = f", own {duration(r['own_seconds'])}" if r.get("own_seconds") else ""
         score = f", score {r['rank_score']:.2f}" if r.get("rank_score") is not None else ""
-        wait = (f", data wait {r['data_wait_ratio']:.0%}"
+        wait = (f", data wait {percent(r['data_wait_ratio'])}"
                 if r.get("data_wait_ratio") is not None else "")
-        stall = (f", lost on its own {r['stall_ratio']:.0%}"
+        stall = (f", lost on its own {percent(r['stall_ratio'])}"
                  if r.get("stall_ratio") is not None and r.get("time_share") else "")
         lines.append(f"  rank {r['rank']} on {r['instance']} GPU {r['gpu']}: step "
-                     f"{r['step_seconds'] * 1000:.0f} ms{own}{wait}{stall}{score}")
+                     f"{duration(r['step_seconds'])}{own}{wait}{stall}{score}")
     s = block.get("straggler")
     if s:
         if s.get("rank_score") is not None:
@@ -229,8 +231,8 @@ def _ranks_text(block: dict[str, Any] | None) -> list[str]:
                    f"at the other ranks' median pace the job would go "
                    f"{s['speedup_at_median_pace']:.2f}x faster")
         else:
-            why = (f"it loses {s['stall_ratio']:.0%} of each step on its own (the others' "
-                   f"median: {s['others_stall_ratio']:.0%}), and the other ranks wait for it "
+            why = (f"it loses {percent(s['stall_ratio'])} of each step on its own (the "
+                   f"others' median: {percent(s['others_stall_ratio'])}), and the other ranks wait for it "
                    "in the collectives")
         lines.append(f"  Straggler: rank {s['rank']} on {s['instance']} (GPU {s['gpu']}): "
                      f"{why}. Look at that host's advice and its input pipeline.")
@@ -240,6 +242,8 @@ def _ranks_text(block: dict[str, Any] | None) -> list[str]:
 
 
 def _job_text(j: dict[str, Any]) -> str:
+    from gpuwatch.advisor.report import duration, percent
+
     parts = [f"pid {j['pid']}" if j.get("pid") is not None else "a job"]
     if j.get("rank") is not None:
         parts.append(f"rank {j['rank']}")
@@ -247,13 +251,13 @@ def _job_text(j: dict[str, Any]) -> str:
         parts.append(f"GPU {j['gpu']}")
     facts = []
     if j.get("step_seconds") is not None:
-        facts.append(f"step {j['step_seconds'] * 1000:.0f} ms")
+        facts.append(f"step {duration(j['step_seconds'])}")
     if j.get("data_wait_ratio") is not None:
-        facts.append(f"data wait {j['data_wait_ratio']:.0%}")
+        facts.append(f"data wait {percent(j['data_wait_ratio'])}")
     if j.get("samples_per_second") is not None:
         facts.append(f"{j['samples_per_second']:.0f} samples/s")
     if j.get("time_share"):
-        facts.append("time: " + ", ".join(f"{k} {v:.0%}" for k, v in
+        facts.append("time: " + ", ".join(f"{k} {percent(v)}" for k, v in
                                           sorted(j["time_share"].items(), key=lambda kv: -kv[1])))
     return " ".join(parts) + (f" ({'; '.join(facts)})" if facts else "")
 

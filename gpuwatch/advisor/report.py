@@ -368,12 +368,11 @@ def _num(v: float, digits: int = 3) -> str:
 
 def percent(v: float, fine_top: bool = False) -> str:
     """Whole percent, but a tenth below 10 % (0.4 % is not 0 %) and, with ``fine_top``
-    (how full memory is), from 90 % up (97.5 % vs 99.9 % full is the point)."""
-    p = v * 100.0
-    top = 90 if fine_top else math.inf
-    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < top:
-        return f"{p:.0f} %"
-    return f"{p:.1f} %"
+    (how full memory is), from 90 % up (97.5 % vs 99.9 % full is the point). The rule
+    templates' ``{x:.0%}`` write the same (rules.human_percent)."""
+    from gpuwatch.advisor.rules import human_percent
+
+    return human_percent(v, fine_top)
 
 
 def duration(v: float) -> str:
@@ -543,11 +542,11 @@ def job_line(j: dict[str, Any]) -> str:
     if j.get("rank") is not None and (j.get("ranks") or 1) > 1:
         who.append(f"rank {j['rank']}")
     shares = j.get("time_share", {})
-    parts = ", ".join(f"{_CATEGORY_NAMES.get(c, c)} {100 * v:.0f} %"
+    parts = ", ".join(f"{_CATEGORY_NAMES.get(c, c)} {percent(v)}"
                       for c, v in sorted(shares.items(), key=lambda kv: -kv[1]))
     tail = []
     if j.get("step_seconds"):
-        tail.append(f"step {1000 * j['step_seconds']:.1f} ms")
+        tail.append(f"step {duration(j['step_seconds'])}")
     if j.get("source") == "nvml":
         tail.append("estimated without the hook")
     who_txt = f" ({', '.join(who)})" if who else ""
@@ -588,7 +587,7 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
         lines.append("")
         lines.append(f"{i}. [{a['severity'].upper()}] {a['id']} on {where}, confidence "
                      f"{a['confidence']:.2f}{state}")
-        lines.append(f"   {a['title']}")
+        lines += wrap.wrap(a["title"])  # indented as the body under it
         lines += wrap.wrap(a["message"])
         if a.get("evidence"):
             lines += wrap.wrap("Evidence: " + _evidence_text(a["evidence"]))
@@ -643,15 +642,19 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [not_judged_text(report), ""]
     for i, a in enumerate(advice, 1):
         where = "host" if a.get("gpu") is None else f"GPU {a['gpu']}"
+        if a.get("instance"):
+            where = f"{a['instance']} {where}"
+        state = "" if a.get("active", True) else ", ended"
         lines += [(f"### {i}. `{a['id']}` ({a['severity']}, {where}, confidence "
-                  f"{a['confidence']:.2f})"), "", f"**{a['title']}**", "", a["message"], "",
-                  f"**Change:** {a['action']}", ""]
-        if a.get("expected_gain_text"):
-            lines += [f"**Expected gain:** {a['expected_gain_text']}", ""]
+                  f"{a['confidence']:.2f}{state})"), "", f"**{a['title']}**", "", a["message"], ""]
+        # in the text report's order: message, evidence, change, gain, what the hook adds
         if a.get("evidence"):
             lines += ["| evidence | value |", "| --- | --- |"]
             lines += [f"| `{k}` | {evidence_value(k, v)} |" for k, v in a["evidence"].items()]
             lines.append("")
+        lines += [f"**Change:** {a['action']}", ""]
+        if a.get("expected_gain_text"):
+            lines += [f"**Expected gain:** {a['expected_gain_text']}", ""]
         if a.get("hook_would_add"):
             lines += [f"*With the hook:* {a['hook_would_add']}", ""]
     for note in report.get("notes", []):
