@@ -21,8 +21,6 @@ from gpuwatch.errors import UserError
 
 DEFAULT_URL = "http://127.0.0.1:9442"
 DEFAULT_WINDOW = 600.0
-NO_GPU_IN_RECORDING = ("the recording holds no GPU lines (it was made where NVML found no "
-                       "GPU: a CPU-only job, or a host without the NVIDIA driver)")
 
 
 def _ruleset(args: argparse.Namespace) -> Any:
@@ -55,23 +53,11 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             _check_url(flag, given)
     if getattr(args, "replay", None) or getattr(args, "demo", False):
         ruleset = _ruleset(args)
-        tally = report.RunTally()
         if args.demo:
             resource = importlib.resources.files("gpuwatch.data") / "demo.jsonl"
             with importlib.resources.as_file(resource) as path:
-                engine, meta = sources.judge_trace(str(path), ruleset, observe=tally.feed)
-            shown = "demo (bundled recording)"
-        else:
-            engine, meta = sources.judge_trace(args.replay, ruleset, observe=tally.feed)
-            shown = args.replay
-        frame = engine.frame
-        src = {"kind": "replay", "path": shown, "scenario": meta.get("scenario"),
-               "start": frame.t_first, "end": frame.t_last,
-               "duration_seconds": (frame.t_last - frame.t_first)
-               if frame.t_first is not None and frame.t_last is not None else None,
-               "resolution_seconds": engine.res}
-        return report.build_report([(engine, engine.summary(), None)], src, tally=tally,
-                                   no_gpu_reason=NO_GPU_IN_RECORDING)
+                return sources.recording_report(str(path), ruleset, shown=sources.DEMO_NAME)
+        return sources.recording_report(args.replay, ruleset)
     if prometheus:
         selector = sources.parse_selector(match) if match is not None else ""
         ruleset = _ruleset(args)

@@ -208,6 +208,8 @@ def judged(tally: RunTally | None, engine_gpus: list[int], hook_steps: bool,
                                      "busy_signal": "breakdown"}
     for g in per_gpu:
         g.update(broken_down.pop(g["gpu"], {}))
+        # the breakdown counts whole buckets: never more training than time seen
+        g["training_seconds"] = min(g["training_seconds"], g["seconds"])
     per_gpu += [dict(gpu=gpu, seconds=v["training_seconds"], **v)
                 for gpu, v in sorted(broken_down.items())]
     training = any(g["training_seconds"] >= MIN_TRAINING_SECONDS for g in per_gpu)
@@ -278,6 +280,7 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         "host": {"cpus": int(host_cpus) if host_cpus else None},
         "gpus": gpus,
         "judged": seen,
+        "warming_up": None,  # the daemon's, while it has judged less than its rules need
         "jobs": jobs,
         "advice": advice,
         "job_ends": endings.entries(ended),
@@ -460,7 +463,8 @@ def _source_line(report: dict[str, Any]) -> str:
     if kind == "replay":
         dur = src.get("duration_seconds")
         span = f", {dur:.0f} s" if isinstance(dur, (int, float)) else ""
-        return f"recording {src.get('path')}{span}"
+        served = f", replayed by the daemon at {src['url']}" if src.get("url") else ""
+        return f"recording {src.get('path')}{span}{served}"
     if kind == "prometheus":
         return f"Prometheus {src.get('url')}, last {src.get('window_seconds', 0):.0f} s"
     if kind == "live":
@@ -482,6 +486,11 @@ def evidence_items(ev: dict[str, Any]) -> list[tuple[str, str]]:
             label = k.replace("_", " ")
         out.append((label, evidence_value(k, v)))
     return out
+
+
+def warming_up_text(report: dict[str, Any]) -> str:
+    """A daemon that has not judged enough yet says so, and for how long (docs/report.md)."""
+    return f"Warming up: {report['warming_up']['reason']}."
 
 
 def not_judged_text(report: dict[str, Any]) -> str:
@@ -560,6 +569,8 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
     hook_txt = "steps and settings" if hook.get("config") else (
         "steps" if hook.get("steps") else "none")
     lines = [f"gpuwatch advice: {_source_line(report)} (torch hook data: {hook_txt})", ""]
+    if report.get("warming_up"):
+        lines += textwrap.wrap(warming_up_text(report), width=width) + [""]
     for g in report.get("gpus", []):
         lines.append(_gpu_line(g))
     for j in report.get("jobs", []):
@@ -603,7 +614,10 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# gpuwatch advice: {_source_line(report)}", "", "## GPUs", "",
+    lines = [f"# gpuwatch advice: {_source_line(report)}", ""]
+    if report.get("warming_up"):
+        lines += [f"> {warming_up_text(report)}", ""]
+    lines += ["## GPUs", "",
              "| GPU | model | compute capability | bf16 | TF32 | FP8 | GPM |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for g in report.get("gpus", []):
