@@ -322,3 +322,16 @@ def test_run_gpuwatch_with_the_shipped_config_listens_everywhere(tmp_path):
     config = load_config(str(path))
     assert config.web_config_file == str(web)
     assert not config.privacy.export_process_names and not config.privacy.export_users
+
+
+def test_the_torch_pin_is_one_release_everywhere_and_the_note_is_honest():
+    import torch
+
+    pins = re.findall(r"torch==([\d.]+)", README) + re.findall(
+        r"torch==([\d.]+)", (REPO / ".ci" / "run").read_text())
+    assert len(pins) >= 4 and len(set(pins)) == 1, pins
+    assert torch.__version__.split("+")[0] == pins[0]  # what this checkout was tested with
+    note = " ".join(README.split("(`pip install torch==", 1)[1].split(")\n", 1)[0].split())
+    # the pin picks the release, the index picks the build: never "keeps pip from pulling CUDA"
+    assert "keeps pip from pulling a CUDA build" not in README
+    assert "CUDA build" in note and "--index-url https://download.pytorch.org/whl/cpu" in note
