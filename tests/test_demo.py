@@ -127,10 +127,14 @@ def test_a_sampling_daemon_says_it_is_warming_up_and_for_how_long(tmp_path):
         assert [g["gpu"] for g in last["judged"]["gpus"]] == [0, 1]
         for g in last["judged"]["gpus"]:
             assert g["training_seconds"] <= g["seconds"]
-        # the text report opens with it
+        # the text report opens with it, and never says that nothing calls for a change
         from gpuwatch.advisor.report import render_text
 
-        assert render_text(last).split("\n")[2].startswith("Warming up: the advisor has judged")
+        for rep in (first, last):
+            text = render_text(rep, width=100)
+            assert text.split("\n")[2].startswith("Warming up: the advisor has judged")
+            assert "No advice yet: the advisor is warming up" in text
+            assert "calls for a change" not in text and "no training job ran" not in text
     finally:
         for gpu in stub.gpus:
             gpu.release()

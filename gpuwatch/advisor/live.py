@@ -339,7 +339,7 @@ class LiveAdvisor:
         if self.engine.frame.gpus():
             return None
         if latest.infos:
-            return (f"no GPU sample is old enough to judge yet (the advisor judges samples "
+            return (f"no GPU sample is old enough to judge (the advisor judges samples "
                     f"{LAG_SECONDS:g} s old, so that late training-step reports count)")
         if latest.host is None and not latest.gpus:
             since = time.time() - self.started_at
