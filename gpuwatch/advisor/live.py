@@ -341,7 +341,10 @@ class LiveAdvisor:
         if latest.infos:
             return (f"no GPU sample is old enough to judge (the advisor judges samples "
                     f"{LAG_SECONDS:g} s old, so that late training-step reports count)")
-        if latest.host is None and not latest.gpus:
+        if not getattr(latest, "nvml_available", True):
+            return None  # known: no NVML here (NO_NVML says so)
+        health = getattr(latest, "health", None)
+        if getattr(health, "ticks_total", 1) == 0 and not latest.gpus:
             since = time.time() - self.started_at
             return f"no sample yet: the daemon started {human_duration(since)} ago"
         return None
@@ -365,6 +368,7 @@ class _Ahead:
         self._span: float | None = None  # the recording's seconds, for progress
         self._t0: float | None = None
         self._t: float | None = None
+        self._created = time.monotonic()
 
     def _file_stamp(self) -> tuple[int, float] | None:
         try:
@@ -418,8 +422,10 @@ class _Ahead:
         self._ready.set()
 
     def report(self, wait: float) -> dict[str, Any] | None:
-        """The latest report (waiting up to ``wait`` s for the first), or None."""
-        self._ready.wait(wait)
+        """The latest report, or None. Until the first is ready, a request waits for it,
+        but only within ``wait`` s of the judging's start: later ones answer at once."""
+        if not self._ready.is_set():
+            self._ready.wait(max(0.0, wait - (time.monotonic() - self._created)))
         with self._lock:
             if self._report is None:
                 return None

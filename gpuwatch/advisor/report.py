@@ -519,13 +519,14 @@ def no_advice_text(report: dict[str, Any]) -> str:
     seen = report.get("judged")
     if not seen:  # a report from an older daemon
         return "No advice: nothing in this data calls for a change."
-    if report.get("warming_up"):
-        # too little judged to say that nothing calls for a change
-        why = (f" The GPU and training rules have judged nothing yet: {seen['reason']}."
-               if seen.get("gpu") is False and seen.get("reason") else "")
-        return "No advice yet: the advisor is warming up (above)." + why
+    # warming up: too little judged to say that nothing calls for a change
+    warming = bool(report.get("warming_up"))
     if seen.get("gpu") is False:
-        return not_judged_text(report) + " Nothing on the host calls for a change."
+        return not_judged_text(report) + (" The host rules are still warming up (above)."
+                                          if warming else
+                                          " Nothing on the host calls for a change.")
+    if warming:
+        return "No advice yet: the advisor is warming up (above)."
     if seen.get("training") is False:
         return ("No advice: no training job ran on a GPU in this data (no steps from the "
                 "torch hook, no process working on a GPU), and the GPU health rules found "
