@@ -14,14 +14,13 @@ import argparse
 import importlib.resources
 import json
 import sys
+import urllib.parse
 from typing import Any
 
 from gpuwatch.errors import UserError
 
 DEFAULT_URL = "http://127.0.0.1:9442"
 DEFAULT_WINDOW = 600.0
-NO_GPU_IN_RECORDING = ("the recording holds no GPU lines (it was made where NVML found no "
-                       "GPU: a CPU-only job, or a host without the NVIDIA driver)")
 
 
 def _ruleset(args: argparse.Namespace) -> Any:
@@ -49,25 +48,16 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                          or getattr(args, "demo", False) else
                          "the daemon judges over its own live history")
                 raise UserError(f"{flag} applies to --prometheus only ({other})")
+    for flag, given in (("--url", getattr(args, "url", None)), ("--prometheus", prometheus)):
+        if given is not None:
+            _check_url(flag, given)
     if getattr(args, "replay", None) or getattr(args, "demo", False):
         ruleset = _ruleset(args)
-        tally = report.RunTally()
         if args.demo:
             resource = importlib.resources.files("gpuwatch.data") / "demo.jsonl"
             with importlib.resources.as_file(resource) as path:
-                engine, meta = sources.judge_trace(str(path), ruleset, observe=tally.feed)
-            shown = "demo (bundled recording)"
-        else:
-            engine, meta = sources.judge_trace(args.replay, ruleset, observe=tally.feed)
-            shown = args.replay
-        frame = engine.frame
-        src = {"kind": "replay", "path": shown, "scenario": meta.get("scenario"),
-               "start": frame.t_first, "end": frame.t_last,
-               "duration_seconds": (frame.t_last - frame.t_first)
-               if frame.t_first is not None and frame.t_last is not None else None,
-               "resolution_seconds": engine.res}
-        return report.build_report([(engine, engine.summary(), None)], src, tally=tally,
-                                   no_gpu_reason=NO_GPU_IN_RECORDING)
+                return sources.recording_report(str(path), ruleset, shown=sources.DEMO_NAME)
+        return sources.recording_report(args.replay, ruleset)
     if prometheus:
         selector = sources.parse_selector(match) if match is not None else ""
         ruleset = _ruleset(args)
@@ -85,12 +75,20 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         rep["ranks"] = fleet_ranks(rep["hosts"])
         return rep
     url = getattr(args, "url", None) or DEFAULT_URL
-    if getattr(args, "rules_dir", None):
-        raise UserError("--rules-dir does not apply to --url: the daemon judges with its "
-                        "own rules (set rules_dirs in its configuration)")
+    for flag, given in (("--rules-dir", getattr(args, "rules_dir", None)),
+                        ("--config.file", getattr(args, "config_file", None))):
+        if given:
+            raise UserError(f"{flag} does not apply to --url: the daemon judges with its "
+                            "own rules (set rules_dirs in its configuration)")
     got = sources.fetch_daemon_report(url)
     got.setdefault("source", {})["url"] = url
     return got
+
+
+def _check_url(flag: str, url: str) -> None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UserError(f"{flag}: bad URL {url!r}: expected http://HOST:PORT or https://HOST:PORT")
 
 
 # -- the fleet report (--prometheus) --------------------------------------------------------
@@ -198,18 +196,20 @@ def _by_stall(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _ranks_text(block: dict[str, Any] | None) -> list[str]:
+    from gpuwatch.advisor.report import duration, percent
+
     if not block:
         return []
     lines = [f"Ranks across hosts ({len(block['ranks'])}):"]
     for r in block["ranks"]:
-        own = f", own {r['own_seconds'] * 1000:.0f} ms" if r.get("own_seconds") else ""
+        own = f", own {duration(r['own_seconds'])}" if r.get("own_seconds") else ""
         score = f", score {r['rank_score']:.2f}" if r.get("rank_score") is not None else ""
-        wait = (f", data wait {r['data_wait_ratio']:.0%}"
+        wait = (f", data wait {percent(r['data_wait_ratio'])}"
                 if r.get("data_wait_ratio") is not None else "")
-        stall = (f", lost on its own {r['stall_ratio']:.0%}"
+        stall = (f", lost on its own {percent(r['stall_ratio'])}"
                  if r.get("stall_ratio") is not None and r.get("time_share") else "")
         lines.append(f"  rank {r['rank']} on {r['instance']} GPU {r['gpu']}: step "
-                     f"{r['step_seconds'] * 1000:.0f} ms{own}{wait}{stall}{score}")
+                     f"{duration(r['step_seconds'])}{own}{wait}{stall}{score}")
     s = block.get("straggler")
     if s:
         if s.get("rank_score") is not None:
@@ -217,8 +217,8 @@ def _ranks_text(block: dict[str, Any] | None) -> list[str]:
                    f"at the other ranks' median pace the job would go "
                    f"{s['speedup_at_median_pace']:.2f}x faster")
         else:
-            why = (f"it loses {s['stall_ratio']:.0%} of each step on its own (the others' "
-                   f"median: {s['others_stall_ratio']:.0%}), and the other ranks wait for it "
+            why = (f"it loses {percent(s['stall_ratio'])} of each step on its own (the "
+                   f"others' median: {percent(s['others_stall_ratio'])}), and the other ranks wait for it "
                    "in the collectives")
         lines.append(f"  Straggler: rank {s['rank']} on {s['instance']} (GPU {s['gpu']}): "
                      f"{why}. Look at that host's advice and its input pipeline.")
@@ -228,6 +228,8 @@ def _ranks_text(block: dict[str, Any] | None) -> list[str]:
 
 
 def _job_text(j: dict[str, Any]) -> str:
+    from gpuwatch.advisor.report import duration, percent
+
     parts = [f"pid {j['pid']}" if j.get("pid") is not None else "a job"]
     if j.get("rank") is not None:
         parts.append(f"rank {j['rank']}")
@@ -235,13 +237,13 @@ def _job_text(j: dict[str, Any]) -> str:
         parts.append(f"GPU {j['gpu']}")
     facts = []
     if j.get("step_seconds") is not None:
-        facts.append(f"step {j['step_seconds'] * 1000:.0f} ms")
+        facts.append(f"step {duration(j['step_seconds'])}")
     if j.get("data_wait_ratio") is not None:
-        facts.append(f"data wait {j['data_wait_ratio']:.0%}")
+        facts.append(f"data wait {percent(j['data_wait_ratio'])}")
     if j.get("samples_per_second") is not None:
         facts.append(f"{j['samples_per_second']:.0f} samples/s")
     if j.get("time_share"):
-        facts.append("time: " + ", ".join(f"{k} {v:.0%}" for k, v in
+        facts.append("time: " + ", ".join(f"{k} {percent(v)}" for k, v in
                                           sorted(j["time_share"].items(), key=lambda kv: -kv[1])))
     return " ".join(parts) + (f" ({'; '.join(facts)})" if facts else "")
 

@@ -1,6 +1,8 @@
 """The `gpuwatch` command line: run, record, advise.
 
 Each subcommand's work lives in its own module; this file only parses and dispatches.
+Bad input is answered by the parser it belongs to (`gpuwatch run --bogus` with `run`'s
+usage), naming the flag and what it expected, with exit status 2.
 """
 
 from __future__ import annotations
@@ -15,14 +17,49 @@ DEFAULT_LISTEN = "127.0.0.1:9442"
 DEFAULT_URL = "http://127.0.0.1:9442"
 
 
-def _interval(text: str) -> float:
+def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = _seconds(text)
     if not 0.1 <= value <= 60:
         raise argparse.ArgumentTypeError(f"must be between 0.1 and 60 seconds, got {value:g}")
     return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {value:g}")
+    return value
+
+
+# `gpuwatch --help` ends with these; the README's usage block is the same text
+# (tests/test_cli.py keeps the two equal)
+EXAMPLES = """\
+    gpuwatch run                                   # sample and serve on 127.0.0.1:9442
+    gpuwatch run --web.listen-address :9442        # ... on all interfaces
+    gpuwatch run --interval 0.5 --config.file /etc/gpuwatch/gpuwatch.yaml
+    gpuwatch run --web.config.file web.yml         # TLS, client certs, basic auth (docs/security.md)
+    gpuwatch run --demo                            # serve the bundled recording, no GPU needed
+    gpuwatch run --record run.jsonl                # also record everything sampled
+    gpuwatch run --replay run.jsonl                # serve a recording as if live (loops)
+    gpuwatch record run.jsonl --duration 60        # record without serving
+    gpuwatch run -- python train.py ARGS           # start a job with the torch hook injected
+    gpuwatch advise --replay run.jsonl             # what to change, with the evidence
+    gpuwatch advise --demo                         # ... for the bundled recording
+    gpuwatch advise                                # ... for what the running daemon sees
+    gpuwatch advise --prometheus http://prom:9090  # ... fleet-wide, from Prometheus, per host
+    gpuwatch advise --prometheus http://prom:9090 --match 'instance=~"gpu-1.*"' --window 3600
+    gpuwatch advise --replay run.jsonl --format json   # or markdown; text by default
+"""
 
 
 LOG_LEVELS = ["debug", "info", "warning", "error"]
@@ -46,10 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuwatch",
         description="GPU monitoring daemon, Prometheus exporter and training advisor.",
+        epilog="examples:\n" + EXAMPLES + "\n`gpuwatch COMMAND --help` lists a command's flags.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"gpuwatch {__version__}")
-    parser.add_argument("--log.level", dest="log_level", default="info",
-                        choices=["debug", "info", "warning", "error"])
+    _add_log_level(parser, "info")
     sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
 
     run = sub.add_parser(
@@ -83,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_daemon_flags(rec)
     _add_log_level(rec, argparse.SUPPRESS)
     rec.add_argument("file", metavar="FILE", help="output file ('-' for stdout)")
-    rec.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+    rec.add_argument("--duration", type=_positive_seconds, default=None, metavar="SECONDS",
                      help="stop after this long (default: until interrupted)")
     rec.add_argument("--scenario", default=None, help="free text stored in the meta line")
 
@@ -96,11 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--demo", action="store_true", help="judge the bundled recording")
     src.add_argument("--prometheus", metavar="URL", help="fleet-wide, from a Prometheus server")
     _add_log_level(adv, argparse.SUPPRESS)
-    adv.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    adv.add_argument("--format", choices=["text", "json", "markdown"], default="text",
+                     help="text (default), markdown, or json (the /api/advice body; "
+                     "docs/report.md)")
     adv.add_argument("--rules-dir", action="append", default=[], metavar="DIR",
-                     help="extra directory of rule files (repeatable)")
-    adv.add_argument("--config.file", dest="config_file", metavar="FILE")
-    adv.add_argument("--window", type=float, default=None, metavar="SECONDS",
+                     help="extra directory of rule files (repeatable; not with --url)")
+    adv.add_argument("--config.file", dest="config_file", metavar="FILE",
+                     help="a gpuwatch configuration file: its rules_dirs add rule files as "
+                     "--rules-dir does (not with --url)")
+    adv.add_argument("--window", type=_positive_seconds, default=None, metavar="SECONDS",
                      help="with --prometheus: how far back to judge (default 600)")
     adv.add_argument("--match", default=None, metavar="SELECTOR",
                      help="with --prometheus: only series matching these label matchers, "
@@ -108,9 +150,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, but an unknown flag is reported by the subcommand it was
+    given to, with that subcommand's usage (argparse leaves it to the top level)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = _subparsers(parser).get(getattr(args, "cmd", None) or "")
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.cmd is None:
         parser.print_help(sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuwatch.errors import UserError
+from gpuwatch.errors import UserError, file_error
 from gpuwatch.samples import Sample
 from gpuwatch.serve import sdnotify
 from gpuwatch.serve.config import Config, config_from_args
@@ -96,11 +96,13 @@ class Daemon:
     ``url`` is the bound address after ``start()`` (port 0 becomes the real port).
     """
 
-    def __init__(self, config: Config, *, replay: str | None = None, serve_http: bool = True,
+    def __init__(self, config: Config, *, replay: str | None = None,
+                 replay_name: str | None = None, serve_http: bool = True,
                  hook_socket: str | None = None, hook_required: bool = True,
                  sampler_kwargs: dict[str, Any] | None = None) -> None:
         self.config = config
         self.replay = replay
+        self.replay_name = replay_name  # how reports name it (the demo's temporary path isn't)
         self.serve_http = serve_http
         self.store = Store(history_seconds=config.history_seconds)
         self.url: str | None = None
@@ -273,6 +275,9 @@ class Daemon:
             advisor = advisor_cls(self.store, self.config)
             if hasattr(self.source, "on_loop") and hasattr(advisor, "new_segment"):
                 self.source.on_loop = advisor.new_segment  # a replay: judge each pass alone
+            if self.replay is not None and hasattr(advisor, "judge_ahead"):
+                # /api/advice is the whole recording's report from the first request
+                advisor.judge_ahead(self.replay, self.replay_name)
             advisor.start()
         except UserError:
             raise  # a bad rule file is the user's to fix, not to hide
@@ -331,17 +336,23 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "demo", False):
         if replay:
             raise UserError("--demo and --replay both given: choose one")
+        from gpuwatch.advisor.sources import DEMO_NAME
+
         with demo_recording() as path:
-            return _serve(config, path, "the bundled demo recording")
-    if replay is not None and not os.path.isfile(replay):
-        raise UserError(f"cannot replay {replay}: no such file")
+            return _serve(config, path, "the bundled demo recording", name=DEMO_NAME)
+    if replay is not None:
+        try:  # before the port is bound; worded as `advise --replay` words it
+            open(replay, "rb").close()
+        except OSError as err:
+            raise file_error("read", "trace", replay, err) from err
     return _serve(config, replay, replay)
 
 
-def _serve(config: Config, replay: str | None, what: str | None) -> int:
+def _serve(config: Config, replay: str | None, what: str | None, name: str | None = None
+           ) -> int:
     # read (and unset) before anything starts, so no thread or child inherits it
     notifier = sdnotify.Notifier.from_environ()
-    daemon = Daemon(config, replay=replay)
+    daemon = Daemon(config, replay=replay, replay_name=name)
     daemon.start()
     doing = f"replaying {what}" if replay else "sampling"
     hook = f"; hook socket {daemon.hook_socket}" if daemon.hook_socket else ""

@@ -24,3 +24,14 @@ class FileFormatError(UserError):
         lines = [f"{path}:{line}: {msg}" if line is not None else f"{path}: {msg}"
                  for line, msg in self.problems]
         super().__init__("\n".join(lines))
+
+
+def file_problem(verb: str, what: str, path: str, err: OSError) -> str:
+    """The one wording of a file gpuwatch could not open, read or write, whichever command
+    met it: ``cannot read trace run.jsonl: No such file or directory``."""
+    return f"cannot {verb} {what} {path}: {err.strerror or err}"
+
+
+def file_error(verb: str, what: str, path: str, err: OSError) -> UserError:
+    """:func:`file_problem` as the error to raise (``raise file_error(...) from err``)."""
+    return UserError(file_problem(verb, what, path, err))

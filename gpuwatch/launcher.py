@@ -384,6 +384,23 @@ def _spawn(command: list[str], env: dict[str, str], ignored: set[int]) -> int:
                           **kwargs)
 
 
+def _cannot_run(program: str) -> tuple[int, str] | None:
+    """(exit code, message) when ``program`` can't be started, as a shell says it: 127 for
+    a command not found, 126 for one found but not runnable; None when it looks runnable
+    (spawning it may still fail; that is answered the same way)."""
+    if "/" not in program:
+        if shutil.which(program) is None:
+            return 127, f"command not found: {program}"
+        return None
+    if not os.path.exists(program):
+        return 127, f"command not found: {program}"
+    if os.path.isdir(program):
+        return 126, f"cannot run {program}: Is a directory"
+    if not os.access(program, os.X_OK):
+        return 126, f"cannot run {program}: Permission denied"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     command: list[str] = list(args.command)
     if not command:
@@ -394,6 +411,12 @@ def main(args: argparse.Namespace) -> int:
             raise UserError(f"{flag} serves a recording; it cannot watch a command "
                             f"(run `gpuwatch run {flag}{' FILE' if flag == '--replay' else ''}` "
                             "without `-- CMD`)")
+    missing = _cannot_run(command[0])
+    if missing is not None:
+        # before anything starts or is printed: no "watching" line for a job that never runs
+        code, text = missing
+        print(f"gpuwatch: {text}", file=sys.stderr)
+        return code
     quiet = getattr(args, "status", None) is False
     status_on = args.status if getattr(args, "status", None) is not None else sys.stderr.isatty()
     listen_given = getattr(args, "listen_address", None) is not None

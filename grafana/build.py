@@ -112,14 +112,24 @@ def ratio(title: str, queries: Sequence[tuple[str, str]], *, desc: str, **kw: An
     return series(title, "percentunit", queries, desc=desc, lo=0, hi=1, **kw)
 
 
-def single(title: str, unit: str, expr: str, *, desc: str, span: int = 3,
+# A stat panel reduces its series over the dashboard's time range to one number: "now"
+# (the last sample) for states and counts (hosts reporting, advice in force), the mean
+# for a level that moves (utilization, power), whose last sample may fall in an idle
+# moment. The description says which.
+NOW, MEAN = "lastNotNull", "mean"
+_CALC_WORDS = {NOW: "Now (the last sample in the time range).",
+               MEAN: "Mean over the dashboard's time range."}
+
+
+def single(title: str, unit: str, expr: str, *, desc: str, calc: str, span: int = 3,
            thresholds: Sequence[tuple[float | None, str]] = ((None, "green"),)
            ) -> stat.Panel:
     steps = [dm.Threshold(value=value, color=color) for value, color in thresholds]
-    panel = (stat.Panel().title(title).description(desc).datasource(DS).unit(unit)
+    panel = (stat.Panel().title(title).description(f"{desc} {_CALC_WORDS[calc]}")
+             .datasource(DS).unit(unit)
              .span(span).height(4).graph_mode(cm.BigValueGraphMode.AREA)
              .color_mode(cm.BigValueColorMode.VALUE)
-             .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+             .reduce_options(cb.ReduceDataOptions().calcs([calc]).values(False))
              .thresholds(db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps)))
     return panel.with_target(query(expr, "", instant=False))
 
@@ -188,34 +198,37 @@ def fleet() -> db.Dashboard:
                   "Every host and GPU that Prometheus scrapes gpuwatch on, at a glance.")
     b = (b.with_row(db.Row("Fleet"))
          .with_panel(single("Hosts reporting", "none", f"count(gpuwatch_up{{{HOST}}} == 1)",
-                            desc="gpuwatch daemons Prometheus scrapes now."))
+                            desc="gpuwatch daemons Prometheus scrapes.", calc=NOW))
          .with_panel(single("GPUs answering", "none",
                             f"count(gpuwatch_gpu_up{{{GPU}}} == 1)",
-                            desc="GPUs whose NVML reads succeed (gpuwatch_gpu_up == 1)."))
+                            desc="GPUs whose NVML reads succeed (gpuwatch_gpu_up == 1).",
+                            calc=NOW))
          .with_panel(single("GPUs lost", "none",
                             f"count(gpuwatch_gpu_up{{{GPU}}} == 0) or vector(0)",
                             desc="GPUs that stopped answering NVML (fell off the bus, XID 79).",
-                            thresholds=((None, "green"), (1, "red"))))
+                            calc=NOW, thresholds=((None, "green"), (1, "red"))))
          .with_panel(single("Mean GPU utilization", "percentunit",
                             f"avg(instance:gpuwatch_gpu_utilization_ratio:avg{{{HOST}}})",
-                            desc="Mean over hosts of each host's mean NVML utilization."))
+                            desc="Mean over hosts of each host's mean NVML utilization.",
+                            calc=MEAN))
          .with_panel(single("Mean SM active", "percentunit",
                             f"avg(instance:gpuwatch_gpu_sm_active_ratio:avg{{{HOST}}})",
                             desc="Mean over hosts of each host's mean GPM SM activity: how "
-                                 "much of the utilization did work."))
-         .with_panel(single("Power, all GPUs", "watt",
+                                 "much of the utilization did work.", calc=MEAN))
+         .with_panel(single("Mean power, all GPUs", "watt",
                             f"sum(instance:gpuwatch_gpu_power_watts:sum{{{HOST}}})",
-                            desc="Power drawn by every selected host's GPUs together."))
+                            desc="Power drawn by every selected host's GPUs together.",
+                            calc=MEAN))
          .with_panel(single("Critical advice", "none",
                             f'sum(instance_severity:gpuwatch_advice_active:count'
                             f'{{{HOST}, severity="critical"}}) or vector(0)',
                             desc="Pieces of critical advice in force (these page).",
-                            thresholds=((None, "green"), (1, "red"))))
+                            calc=NOW, thresholds=((None, "green"), (1, "red"))))
          .with_panel(single("Warnings", "none",
                             f'sum(instance_severity:gpuwatch_advice_active:count'
                             f'{{{HOST}, severity="warning"}}) or vector(0)',
                             desc="Pieces of warning advice in force.",
-                            thresholds=((None, "green"), (1, "orange")))))
+                            calc=NOW, thresholds=((None, "green"), (1, "orange")))))
     b = (b.with_row(db.Row("Utilization"))
          .with_panel(ratio("GPU utilization", [(f"gpuwatch_gpu_utilization_ratio{{{GPU}}}",
                                                 LEGEND_GPU)],

@@ -216,7 +216,32 @@ def _color(name: str) -> str:
     return COLORS.get(name, name)
 
 
-def draw_timeseries(ax: Any, panel: Panel, data: list, start: float, end: float) -> None:
+def _runs(ts: Sequence[float], step: float) -> list[list[int]]:
+    """Indexes of ``ts`` in runs without a gap longer than one and a half steps."""
+    runs: list[list[int]] = []
+    for i, t in enumerate(ts):
+        if runs and t - ts[runs[-1][-1]] <= step * 1.5:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _time_axis(ax: Any, panel: Panel, start: float, end: float) -> None:
+    """Times along the bottom, as many as the panel's width holds without overlap."""
+    import matplotlib.dates as mdates
+
+    ax.set_xlim(mdates.date2num(_dt(start)), mdates.date2num(_dt(end)))
+    width_px = panel.grid.get("w", 8) / 24 * 1600 * 0.95
+    locator = mdates.AutoDateLocator(minticks=4, maxticks=max(3, int(width_px // 80)))
+    # a narrow panel over a few minutes: minute-long steps in seconds, rather than a warning
+    locator.intervald[mdates.SECONDLY] = [1, 5, 10, 15, 30, 60, 120]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+
+
+def draw_timeseries(ax: Any, panel: Panel, data: list, start: float, end: float,
+                    step: float = 2.0) -> None:
     import matplotlib.dates as mdates
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
@@ -233,7 +258,15 @@ def draw_timeseries(ax: Any, panel: Panel, data: list, start: float, end: float)
             ax.fill_between(xs, lower, upper, label=label, alpha=0.8, linewidth=0)
             base.update(zip(ts, upper, strict=True))
         else:
-            ax.plot(xs, ys, label=label, linewidth=1.1)
+            # a gap in the data stays a gap (Grafana doesn't join points across missing
+            # samples): one line per run, sharing one colour and legend entry
+            line = None
+            for run in _runs(ts, step):
+                run_xs, run_ys = [xs[i] for i in run], [ys[i] for i in run]
+                if line is None:
+                    (line,) = ax.plot(run_xs, run_ys, label=label, linewidth=1.1)
+                else:
+                    ax.plot(run_xs, run_ys, linewidth=1.1, color=line.get_color())
     if log:
         ax.set_yscale("log", base=custom.get("scaleDistribution", {}).get("log", 2))
     lo, hi = defaults.get("min"), defaults.get("max")
@@ -248,20 +281,32 @@ def draw_timeseries(ax: Any, panel: Panel, data: list, start: float, end: float)
             # counts: whole-number ticks, and a 0-1 axis rather than a band around 0
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
-    ax.set_xlim(mdates.date2num(_dt(start)), mdates.date2num(_dt(end)))
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+    _time_axis(ax, panel, start, end)
     ax.grid(True, alpha=0.3)
     if panel.raw.get("options", {}).get("legend", {}).get("showLegend", True):
-        _legend(ax, len(data))
+        _legend(ax, [label for label, _, _ in data], panel.grid.get("w", 8))
     elif data:
         ax.text(0.5, -0.16, f"{len(data)} series (legend hidden; Grafana names them on hover)",
-                ha="center", va="top", fontsize=6, color="#666", transform=ax.transAxes)
+                ha="center", va="top", fontsize=LEGEND_SIZE, color="#666", transform=ax.transAxes)
 
 
-def _legend(ax: Any, count: int) -> None:
-    if count:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=6, frameon=False,
-                  ncol=2 if count > 3 else 1, handlelength=1.2)
+# text in the pictures: sizes a reader can read at the picture's own size (1600 px wide)
+LEGEND_SIZE, TICK_SIZE, TITLE_SIZE = 9, 8, 10.5
+
+
+def _columns(labels: Sequence[str], width: int) -> int:
+    """How many legend columns of these names fit in a panel ``width`` grid units wide."""
+    panel_px = width / 24 * 1600 * 0.95
+    # a character at LEGEND_SIZE points is about 0.6 em wide at the pictures' 80 dpi
+    entry_px = max((len(x) for x in labels), default=0) * LEGEND_SIZE * 0.6 * 80 / 72 + 40
+    return max(1, min(len(labels), int(panel_px // entry_px)))
+
+
+def _legend(ax: Any, labels: Sequence[str], width: int = 8) -> None:
+    if labels:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=LEGEND_SIZE,
+                  frameon=False, ncol=_columns(labels, width), handlelength=1.2,
+                  columnspacing=1.2)
 
 
 def draw_states(ax: Any, panel: Panel, data: list, start: float, end: float) -> None:
@@ -287,29 +332,68 @@ def draw_states(ax: Any, panel: Panel, data: list, start: float, end: float) -> 
                     edgecolor="none")
             i = j + 1
     ax.set_yticks(range(len(data)))
-    ax.set_yticklabels([label for label, _, _ in reversed(data)], fontsize=6)
-    ax.set_xlim(mdates.date2num(_dt(start)), mdates.date2num(_dt(end)))
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+    ax.set_yticklabels([label for label, _, _ in reversed(data)], fontsize=LEGEND_SIZE)
+    _time_axis(ax, panel, start, end)
     if seen:
         ax.legend(handles=[Patch(color=_color(c), label=t) for t, c in seen.items()],
-                  loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=6, frameon=False,
-                  ncol=min(5, len(seen)))
+                  loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=LEGEND_SIZE,
+                  frameon=False, ncol=min(5, _columns(list(seen), panel.grid.get("w", 8))))
+
+
+def _finite(ys: Sequence[float]) -> list[float]:
+    return [y for y in ys if not math.isnan(y)]
+
+
+# Grafana's reducers (a stat panel's reduceOptions.calcs), over the points of the range
+REDUCERS = {
+    "lastNotNull": lambda ys: _finite(ys)[-1] if _finite(ys) else None,
+    "last": lambda ys: ys[-1] if ys else None,
+    "firstNotNull": lambda ys: _finite(ys)[0] if _finite(ys) else None,
+    "mean": lambda ys: sum(_finite(ys)) / len(_finite(ys)) if _finite(ys) else None,
+    "max": lambda ys: max(_finite(ys), default=None),
+    "min": lambda ys: min(_finite(ys), default=None),
+    "sum": lambda ys: sum(_finite(ys)) if _finite(ys) else None,
+}
+
+
+def reduce_series(panel: Panel, ys: Sequence[float]) -> float | None:
+    """One series of a stat panel as the panel reduces it (Grafana's default: the last
+    value); a reduction this renderer doesn't know is an error, never a wrong number."""
+    calcs = panel.raw.get("options", {}).get("reduceOptions", {}).get("calcs") or ["lastNotNull"]
+    if calcs[0] not in REDUCERS:
+        raise ValueError(f"{panel.title}: reduction {calcs[0]!r} is not drawn by this renderer")
+    return REDUCERS[calcs[0]](ys)
 
 
 def draw_stat(ax: Any, panel: Panel, data: list) -> None:
     ax.set_axis_off()
     if not data:
         return
-    last = [ys[-1] for _, _, ys in data if ys]
-    value = last[0] if len(last) == 1 else sum(last)
-    color = "green"
     steps = panel.raw.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get(
         "steps", [])
-    for step in steps:
-        if step.get("value") is None or value >= step["value"]:
-            color = step.get("color", color)
-    ax.text(0.5, 0.45, format_value(value, panel.unit), ha="center", va="center",
-            fontsize=20, color=_color(color), weight="bold", transform=ax.transAxes)
+
+    def color_of(value: float) -> str:
+        color = "green"
+        for step in steps:
+            if step.get("value") is None or value >= step["value"]:
+                color = step.get("color", color)
+        return _color(color)
+
+    reduced = [(label, ys, reduce_series(panel, ys)) for label, _, ys in data]
+    for i, (label, ys, value) in enumerate(reduced):
+        if value is None:
+            continue
+        # the series beneath its number, as Grafana's area graph mode draws it
+        slot = ax.inset_axes([i / len(reduced), 0.0, 1 / len(reduced), 0.45])
+        slot.set_axis_off()
+        slot.fill_between(range(len(ys)), ys, color=color_of(value), alpha=0.18, linewidth=0)
+        slot.set_ylim(bottom=min(0.0, min(_finite(ys), default=0.0)))
+        text = format_value(value, panel.unit)
+        if len(reduced) > 1:
+            text = f"{label}\n{text}"
+        ax.text((i + 0.5) / len(reduced), 0.5, text, ha="center", va="center",
+                fontsize=20 if len(reduced) == 1 else 12, color=color_of(value),
+                weight="bold", transform=ax.transAxes)
 
 
 def _dt(t: float) -> Any:
@@ -357,10 +441,10 @@ def render(board: dict[str, Any], prom: Prometheus, out: Path, start: float, end
         counts[panel.title] = len(data)
         pad = 0.1 if panel.type == "stat" else 0.38
         ax = fig.add_axes(box(grid, pad, 0.22 if panel.type == "state-timeline" else 0))
-        ax.set_title(panel.title, fontsize=9, loc="left")
-        ax.tick_params(labelsize=6)
+        ax.set_title(panel.title, fontsize=TITLE_SIZE, loc="left")
+        ax.tick_params(labelsize=TICK_SIZE)
         if panel.type == "timeseries":
-            draw_timeseries(ax, panel, data, start, end)
+            draw_timeseries(ax, panel, data, start, end, step)
         elif panel.type == "state-timeline":
             draw_states(ax, panel, data, start, end)
         elif panel.type == "stat":
@@ -426,8 +510,11 @@ def demo(seconds: float, out_dir: Path) -> None:
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
                        "scrape_timeout": "1s"},
             "rule_files": [str(RECORDING_RULES)],
-            "scrape_configs": [{"job_name": "gpuwatch",
-                                "static_configs": [{"targets": targets}]}]}))
+            # named as hosts are (the docs' legends: "gpu-host-1:9442 GPU 0"), not by the
+            # free ports the two replays took here
+            "scrape_configs": [{"job_name": "gpuwatch", "static_configs": [
+                {"targets": [t], "labels": {"instance": f"gpu-host-{i}:9442"}}
+                for i, t in enumerate(targets, 1)]}]}))
         procs.append(subprocess.Popen(
             [binary, f"--config.file={tmp / 'prometheus.yml'}",
              f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",

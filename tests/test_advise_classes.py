@@ -47,6 +47,9 @@ def test_jobs_breakdown_sums_to_one_on_every_recording():
 
     for path in sorted(DATA.glob("*.jsonl"))[:4]:
         for j in advise_json(path)["jobs"]:
+            if j["time_share"] is None:  # a process that never trained: phases only
+                assert j["phase"] == "inference" and j["phases"]
+                continue
             assert sum(j["time_share"].values()) == pytest.approx(1.0, abs=1e-3)
             assert set(j["time_share"]) == {"data", "sync", "gpu", "host", "other"}
 

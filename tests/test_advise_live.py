@@ -140,9 +140,16 @@ def test_advise_url_reads_a_running_daemon():
         proc = run_cli("advise", "--url", url, "--format", "json")
         assert proc.returncode == 0, proc.stderr
         report = json.loads(proc.stdout)
-        assert report["format"] == "gpuwatch-advice/1" and report["source"]["kind"] == "live"
+        # a replaying daemon answers with the recording judged whole, as `advise --replay`
+        offline = json.loads(run_cli("advise", "--replay", str(DATA / "tuned.jsonl"),
+                                     "--format", "json").stdout)
+        assert report["format"] == "gpuwatch-advice/1"
+        assert report["source"] == dict(offline["source"], url=url)
+        assert report["advice"] == offline["advice"] and report["jobs"] == offline["jobs"]
         text = run_cli("advise", "--url", url)
-        assert text.returncode == 0 and "live daemon" in text.stdout
+        assert text.returncode == 0
+        assert f"recording {DATA / 'tuned.jsonl'}, " in text.stdout
+        assert f"replayed by the daemon at {url}" in text.stdout
     finally:
         daemon.terminate()
         daemon.wait(timeout=10)

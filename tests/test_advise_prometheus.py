@@ -271,7 +271,7 @@ def test_ranks_one_per_host_and_of_several_jobs(prometheus):
     assert [r["rank"] for r in block["ranks"]] == [0, 1] and block["straggler"] is None
     text = run_cli("advise", "--prometheus", url, "--window", "300", "--match",
                    'instance=~"node-(a|b):9442"').stdout
-    assert "Straggler: rank 1 on node-b:9442 (GPU 0): it loses 55% of each step" in text
+    assert "Straggler: rank 1 on node-b:9442 (GPU 0): it loses 55 % of each step" in text
 
 
 def test_fleet_lists_a_lost_gpu_and_renders_per_host(prometheus):

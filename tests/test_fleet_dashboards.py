@@ -277,6 +277,38 @@ def test_every_dashboard_and_rule_query_against_two_hosts(gpuwatch_daemon, prome
                 assert n > 0, f"{uid} / {title} rendered empty"
 
 
+def test_every_stat_panel_says_how_it_reduces_its_range():
+    """A "mean" stat is the mean over the dashboard's range, not its last sample (issue 15:
+    "Mean GPU utilization 0 %" beside graphs near 100 %); counts and states are now."""
+    seen = 0
+    for uid, board in boards().items():
+        for panel in gr.panels(board):
+            if panel.type != "stat":
+                continue
+            seen += 1
+            calcs = panel.raw["options"]["reduceOptions"]["calcs"]
+            desc = panel.raw["description"]
+            if panel.title.startswith("Mean "):
+                assert calcs == ["mean"], (uid, panel.title, calcs)
+                assert desc.endswith("Mean over the dashboard's time range."), desc
+            else:
+                assert calcs == ["lastNotNull"], (uid, panel.title, calcs)
+                assert desc.endswith("Now (the last sample in the time range)."), desc
+    assert seen >= 8
+
+
+def test_the_renderer_reduces_a_stat_as_the_panel_says():
+    fleet = boards()["gpuwatch-fleet"]
+    stats = {p.title: p for p in gr.panels(fleet) if p.type == "stat"}
+    busy_then_idle = [0.95, 0.97, 0.96, 0.98, float("nan"), 0.0]
+    mean = gr.reduce_series(stats["Mean GPU utilization"], busy_then_idle)
+    assert mean == pytest.approx(sum([0.95, 0.97, 0.96, 0.98, 0.0]) / 5)
+    assert gr.reduce_series(stats["Hosts reporting"], [1.0, 2.0, 2.0]) == 2.0
+    odd = dict(stats["Hosts reporting"].raw, options={"reduceOptions": {"calcs": ["delta"]}})
+    with pytest.raises(ValueError, match="delta"):
+        gr.reduce_series(gr.Panel("x", "Odd", "stat", "none", (), {}, odd), [1.0])
+
+
 def test_the_renderer_writes_units_as_grafana_does():
     assert gr.format_value(0.5, "percentunit") == "50%"
     assert gr.format_value(80 * 2**30, "bytes") == "80 GiB"

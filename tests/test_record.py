@@ -118,7 +118,7 @@ def test_record_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     assert "cannot write trace" in result.stderr and "No such file or directory" in result.stderr
     result = run_gpuwatch(["record", str(tmp_path / "x.jsonl"), "--duration", "0"], tmp_path)
     assert result.returncode == 2
-    assert "--duration must be above 0" in result.stderr
+    assert "argument --duration: expected seconds above 0, got 0" in result.stderr
 
 
 def test_recorder_puts_late_samples_in_time_order(tmp_path: Path) -> None:

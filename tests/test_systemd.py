@@ -113,7 +113,10 @@ def test_shipped_defaults_and_config_are_accepted(tmp_path):
     args = re.search(r'^ARGS="(.*)"$', (SYSTEMD / "gpuwatch.default").read_text(), re.M)
     assert args and "/etc/gpuwatch/gpuwatch.yaml" in args.group(1)
     config = load_config(str(SYSTEMD / "gpuwatch.yaml"))
-    assert config.listen_address.startswith("127.0.0.1:")  # loopback unless the admin opens it
+    # every interface, as node_exporter and dcgm-exporter: Prometheus scrapes it from its own
+    # host (README; docs/security.md says what that exposes and how TLS closes it;
+    # tests/test_install.py scrapes it so)
+    assert config.listen_address == ":9442"
 
 
 # -- the notify protocol --------------------------------------------------------------

@@ -5,11 +5,20 @@ Each evaluation feeds the samples published since the last one into a streaming
 the engine's hysteresis decides what starts and ends. Active advice is exported as
 ``gpuwatch_advice_active{rule,gpu,severity} 1`` and served at /api/advice; each piece is
 logged once when it starts and once when it ends.
+
+/api/advice is right from the first request. Sampling, it judges what has come so far
+(evaluated on request, not only every ``interval``) and, until the rules' windows are
+full, says it is warming up and for how long (``warming_up``). Replaying a recording
+(:meth:`LiveAdvisor.judge_ahead`), it answers with the whole recording judged ahead, the
+report `gpuwatch advise --replay FILE` prints, while the live engine follows the replay
+for ``gpuwatch_advice_active``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import statistics
 import threading
 import time
 from collections import deque
@@ -19,8 +28,8 @@ from typing import Any
 
 from gpuwatch.advisor import endings
 from gpuwatch.advisor.engine import Engine, Finding
-from gpuwatch.advisor.report import RunTally, build_report
-from gpuwatch.advisor.rules import RuleSet, load_rules
+from gpuwatch.advisor.report import HOOK_NOTE, RunTally, build_report
+from gpuwatch.advisor.rules import RuleSet, human_duration, human_percent, load_rules
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +45,19 @@ NO_GPU = "NVML found no GPU on this host"
 # the live step-time attribution (/api/advice jobs, gpuwatch_train_time_share_ratio) covers
 # this much recent time
 JOBS_WINDOW_SECONDS = 30.0
+# /api/advice brings the evaluation up to date when the last one is older than this
+FRESH_SECONDS = 1.0
+# a request waits this long for a recording being judged ahead before it answers that it
+# is warming up (the bundled demo takes a fraction of a second)
+AHEAD_WAIT_SECONDS = 3.0
+
+
+def warmup_seconds(ruleset: RuleSet) -> float:
+    """How much data most rules need before they can speak: the median, over the rules
+    that read windows, of the longest window plus how long the condition must hold (the
+    built-in training rules: a 15 s window held 10 s)."""
+    needs = [r.max_window + r.for_s for r in ruleset.rules if r.max_window > 0]
+    return float(statistics.median(needs)) if needs else 0.0
 
 
 class AdviceCollector:
@@ -109,6 +131,9 @@ class LiveAdvisor:
         # judges the same (rule, GPU) again or reaches its own loop point without it
         self._held: dict[tuple[str, int | None], Finding] = {}
         self.segments = 1
+        self.warmup = warmup_seconds(self.ruleset)
+        self.started_at = time.time()
+        self._ahead: _Ahead | None = None
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -137,6 +162,15 @@ class LiveAdvisor:
         window may reach across it, so what comes from ``t`` on is judged by a fresh
         engine. Safe to call from another thread."""
         self._boundaries.append(float(t))
+        if self._ahead is not None:
+            self._ahead.refresh()  # a recording that grew is judged again
+
+    def judge_ahead(self, path: str, shown: str | None = None) -> None:
+        """A recording is being replayed: /api/advice answers with the whole of it judged
+        ahead (in a thread of its own, started now), as `gpuwatch advise --replay` does;
+        ``shown`` names it in the report."""
+        self._ahead = _Ahead(path, shown, self.ruleset)
+        self._ahead.refresh()
 
     def _new_engine(self) -> Engine:
         engine = Engine(self.ruleset, res=self.res, on_start=self._started,
@@ -154,8 +188,7 @@ class LiveAdvisor:
         self.engine = self._new_engine()
         self.tally = RunTally(window=TALLY_SECONDS)
         self.segments += 1
-        latest = self.store.latest()
-        self._set_infos(latest.infos)
+        self._infos_seen = ()  # told to the new engine once it has data (evaluate)
         for c in configs:
             self.engine.feed(c)
 
@@ -174,43 +207,48 @@ class LiveAdvisor:
     def evaluate(self) -> None:
         """Feed what the store gained since the last call and evaluate up to now - lag."""
         with self._lock:
-            latest = self.store.latest()
-            if latest.infos != self._infos_seen:
-                self._set_infos(latest.infos)
-            since = self._fed_until if self._fed_until is not None else 0.0
-            samples = self.store.timeline(since)
-            newest = max((s.t for s in samples if type(s).__name__ != "ConfigSample"),
-                         default=None)
-            if newest is None:
-                return
-            horizon = newest - LAG_SECONDS
-            if self._fed_until is not None and horizon <= self._fed_until:
-                return
-            edge: set[int] = set()
-            feed = self.engine.feed
-            configs = [s for s in samples if type(s).__name__ == "ConfigSample"]
-            bounds = self._boundaries
-            for s in samples:
-                t = s.t
-                if type(s).__name__ == "ConfigSample":
-                    feed(s)  # a setting is state: feeding it again changes nothing
-                    continue
-                if t > horizon:
-                    break
-                if self._fed_until is not None and (t < self._fed_until or (
-                        t == self._fed_until and id(s) in self._fed_at_edge)):
-                    continue
-                while bounds and t >= bounds[0]:
-                    self._restart(bounds.popleft(), configs)
-                    feed = self.engine.feed
-                feed(s)
-                self.tally.feed(s)
-                if t == horizon:
-                    edge.add(id(s))
-            self._fed_at_edge = edge
-            self._fed_until = horizon
-            self.engine.advance_to(horizon)
-            self.last_evaluation = time.time()
+            self._evaluate()
+
+    def _evaluate(self) -> None:
+        latest = self.store.latest()
+        since = self._fed_until if self._fed_until is not None else 0.0
+        samples = self.store.timeline(since)
+        newest = max((s.t for s in samples if type(s).__name__ != "ConfigSample"),
+                     default=None)
+        if newest is None:
+            return
+        horizon = newest - LAG_SECONDS
+        if self._fed_until is not None and horizon <= self._fed_until:
+            return
+        edge: set[int] = set()
+        feed = self.engine.feed
+        configs = [s for s in samples if type(s).__name__ == "ConfigSample"]
+        bounds = self._boundaries
+        for s in samples:
+            t = s.t
+            if type(s).__name__ == "ConfigSample":
+                feed(s)  # a setting is state: feeding it again changes nothing
+                continue
+            if t > horizon:
+                break
+            if self._fed_until is not None and (t < self._fed_until or (
+                    t == self._fed_until and id(s) in self._fed_at_edge)):
+                continue
+            while bounds and t >= bounds[0]:
+                self._restart(bounds.popleft(), configs)
+                feed = self.engine.feed
+            feed(s)
+            self.tally.feed(s)
+            if t == horizon:
+                edge.add(id(s))
+        self._fed_at_edge = edge
+        self._fed_until = horizon
+        # the GPUs' facts once the engine has data: a GPU made known before its first
+        # sample would have its windows read as complete from the start
+        if latest.infos != self._infos_seen and self.engine.frame.t_first is not None:
+            self._set_infos(latest.infos)
+        self.engine.advance_to(horizon)
+        self.last_evaluation = time.time()
 
     def _started(self, f: Finding) -> None:
         if self._held.pop((f.rule.id, f.gpu), None) is not None:
@@ -243,19 +281,177 @@ class LiveAdvisor:
         return AdviceCollector(self)
 
     def report_json(self) -> dict[str, Any]:
-        """The /api/advice body: the same JSON `gpuwatch advise --format json` prints."""
+        """The /api/advice body: the same JSON `gpuwatch advise --format json` prints.
+
+        Replaying, the recording judged ahead (waiting a moment for it the first time);
+        else, or until that is ready, what has been judged so far, brought up to date
+        first, with ``warming_up`` while that is less than the rules need."""
+        ahead = self._ahead
+        if ahead is not None:
+            got = ahead.report(wait=AHEAD_WAIT_SECONDS)
+            if got is not None:
+                return got
         with self._lock:
-            frame = self.engine.frame
-            source = {"kind": "live", "evaluated_until": self.engine.evaluated_until,
-                      "start": frame.t_first, "end": frame.t_last,
-                      "resolution_seconds": self.engine.res}
-            nvml = bool(getattr(self.store.latest(), "nvml_available", True))
-            report = build_report([(self.engine, self._active(), None)], source,
-                                  tally=self.tally, no_gpu_reason=NO_GPU if nvml else NO_NVML)
-            # the ends the store kept (the receiver's and the launcher's, and a replay's
-            # `job_end` lines), as `advise --replay` lists them
-            ended = getattr(self.store, "job_ends", None)
-            if ended is not None:
-                report["job_ends"] = endings.entries(
-                    [*report.get("job_ends", []), *(asdict(e) for e in ended())])
-            return report
+            if self.last_evaluation is None or time.time() - self.last_evaluation > FRESH_SECONDS:
+                self._evaluate()
+            return self._live_report(ahead)
+
+    def _live_report(self, ahead: _Ahead | None) -> dict[str, Any]:
+        frame = self.engine.frame
+        source = {"kind": "live", "evaluated_until": self.engine.evaluated_until,
+                  "start": frame.t_first, "end": frame.t_last,
+                  "resolution_seconds": self.engine.res}
+        latest = self.store.latest()
+        nvml = bool(getattr(latest, "nvml_available", True))
+        waiting = self._not_judged_yet(latest)
+        report = build_report([(self.engine, self._active(), None)], source,
+                              tally=self.tally,
+                              no_gpu_reason=waiting or (NO_GPU if nvml else NO_NVML))
+        # the ends the store kept (the receiver's and the launcher's, and a replay's
+        # `job_end` lines), as `advise --replay` lists them
+        ended = getattr(self.store, "job_ends", None)
+        if ended is not None:
+            report["job_ends"] = endings.entries(
+                [*report.get("job_ends", []), *(asdict(e) for e in ended())])
+        judged = 0.0
+        if self.engine.evaluated_until is not None and frame.t_first is not None:
+            judged = max(0.0, self.engine.evaluated_until - frame.t_first)
+        report["warming_up"] = None
+        if ahead is not None:
+            # what the live engine saw so far says nothing of the recording's hook data
+            report["notes"] = [n for n in report["notes"] if n != HOOK_NOTE]
+            report["warming_up"] = ahead.warming_up()
+        elif judged < self.warmup:
+            # nothing judged yet: the first samples still have the lag to wait out
+            left = self.warmup - judged + (LAG_SECONDS if judged == 0 else 0.0)
+            report["warming_up"] = {
+                "judged_seconds": round(judged, 1), "needed_seconds": self.warmup,
+                "ready_in_seconds": round(left, 1),
+                "reason": f"the advisor has judged {human_duration(judged)} of data, and most "
+                          f"rules need {human_duration(self.warmup)} (a window to fill, then "
+                          f"a time to hold): their advice can come in about "
+                          f"{human_duration(left)}"}
+        return report
+
+    def _not_judged_yet(self, latest: Any) -> str | None:
+        """Why the report has no GPU yet though the host may have some: no sample yet, or
+        none old enough to judge (the advisor waits for late step datagrams)."""
+        if self.engine.frame.gpus():
+            return None
+        if latest.infos:
+            return (f"no GPU sample is old enough to judge (the advisor judges samples "
+                    f"{LAG_SECONDS:g} s old, so that late training-step reports count)")
+        if not getattr(latest, "nvml_available", True):
+            return None  # known: no NVML here (NO_NVML says so)
+        health = getattr(latest, "health", None)
+        if getattr(health, "ticks_total", 1) == 0 and not latest.gpus:
+            since = time.time() - self.started_at
+            return f"no sample yet: the daemon started {human_duration(since)} ago"
+        return None
+
+
+class _Ahead:
+    """A recording judged whole in a thread of its own; judged again when the file
+    changed (a recording still being written), keeping the last report meanwhile."""
+
+    def __init__(self, path: str, shown: str | None, ruleset: RuleSet) -> None:
+        self.path = path
+        self.shown = shown
+        self.ruleset = ruleset
+        self._lock = threading.Lock()
+        self._report: dict[str, Any] | None = None
+        self._error: str | None = None
+        self._stamp: tuple[int, float] | None = None  # the file's (size, mtime) judged
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._began = 0.0
+        self._span: float | None = None  # the recording's seconds, for progress
+        self._t0: float | None = None
+        self._t: float | None = None
+        self._created = time.monotonic()
+
+    def _file_stamp(self) -> tuple[int, float] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime
+
+    def refresh(self) -> None:
+        """Judge the file (again) unless it is unchanged or a judgement is under way."""
+        stamp = self._file_stamp()
+        with self._lock:
+            if (self._thread is not None and self._thread.is_alive()) or (
+                    stamp is not None and stamp == self._stamp):
+                return
+            self._stamp = stamp
+            self._thread = threading.Thread(target=self._judge, name="gpuwatch-judge-ahead",
+                                            daemon=True)
+            self._thread.start()
+
+    def _judge(self) -> None:
+        from gpuwatch.advisor.sources import recording_report, trace_span
+
+        self._began = time.monotonic()
+        self._span = trace_span(self.path)
+        self._t0 = self._t = None
+
+        def seen(line: Any) -> None:
+            t = line.get("t") if type(line) is dict else getattr(line, "t", None)
+            if t is not None:
+                if self._t0 is None:
+                    self._t0 = t
+                self._t = t
+
+        try:
+            got = recording_report(self.path, self.ruleset, shown=self.shown, observe=seen)
+        except Exception as err:  # the replay and the live advice go on without it
+            log.warning("judging %s ahead failed: %s; /api/advice follows the replay",
+                        self.path, err)
+            with self._lock:
+                self._error = str(err)
+            self._ready.set()
+            return
+        got["notes"] = [*got["notes"], (
+            "A recording served as if live: this is the whole recording judged ahead, as "
+            "`gpuwatch advise --replay` judges it; gpuwatch_advice_active follows the "
+            "replay as it plays.")]
+        with self._lock:
+            self._report = got
+            self._error = None
+        self._ready.set()
+
+    def report(self, wait: float) -> dict[str, Any] | None:
+        """The latest report, or None. Until the first is ready, a request waits for it,
+        but only within ``wait`` s of the judging's start: later ones answer at once."""
+        if not self._ready.is_set():
+            self._ready.wait(max(0.0, wait - (time.monotonic() - self._created)))
+        with self._lock:
+            if self._report is None:
+                return None
+            out = dict(self._report)
+        out["generated_at"] = round(time.time(), 3)
+        out["warming_up"] = None
+        return out
+
+    def warming_up(self) -> dict[str, Any]:
+        with self._lock:
+            if self._error is not None:
+                return {"judged_seconds": None, "needed_seconds": None,
+                        "ready_in_seconds": None,
+                        "reason": f"judging the recording ahead failed ({self._error}); "
+                                  "this is what the replay has served so far"}
+        done = None
+        if self._span and self._t is not None and self._t0 is not None:
+            done = min(1.0, max(0.0, (self._t - self._t0) / self._span))
+        elapsed = time.monotonic() - self._began
+        left = elapsed * (1 - done) / done if done else None
+        how = (f"{human_percent(done)} done, about {human_duration(left)} left"
+               if left is not None and done is not None
+               else "just begun")
+        return {"judged_seconds": None if done is None or self._span is None
+                else round(done * self._span, 1),
+                "needed_seconds": self._span, "ready_in_seconds":
+                None if left is None else round(left, 1),
+                "reason": f"judging the recording ahead ({how}); until then, this is what the "
+                          "replay has served so far"}

@@ -208,6 +208,8 @@ def judged(tally: RunTally | None, engine_gpus: list[int], hook_steps: bool,
                                      "busy_signal": "breakdown"}
     for g in per_gpu:
         g.update(broken_down.pop(g["gpu"], {}))
+        # the breakdown counts whole buckets: never more training than time seen
+        g["training_seconds"] = min(g["training_seconds"], g["seconds"])
     per_gpu += [dict(gpu=gpu, seconds=v["training_seconds"], **v)
                 for gpu, v in sorted(broken_down.items())]
     training = any(g["training_seconds"] >= MIN_TRAINING_SECONDS for g in per_gpu)
@@ -309,6 +311,7 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         "host": {"cpus": int(host_cpus) if host_cpus else None},
         "gpus": gpus,
         "judged": seen,
+        "warming_up": None,  # the daemon's, while it has judged less than its rules need
         "jobs": jobs,
         "advice": advice,
         "job_ends": endings.entries(ended),
@@ -399,12 +402,11 @@ def _num(v: float, digits: int = 3) -> str:
 
 def percent(v: float, fine_top: bool = False) -> str:
     """Whole percent, but a tenth below 10 % (0.4 % is not 0 %) and, with ``fine_top``
-    (how full memory is), from 90 % up (97.5 % vs 99.9 % full is the point)."""
-    p = v * 100.0
-    top = 90 if fine_top else math.inf
-    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < top:
-        return f"{p:.0f} %"
-    return f"{p:.1f} %"
+    (how full memory is), from 90 % up (97.5 % vs 99.9 % full is the point). The rule
+    templates' ``{x:.0%}`` write the same (rules.human_percent)."""
+    from gpuwatch.advisor.rules import human_percent
+
+    return human_percent(v, fine_top)
 
 
 def duration(v: float) -> str:
@@ -492,7 +494,8 @@ def _source_line(report: dict[str, Any]) -> str:
     if kind == "replay":
         dur = src.get("duration_seconds")
         span = f", {dur:.0f} s" if isinstance(dur, (int, float)) else ""
-        return f"recording {src.get('path')}{span}"
+        served = f", replayed by the daemon at {src['url']}" if src.get("url") else ""
+        return f"recording {src.get('path')}{span}{served}"
     if kind == "prometheus":
         return f"Prometheus {src.get('url')}, last {src.get('window_seconds', 0):.0f} s"
     if kind == "live":
@@ -514,6 +517,11 @@ def evidence_items(ev: dict[str, Any]) -> list[tuple[str, str]]:
             label = k.replace("_", " ")
         out.append((label, evidence_value(k, v)))
     return out
+
+
+def warming_up_text(report: dict[str, Any]) -> str:
+    """A daemon that has not judged enough yet says so, and for how long (docs/report.md)."""
+    return f"Warming up: {report['warming_up']['reason']}."
 
 
 def not_judged_text(report: dict[str, Any]) -> str:
@@ -545,10 +553,18 @@ def no_advice_text(report: dict[str, Any]) -> str:
     seen = report.get("judged")
     if not seen:  # a report from an older daemon
         return "No advice: nothing in this data calls for a change."
+    # warming up: too little judged to say that nothing calls for a change
+    warming = bool(report.get("warming_up"))
     if seen.get("gpu") is False:
         if any(j.get("gpu") is None for j in report.get("jobs", [])):
-            return not_judged_text(report) + " Nothing in them calls for a change."
-        return not_judged_text(report) + " Nothing on the host calls for a change."
+            return not_judged_text(report) + (" Nothing in them calls for a change yet."
+                                              if warming else
+                                              " Nothing in them calls for a change.")
+        return not_judged_text(report) + (" The host rules are still warming up (above)."
+                                          if warming else
+                                          " Nothing on the host calls for a change.")
+    if warming:
+        return "No advice yet: the advisor is warming up (above)."
     if seen.get("training") is False:
         return ("No advice: no training job ran on a GPU in this data (no steps from the "
                 "torch hook, no process working on a GPU), and the GPU health rules found "
@@ -600,12 +616,12 @@ def job_line(j: dict[str, Any]) -> str:
     cpu = j.get("gpu") is None
     names = dict(_CATEGORY_NAMES, host="the step's own work on the CPU") if cpu \
         else _CATEGORY_NAMES
-    parts = ", ".join(f"{names.get(c, c)} {100 * v:.0f} %"
+    parts = ", ".join(f"{names.get(c, c)} {percent(v)}"
                       for c, v in sorted(shares.items(), key=lambda kv: -kv[1])
                       if not (cpu and c in ("gpu", "sync")))
     tail = []
     if j.get("step_seconds"):
-        tail.append(f"step {1000 * j['step_seconds']:.1f} ms")
+        tail.append(f"step {duration(j['step_seconds'])}")
     if (j.get("micro_batches") or 1) > 1.05:
         tail.append(f"{j['micro_batches']:g} micro-batches per step")
     if j.get("source") == "nvml":
@@ -621,7 +637,7 @@ def phases_line(j: dict[str, Any]) -> str | None:
     if not total:
         return None
     order = ("startup", "compile", "train", "eval", "checkpoint", "inference")
-    parts = [f"{_PHASE_NAMES[p]} {duration(phases[p])} ({100 * phases[p] / total:.0f} %)"
+    parts = [f"{_PHASE_NAMES[p]} {duration(phases[p])} ({percent(phases[p] / total)})"
              for p in order if phases.get(p)]
     return f"    by phase: {', '.join(parts)}"
 
@@ -634,6 +650,8 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
                                                  ("phases", hook.get("phases"))) if seen)
     hook_txt = hook_txt or "none"
     lines = [f"gpuwatch advice: {_source_line(report)} (torch hook data: {hook_txt})", ""]
+    if report.get("warming_up"):
+        lines += textwrap.wrap(warming_up_text(report), width=width) + [""]
     for g in report.get("gpus", []):
         lines.append(_gpu_line(g))
     for j in report.get("jobs", []):
@@ -664,7 +682,7 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
         lines.append("")
         lines.append(f"{i}. [{a['severity'].upper()}] {a['id']} on {where}, confidence "
                      f"{a['confidence']:.2f}{state}")
-        lines.append(f"   {a['title']}")
+        lines += wrap.wrap(a["title"])  # indented as the body under it
         lines += wrap.wrap(a["message"])
         if a.get("evidence"):
             lines += wrap.wrap("Evidence: " + _evidence_text(a["evidence"]))
@@ -680,7 +698,10 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# gpuwatch advice: {_source_line(report)}", "", "## GPUs", "",
+    lines = [f"# gpuwatch advice: {_source_line(report)}", ""]
+    if report.get("warming_up"):
+        lines += [f"> {warming_up_text(report)}", ""]
+    lines += ["## GPUs", "",
              "| GPU | model | compute capability | bf16 | TF32 | FP8 | GPM |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for g in report.get("gpus", []):
@@ -736,15 +757,19 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [not_judged_text(report), ""]
     for i, a in enumerate(advice, 1):
         where = "host" if a.get("gpu") is None else f"GPU {a['gpu']}"
+        if a.get("instance"):
+            where = f"{a['instance']} {where}"
+        state = "" if a.get("active", True) else ", ended"
         lines += [(f"### {i}. `{a['id']}` ({a['severity']}, {where}, confidence "
-                  f"{a['confidence']:.2f})"), "", f"**{a['title']}**", "", a["message"], "",
-                  f"**Change:** {a['action']}", ""]
-        if a.get("expected_gain_text"):
-            lines += [f"**Expected gain:** {a['expected_gain_text']}", ""]
+                  f"{a['confidence']:.2f}{state})"), "", f"**{a['title']}**", "", a["message"], ""]
+        # in the text report's order: message, evidence, change, gain, what the hook adds
         if a.get("evidence"):
             lines += ["| evidence | value |", "| --- | --- |"]
             lines += [f"| `{k}` | {evidence_value(k, v)} |" for k, v in a["evidence"].items()]
             lines.append("")
+        lines += [f"**Change:** {a['action']}", ""]
+        if a.get("expected_gain_text"):
+            lines += [f"**Expected gain:** {a['expected_gain_text']}", ""]
         if a.get("hook_would_add"):
             lines += [f"*With the hook:* {a['hook_would_add']}", ""]
     for note in report.get("notes", []):

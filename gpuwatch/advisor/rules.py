@@ -23,7 +23,7 @@ import yaml
 from gpuwatch.advisor import expr
 from gpuwatch.advisor.facts import cc_number
 from gpuwatch.advisor.vocabulary import VOCABULARY
-from gpuwatch.errors import FileFormatError, UserError
+from gpuwatch.errors import FileFormatError, UserError, file_error
 
 SEVERITIES = ("info", "warning", "critical")
 SCOPES = ("gpu", "host")
@@ -59,6 +59,7 @@ _RULE_KEYS = {
 }
 _REQUIRED = ("id", "title", "severity", "when", "message", "action")
 _ACTION_KEYS = {"text", "arch", "when"}
+_PERCENT_RE = re.compile(r"(\d)%")
 _TEMPLATE_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _SPEC_RE = re.compile(r"^(?:[<>=^]?[+\- ]?\d*,?(?:\.\d+)?[eEfFgGd%]?|bytes|int|duration)$")
 _TEMPLATE_BUILTINS = {"gpu", "compute_capability", "gpu_name", "held_seconds", "held_minutes",
@@ -105,17 +106,25 @@ class Template:
                 continue
             out.append(lit)
             if name:
-                out.append(format_value(values.get(name), spec))
+                out.append(format_value(values.get(name), spec, name))
         return "".join(out)
 
 
-def format_value(v: Any, spec: str = "") -> str:
+def format_value(v: Any, spec: str = "", name: str = "") -> str:
+    """One placeholder's value as text. A percent (``{util:.0%}``, any ``%`` spec) is
+    written as the report writes evidence, :func:`human_percent` (``20 %``, ``7.9 %``):
+    the spec's digits are not used, so every message and the evidence beside it agree."""
     if v is None:
         return "?"
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, str):
         return v
+    if spec.endswith("%"):
+        try:
+            return human_percent(float(v), fine_top="mem" in name)
+        except (TypeError, ValueError):
+            return str(v)
     if spec == "bytes":
         return human_bytes(v)
     if spec == "duration":
@@ -136,6 +145,19 @@ def format_value(v: Any, spec: str = "") -> str:
     if "e+" in out and abs(v) < 1e15:
         return f"{v:.0f}"  # a person reads 16384, not 1.64e+04
     return out
+
+
+def human_percent(v: float, fine_top: bool = False) -> str:
+    """A ratio as a person reads it: whole percent with a space (``20 %``), but a tenth
+    below 10 % (``7.9 %``, ``0.4 %``: not ``0 %``) and, with ``fine_top`` (how full memory
+    is), from 90 % up (``97.5 %`` vs ``99.9 %`` full is the point). docs/report.md."""
+    if not math.isfinite(v):
+        return f"{v} %"
+    p = v * 100.0
+    top = 90 if fine_top else math.inf
+    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < top:
+        return f"{p:.0f} %"
+    return f"{p:.1f} %"
 
 
 def human_duration(v: float) -> str:
@@ -160,6 +182,12 @@ def human_bytes(v: float) -> str:
         if abs(v) >= size:
             return f"{v / size:.1f} {unit}"
     return f"{v:.0f} B"
+
+
+def spaced_percents(text: str) -> str:
+    """A number written with its percent sign ("80%") takes the space the report puts
+    before every unit ("80 %"): rule text written either way reads one way."""
+    return _PERCENT_RE.sub(r"\1 %", text)
 
 
 def parse_template(text: str) -> Template:
@@ -216,7 +244,15 @@ def _parse_segment(text: str) -> list[tuple[str, str | None, str]]:
             lit = []
     lit.append(text[pos:])
     parts.append(("".join(lit), None, ""))
-    return parts
+    # a number written with its percent sign in the text itself ("80%") takes the space
+    # the rendered ones have ("80 %"); so does a sign right after a placeholder
+    spaced = []
+    for i, (literal, name, spec) in enumerate(parts):
+        literal = spaced_percents(literal)
+        if i and literal.startswith("%") and parts[i - 1][1]:
+            literal = " " + literal
+        spaced.append((literal, name, spec))
+    return spaced
 
 
 # -- rules -------------------------------------------------------------------------------
@@ -653,13 +689,16 @@ class _FileChecker:
             tpl_names |= a.text.names()
         signals |= {n for n in tpl_names if n in VOCABULARY}
         return Rule(
-            template_names=tpl_names, id=rid, title=title, severity=sev, when=when[1],
+            template_names=tpl_names, id=rid, title=spaced_percents(title), severity=sev,
+            when=when[1],
             when_text=str(raw["when"]),
             message=message, actions=actions, file=self.path, line=raw.line, scope=scope,
             phase=phase,
             arch_min=arch_min, arch_max=arch_max, for_s=for_s, keep_s=keep_s, unless=unless,
             suppressed_by=tuple(sup), values=values, evidence=evidence, confidence=confidence,
-            gain=gain, gain_text=gain_text, without_hook=without_hook, references=tuple(refs),
+            gain=gain, gain_text=gain_text,
+            without_hook=None if without_hook is None else spaced_percents(without_hook),
+            references=tuple(refs),
             description=str(raw.get("description", "")), signals=signals, max_window=window,
             holds=expr.compile_condition(when[0]), unless_holds=tuple(unless_holds))
 
@@ -735,7 +774,7 @@ def _dir_files(directory: str) -> list[tuple[str, str]]:
                 with open(path, encoding="utf-8") as f:
                     out.append((path, f.read()))
             except OSError as err:
-                raise UserError(f"cannot read rule file {path}: {err.strerror or err}") from err
+                raise file_error("read", "rule file", path, err) from err
             except UnicodeDecodeError as err:
                 raise FileFormatError(path, [(None, f"not UTF-8 text ({err.reason})")]) from err
     return out

@@ -96,6 +96,36 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
     return engine, dict(meta)
 
 
+# how the bundled recording is named in a report (`advise --demo`, `run --demo`)
+DEMO_NAME = "demo (bundled recording)"
+NO_GPU_IN_RECORDING = ("the recording holds no GPU lines (it was made where NVML found no "
+                       "GPU: a CPU-only job, or a host without the NVIDIA driver)")
+
+
+def recording_report(path: str, ruleset: RuleSet, *, shown: str | None = None,
+                     observe: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """The report of a whole recording: what `gpuwatch advise --replay FILE` prints (as
+    JSON), and what the daemon serves at /api/advice while it replays FILE. ``shown``
+    names the file in the report; ``observe`` sees every line judged (progress)."""
+    from gpuwatch.advisor import report
+
+    tally = report.RunTally()
+    feed = tally.feed
+    if observe is not None:
+        def feed(line: Any) -> None:
+            tally.feed(line)
+            observe(line)
+    engine, meta = judge_trace(path, ruleset, observe=feed)
+    frame = engine.frame
+    src = {"kind": "replay", "path": shown or path, "scenario": meta.get("scenario"),
+           "start": frame.t_first, "end": frame.t_last,
+           "duration_seconds": (frame.t_last - frame.t_first)
+           if frame.t_first is not None and frame.t_last is not None else None,
+           "resolution_seconds": engine.res}
+    return report.build_report([(engine, engine.summary(), None)], src, tally=tally,
+                               no_gpu_reason=NO_GPU_IN_RECORDING)
+
+
 def _tee(lines: Iterable[Any], observe: Callable[[Any], None]) -> Iterator[Any]:
     for line in lines:
         observe(line)

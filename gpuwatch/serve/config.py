@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gpuwatch.errors import FileFormatError, UserError
+from gpuwatch.errors import FileFormatError, UserError, file_error
 from gpuwatch.serve.privacy import Privacy
 
 DEFAULT_LISTEN = "127.0.0.1:9442"
@@ -189,7 +189,7 @@ def _load(path: str) -> tuple[Config, bool]:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as err:
-        raise UserError(f"cannot read configuration file {path}: {err.strerror or err}") from err
+        raise file_error("read", "configuration file", path, err) from err
     except UnicodeDecodeError as err:
         raise FileFormatError(path, [(None, f"not UTF-8 text ({err.reason})")]) from err
     try:

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from gpuwatch.errors import FileFormatError, UserError
+from gpuwatch.errors import FileFormatError, UserError, file_error
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +151,7 @@ def _compose(path: str) -> yaml.Node | None:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as err:
-        raise UserError(f"cannot read web configuration file {path}: "
-                        f"{err.strerror or err}") from err
+        raise file_error("read", "web configuration file", path, err) from err
     except UnicodeDecodeError as err:
         raise FileFormatError(path, [(None, f"not UTF-8 text ({err.reason})")]) from err
     loader = yaml.SafeLoader(text)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields
 from typing import IO, TYPE_CHECKING, Any
 
 from gpuwatch import __version__
-from gpuwatch.errors import FileFormatError, UserError
+from gpuwatch.errors import FileFormatError, file_error
 from gpuwatch.samples import (
     TRACE_FORMAT,
     ConfigSample,
@@ -618,7 +618,7 @@ def _open_binary(path: str) -> IO[bytes]:
     try:
         raw = open(path, "rb")  # noqa: SIM115 - closed by the reader's generator
     except OSError as err:
-        raise UserError(f"cannot read trace {path}: {err.strerror or err}") from err
+        raise file_error("read", "trace", path, err) from err
     if raw.peek(2)[:2] != b"\x1f\x8b":
         return raw
     raw.close()
@@ -833,7 +833,7 @@ class TraceWriter:
             else:
                 self._out = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
         except OSError as err:
-            raise UserError(f"cannot write trace {path}: {err.strerror or err}") from err
+            raise file_error("write", "trace", path, err) from err
         try:
             self._write(dict(meta))
         except BaseException:

@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpuwatch import logs
-from gpuwatch.errors import UserError
+from gpuwatch.errors import file_error, file_problem
 from gpuwatch.samples import TRACE_FORMAT, Sample
 from gpuwatch.store import Store
 from gpuwatch.trace.format import TraceWriter
@@ -77,7 +77,7 @@ class Recorder:
         try:
             self._writer = TraceWriter(self.path, self.meta)
         except OSError as err:  # opened, but the meta line could not be written (disk full)
-            raise UserError(f"cannot write trace {self.path}: {err.strerror or err}") from err
+            raise file_error("write", "trace", self.path, err) from err
         self._thread = threading.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
         self._thread.start()
         self.store.subscribe(self._offer)
@@ -144,7 +144,7 @@ class Recorder:
             lines = self._writer.lines_written
             end = (f"; the recording ends at line {lines} (t={self._last_written:.3f})"
                    if self._last_written > float("-inf") else "")
-            self.failed = f"cannot write {self.path}: {err.strerror or err}{end}"
+            self.failed = file_problem("write", "trace", self.path, err) + end
             self.store.count_error("recorder")
             log.error("recording stopped: %s; the daemon goes on without it", self.failed)
         except Exception as err:  # noqa: BLE001 - say so, rather than die silently

@@ -1,0 +1,143 @@
+"""One style for numbers and words in every report (docs/report.md, "One style"): a percent
+is written `20 %` in rule messages as in the evidence beside them, with the same precision;
+the time line of the text report says what the Markdown table says; titles sit where the
+bodies under them sit."""
+
+from __future__ import annotations
+
+import json
+import re
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+from test_advise_support import DATA, run_cli
+
+from gpuwatch.advise import build
+from gpuwatch.advisor.report import evidence_value, percent, render_markdown, render_text
+from gpuwatch.advisor.rules import load_rules
+
+RECORDINGS = sorted(p.name for p in DATA.glob("*.jsonl")) + ["demo"]
+# a percent written the other way: no space before the sign
+GLUED = re.compile(r"\d%")
+# every percent as the report writes it
+PERCENT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?) %")
+PROSE = ("title", "message", "action", "expected_gain_text", "hook_would_add")
+
+
+def _report(name: str) -> dict:
+    demo = name == "demo"
+    return build(Namespace(replay=None if demo else str(DATA / name), demo=demo,
+                           config_file=None, rules_dir=None, format="json"))
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, dict]:
+    return {name: _report(name) for name in RECORDINGS}
+
+
+def _precision_ok(text: str) -> list[str]:
+    """Percents that break the precision rule: a tenth only below 10 % and (memory) from
+    90 % up, never between."""
+    return [m.group(0) for m in PERCENT.finditer(text)
+            if "." in m.group(1) and 10 <= float(m.group(1)) < 90]
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_every_percent_is_written_one_way(reports, name):
+    rep = reports[name]
+    text, md = render_text(rep, width=100), render_markdown(rep)
+    for shown in (text, md, *(str(a.get(k) or "") for a in rep["advice"] for k in PROSE)):
+        assert not GLUED.search(shown), GLUED.findall(shown)
+        assert _precision_ok(shown) == [], shown
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_a_message_says_the_percent_its_evidence_says(reports, name):
+    rules = load_rules().by_id()
+    for a in reports[name]["advice"]:
+        # (the message: of the action's variants only one is written)
+        named = {n for _, n, spec in rules[a["id"]].message.parts if n and spec.endswith("%")}
+        for key in sorted(named & set(a["evidence"])):
+            shown = evidence_value(key, a["evidence"][key])
+            assert shown in a["message"], (a["id"], key, shown, a["message"])
+
+
+def test_every_rule_template_writes_percents_the_one_way():
+    """Every built-in rule's message, actions and gain text, rendered with a value for each
+    placeholder: new rules get the style without anyone editing their text."""
+    rules = load_rules()
+    assert len(rules.rules) >= 10
+    for rule in rules.rules:
+        templates = [rule.message, *(a.text for a in rule.actions)]
+        if rule.gain_text is not None:
+            templates.append(rule.gain_text)
+        for t in templates:
+            for value in (0.2, 0.079, 0.975, 1.0):
+                out = t.render(dict.fromkeys(t.names(), value))
+                assert not GLUED.search(out), (rule.id, out)
+                assert _precision_ok(out) == [], (rule.id, out)
+
+
+def test_a_rule_of_ones_own_gets_the_style(tmp_path):
+    (tmp_path / "mine.yaml").write_text(
+        "rules:\n"
+        "  - id: my-util-check\n"
+        "    title: Util under 90%\n"
+        "    severity: info\n"
+        "    when: mean(util, 10s) < 0.9\n"
+        "    evidence:\n"
+        "      util: mean(util, 10s)\n"
+        "    message: The GPU ran kernels {util:.2%} of the time (aim for 90%).\n"
+        "    action: Look at {util:.0%}.\n")
+    proc = run_cli("advise", "--replay", str(DATA / "small_batch.jsonl"), "--rules-dir",
+                   str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (mine,) = [a for a in json.loads(proc.stdout)["advice"] if a["id"] == "my-util-check"]
+    util = evidence_value("util", mine["evidence"]["util"])
+    assert util.endswith(" %") and "." not in util  # 20 %, whole: between 10 and 90
+    assert mine["message"] == f"The GPU ran kernels {util} of the time (aim for 90 %)."
+    assert mine["action"] == f"Look at {util}."
+    assert mine["title"] == "Util under 90 %"
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_the_time_line_says_what_the_table_says(reports, name):
+    rep = reports[name]
+    text, md = render_text(rep, width=100), render_markdown(rep)
+    names = {"data": "data wait", "sync": "waiting on peers", "gpu": "GPU work",
+             "host": "host", "other": "other"}
+    # the breakdown's rows (the phases table has fewer cells), and the jobs that have one
+    # (an inference process has phases, no breakdown)
+    rows = [r for r in md.splitlines() if re.match(r"\| \S+ \| (pid|rank|\?)", r)
+            and r.count("|") == 10]
+    lines = [ln for ln in text.splitlines() if " time: " in ln]
+    jobs = [j for j in rep["jobs"] if j.get("time_share")]
+    assert len(rows) == len(lines) == len(jobs)
+    for job, row, line in zip(jobs, rows, lines, strict=True):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        for i, cat in enumerate(("data", "sync", "gpu", "host", "other")):
+            shown = percent(job["time_share"][cat])
+            assert cells[2 + i] == shown, (cat, row)
+            assert f"{names[cat]} {shown}" in line, (cat, line)
+
+
+@pytest.mark.parametrize("name", ["demo", "gpu_fp32_conv.jsonl", "gpu_leak_oom.jsonl"])
+def test_titles_and_bodies_sit_at_one_indent(reports, name):
+    rep = reports[name]
+    assert rep["advice"]
+    lines = render_text(rep, width=100).splitlines()
+    heads = [i for i, ln in enumerate(lines) if re.match(r"\d+\. \[[A-Z]+\] ", ln)]
+    assert len(heads) == len(rep["advice"])
+    for i, a in zip(heads, rep["advice"], strict=True):
+        assert lines[i + 1] == "    " + a["title"]
+        body = lines[i + 1:lines.index("", i + 1) if "" in lines[i + 1:] else len(lines)]
+        assert all(ln.startswith("    ") and not ln.startswith("     ") for ln in body), body
+
+
+def test_the_style_is_written_down_once():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "report.md").read_text()
+    assert "## One style" in doc
+    section = doc.split("## One style", 1)[1].split("\n## ", 1)[0]
+    for example in ("`20 %`", "`7.9 %`", "`97.5 %`", "`{util:.0%}`"):
+        assert example in section, example
