@@ -20,8 +20,6 @@ from gpuwatch.errors import UserError
 
 DEFAULT_URL = "http://127.0.0.1:9442"
 DEFAULT_WINDOW = 600.0
-NO_GPU_IN_RECORDING = ("the recording holds no GPU lines (it was made where NVML found no "
-                       "GPU: a CPU-only job, or a host without the NVIDIA driver)")
 
 
 def _ruleset(args: argparse.Namespace) -> Any:
@@ -32,10 +30,7 @@ def _ruleset(args: argparse.Namespace) -> Any:
     return load_rules(config.rules_dirs)
 
 
-def build(args: argparse.Namespace) -> dict[str, Any]:
-    """The report (JSON-able dict) the arguments ask for."""
-    from gpuwatch.advisor import report, sources
-
+def _check_flags(args: argparse.Namespace) -> None:
     window = getattr(args, "window", None)
     match = getattr(args, "match", None)
     prometheus = getattr(args, "prometheus", None)
@@ -49,25 +44,18 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                          or getattr(args, "demo", False) else
                          "the daemon judges over its own live history")
                 raise UserError(f"{flag} applies to --prometheus only ({other})")
+
+
+def build(args: argparse.Namespace) -> dict[str, Any]:
+    """The report (JSON-able dict) the arguments ask for."""
+    from gpuwatch.advisor import report, sources
+
+    _check_flags(args)
+    window = getattr(args, "window", None)
+    match = getattr(args, "match", None)
+    prometheus = getattr(args, "prometheus", None)
     if getattr(args, "replay", None) or getattr(args, "demo", False):
-        ruleset = _ruleset(args)
-        tally = report.RunTally()
-        if args.demo:
-            resource = importlib.resources.files("gpuwatch.data") / "demo.jsonl"
-            with importlib.resources.as_file(resource) as path:
-                engine, meta = sources.judge_trace(str(path), ruleset, observe=tally.feed)
-            shown = "demo (bundled recording)"
-        else:
-            engine, meta = sources.judge_trace(args.replay, ruleset, observe=tally.feed)
-            shown = args.replay
-        frame = engine.frame
-        src = {"kind": "replay", "path": shown, "scenario": meta.get("scenario"),
-               "start": frame.t_first, "end": frame.t_last,
-               "duration_seconds": (frame.t_last - frame.t_first)
-               if frame.t_first is not None and frame.t_last is not None else None,
-               "resolution_seconds": engine.res}
-        return report.build_report([(engine, engine.summary(), None)], src, tally=tally,
-                                   no_gpu_reason=NO_GPU_IN_RECORDING)
+        return build_with_timeline(args)[0]
     if prometheus:
         selector = sources.parse_selector(match) if match is not None else ""
         ruleset = _ruleset(args)
@@ -91,6 +79,23 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     got = sources.fetch_daemon_report(url)
     got.setdefault("source", {})["url"] = url
     return got
+
+
+def build_with_timeline(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """The report the arguments ask for and, for a recording, its timeline (the HTML
+    report's charts; None for a daemon or Prometheus)."""
+    from gpuwatch.advisor import timeline
+
+    if getattr(args, "replay", None) or getattr(args, "demo", False):
+        _check_flags(args)
+        ruleset = _ruleset(args)
+        if args.demo:
+            resource = importlib.resources.files("gpuwatch.data") / "demo.jsonl"
+            with importlib.resources.as_file(resource) as path:
+                return timeline.judge_recording(str(path), ruleset,
+                                                shown="demo (bundled recording)")
+        return timeline.judge_recording(args.replay, ruleset)
+    return build(args), None
 
 
 # -- the fleet report (--prometheus) --------------------------------------------------------

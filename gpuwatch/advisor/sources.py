@@ -74,9 +74,13 @@ def _line_t(line: bytes) -> float | None:
 
 
 def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
-                observe: Callable[[Any], None] | None = None) -> tuple[Engine, dict]:
+                observe: Callable[[Any], None] | None = None,
+                on_bucket: Callable[[Engine, int], None] | None = None
+                ) -> tuple[Engine, dict]:
     """Judge a whole recording (streamed, bounded memory); returns the engine and meta.
-    ``observe`` sees every line the engine is fed (the report's tally of what it judged)."""
+    ``observe`` sees every line the engine is fed (the report's tally of what it judged);
+    ``on_bucket(engine, idx)`` runs after the rules judged each closed bucket (the HTML
+    report's charts read the step-time breakdown there, while the frame still holds it)."""
     from gpuwatch.trace import format as trace
 
     if res is None:
@@ -86,6 +90,15 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
     # and building a frozen dataclass per line was a third of the reader's time
     meta, lines = trace.iter_trace_lines(path)
     engine = Engine(ruleset, res=res)
+    if on_bucket is not None:
+        evaluate = engine.frame.on_bucket
+
+        def both(idx: int) -> None:
+            if evaluate is not None:
+                evaluate(idx)
+            on_bucket(engine, idx)
+
+        engine.frame.on_bucket = both
     engine.frame.set_meta(meta)
     for gpu, info in trace.meta_infos(meta).items():
         engine.frame.set_gpu_info(gpu, name=info.name, cc=info.compute_capability)
