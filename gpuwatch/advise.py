@@ -3,7 +3,8 @@
 From a recording (``--replay FILE``, ``--demo``), a running daemon (``--url``, its
 /api/advice) or a Prometheus server (``--prometheus URL``: the fleet report, every
 instance and GPU over ``--window`` seconds, narrowed by ``--match SELECTOR``, grouped per
-host with the jobs and ranks the hook reported). Prints text, Markdown or JSON; exits 0
+host with the jobs and ranks the hook reported). Prints text, Markdown, JSON or one
+self-contained HTML page (charts of a recording: advisor/html.py); exits 0
 whether or not there is advice, 2 on bad input (a bad file, bad rules, a bad selector,
 nothing listening).
 """
@@ -325,8 +326,15 @@ def render_fleet_markdown(rep: dict[str, Any]) -> str:
 def main(args: argparse.Namespace) -> int:
     from gpuwatch.advisor import report
 
-    rep = build(args)
     fmt = getattr(args, "format", "text") or "text"
+    if fmt == "html":
+        from gpuwatch.advisor import html
+
+        rep, timeline = build_with_timeline(args)
+        sys.stdout.write(html.render(rep, timeline))
+        sys.stdout.flush()
+        return 0
+    rep = build(args)
     fleet = rep.get("source", {}).get("kind") == "prometheus" and "hosts" in rep
     if fmt == "json":
         out = json.dumps(rep, indent=2) + "\n"

@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--demo", action="store_true", help="judge the bundled recording")
     src.add_argument("--prometheus", metavar="URL", help="fleet-wide, from a Prometheus server")
     _add_log_level(adv, argparse.SUPPRESS)
-    adv.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    adv.add_argument("--format", choices=["text", "json", "markdown", "html"], default="text",
+                     help="html: one self-contained page with charts (of a recording), "
+                     "e.g. > report.html")
     adv.add_argument("--rules-dir", action="append", default=[], metavar="DIR",
                      help="extra directory of rule files (repeatable)")
     adv.add_argument("--config.file", dest="config_file", metavar="FILE")
