@@ -1,4 +1,4 @@
-"""The `gpuwatch` command line: run, record, advise.
+"""The `gpuwatch` command line: run, record, advise, compare.
 
 Each subcommand's work lives in its own module; this file only parses and dispatches.
 """
@@ -107,6 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--match", default=None, metavar="SELECTOR",
                      help="with --prometheus: only series matching these label matchers, "
                      "e.g. 'instance=~\"gpu-1.*\"'")
+
+    cmp = sub.add_parser("compare", help="two runs side by side: did the change pay off?",
+                         description="Compare two runs: samples/s and step time with the "
+                         "ratio, util, SM active and memory, the step-time breakdown and the "
+                         "advice that went away or is new. BEFORE and AFTER are recordings "
+                         "(gpuwatch-trace/1) or a running daemon's URL (http://HOST:PORT). "
+                         "Exits 3 when the runs don't compare (another model, no step data).")
+    cmp.add_argument("before", metavar="BEFORE", help="a recording, or http://HOST:PORT")
+    cmp.add_argument("after", metavar="AFTER", help="a recording, or http://HOST:PORT")
+    cmp.add_argument("--format", choices=["text", "json", "markdown", "html"], default="text")
+    cmp.add_argument("--force", action="store_true",
+                     help="compare even runs that don't compare (the reasons are kept)")
+    cmp.add_argument("--rules-dir", action="append", default=[], metavar="DIR",
+                     help="extra directory of rule files (repeatable)")
+    cmp.add_argument("--config.file", dest="config_file", metavar="FILE")
+    _add_log_level(cmp, argparse.SUPPRESS)
     return parser
 
 
@@ -140,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             from gpuwatch import advise
 
             return advise.main(args)
+        if args.cmd == "compare":
+            from gpuwatch.advisor import compare
+
+            return compare.main(args)
     except KeyboardInterrupt:
         return 130
     except UserError as err:
