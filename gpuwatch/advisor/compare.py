@@ -140,6 +140,15 @@ def _from_snapshot(out: dict[str, Any], snap: dict[str, Any], used: list[int]) -
     jobs = [j for j in snap.get("jobs", []) if j.get("alive", True)]
     rates = [j["samples_per_second"] for j in jobs if j.get("samples_per_second") is not None]
     out["samples_per_second"] = round(sum(rates), 2) if rates else None
+    # the hook's own counters, where the live breakdown (its last 30 s) has no job yet
+    steps = sum(int(j.get("steps_total") or 0) for j in jobs)
+    if steps:
+        out["hook_steps"] = True
+        out["steps"] = out["steps"] or steps
+        out["ranks"] = out["ranks"] or len(jobs)
+    times = [j["step_seconds"] for j in jobs if j.get("step_seconds")]
+    if out["step_seconds"] is None and times:
+        out["step_seconds"] = max(times)
     gpus = {g["gpu"]: g for g in snap.get("gpus", []) if not g.get("lost")}
     for gpu in used:
         g = gpus.get(gpu)
