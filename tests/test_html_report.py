@@ -208,7 +208,8 @@ def test_phases_are_shaded_where_a_recording_has_them(tmp_path):
 
 
 def test_a_daemon_report_renders_without_charts(tmp_path, gpuwatch_daemon):
-    d = gpuwatch_daemon("--replay", str(DATA / "tuned.jsonl"))
+    d = gpuwatch_daemon("--replay", str(DATA / "tuned.jsonl"),
+                        "--web.listen-address", "127.0.0.1:0")
     got = gpuwatch("advise", "--url", d.url, "--format", "html")
     assert got.returncode == 0, got.stderr
     page = tmp_path / "live.html"
