@@ -180,3 +180,31 @@ def test_magic_without_a_watch_says_so(tmp_path, monkeypatch):
     err = "".join(o.get("text", "") for o in nb.cells[0].outputs)
     assert "gpuwatch is not watching this kernel: run %gpuwatch" in err
     assert "%gpuwatch stop" in text_of(nb.cells[1])  # the usage
+
+
+def test_the_daemon_ends_with_a_kernel_that_is_killed(tmp_path):
+    """A kernel killed outright (no atexit): the daemon sees its parent gone, stops and
+    removes its directory."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nimport gpuwatch.notebook as n\n"
+            "s = n.Session(interval=0.5)\ns.start()\n"
+            "print(s.dir, s.proc.pid, flush=True)\ntime.sleep(120)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("GPUWATCH_SOCKET", None)
+    kernel = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        line = kernel.stdout.readline().split()
+        assert len(line) == 2, line
+        status = {"dir": line[0], "daemon_pid": int(line[1]),
+                  "socket": os.path.join(line[0], "hook.sock")}
+        assert os.path.exists(status["socket"])
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait()
+        wait_gone(status)
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
