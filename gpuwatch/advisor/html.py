@@ -297,9 +297,11 @@ def _x_max(tl: Timeline) -> float:
     return max(1.0, (tl.t1 or 0.0) - (tl.t0 or 0.0))
 
 
-def _chart(chart: svg.Chart, items: list[tuple[str, str]], kind: str = "line") -> str:
+def _chart(chart: svg.Chart, items: list[tuple[str, str]], kind: str = "line",
+           shaded: list[tuple[str, str]] = ()) -> str:
+    """A chart with its title and legend (``shaded``: the phases, as swatches)."""
     return (f'<div class="chart-title">{escape(chart.title)}</div>{svg.render(chart)}'
-            f"{svg.legend(items, kind)}")
+            f"{svg.legend(items, kind)}{svg.legend(shaded, 'area') if shaded else ''}")
 
 
 def _gpu_charts(rep: dict[str, Any], tl: Timeline, gpu: int, advice: list[dict[str, Any]],
@@ -381,12 +383,12 @@ def _job_charts(rep: dict[str, Any], tl: Timeline, job: Any, advice: list[dict[s
         line = svg.Line("step time", "#1f77b4", series["step_seconds"])
         out.append(_chart(svg.Chart("Step time", xm, _axis_seconds, None, [line], spans=spans,
                                     marks=marks, gap=gap),
-                          [(line.name, line.color)] + phase_items))
+                          [(line.name, line.color)], shaded=phase_items))
     if series["data_wait_ratio"]:
         line = svg.Line("data wait (share of step time)", "#e8a33d", series["data_wait_ratio"])
         out.append(_chart(svg.Chart("Data wait", xm, percent_axis, 1.0, [line], spans=spans,
                                     marks=marks, gap=gap),
-                          [(line.name, line.color)] + phase_items))
+                          [(line.name, line.color)], shaded=phase_items))
     shares = tl.share_series(job.gpu) if job.gpu is not None else []
     if job.first_t is not None:
         # from the job's first step on: before it the frame had only NVML's view of the

@@ -97,14 +97,8 @@ def render(chart: Chart) -> str:
     out = [f'<svg class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
            f'aria-label="{escape(chart.title)}" xmlns="http://www.w3.org/2000/svg">',
            f"<title>{escape(chart.title)}</title>"]
-    for s in chart.spans:
-        x0, x1 = sx(s.x0), sx(s.x1)
-        out.append(f'<rect class="span" x="{_n(x0)}" y="{_TOP}" width="{_n(max(0.5, x1 - x0))}"'
-                   f' height="{ph}" fill="{s.color}" fill-opacity="0.16"><title>'
-                   f'{escape(s.label)}: {s.x0:.0f}-{s.x1:.0f} s</title></rect>')
-        if x1 - x0 > 8 * len(s.label) / 2:
-            out.append(f'<text class="span-label" x="{_n(x0 + 3)}" y="{_TOP + 10}" '
-                       f'fill="{s.color}">{escape(s.label)}</text>')
+    if not chart.areas:  # behind the lines; over stacked areas, which would hide them
+        _spans(out, chart, sx, ph)
     # grid and axes
     y_step = nice_step(y_max, 4)
     y = 0.0
@@ -137,6 +131,7 @@ def render(chart: Chart) -> str:
                 out.append(f'<polygon class="area" points="{upper} {lower}" fill="{color}" '
                            f'fill-opacity="0.85"><title>{escape(name)}</title></polygon>')
             base = top
+        _spans(out, chart, sx, ph)
     for line in chart.lines:
         pts = [p for p in line.points if math.isfinite(p[1])]
         idx = list(range(len(pts)))
@@ -165,6 +160,26 @@ def render(chart: Chart) -> str:
     out.append("</svg>")
     return "".join(out)
 
+
+def _spans(out: list[str], chart: Chart, sx: Callable[[float], float], ph: float) -> None:
+    """The shaded phases, each with its name where there is room for it."""
+    for s in chart.spans:
+        x0, x1 = sx(s.x0), sx(s.x1)
+        w = _n(max(0.5, x1 - x0))
+        tip = f"<title>{escape(s.label)}: {s.x0:.0f}-{s.x1:.0f} s</title>"
+        if chart.areas:
+            # a tint over stacked areas would change their colours: a ribbon above the
+            # plot instead, and a line where each phase begins
+            out.append(f'<rect class="span" x="{_n(x0)}" y="2" width="{w}" height="9" '
+                       f'fill="{s.color}" fill-opacity="0.75">{tip}</rect>')
+            out.append(f'<line x1="{_n(x0)}" x2="{_n(x0)}" y1="{_TOP}" y2="{_TOP + ph}" '
+                       f'stroke="{s.color}" stroke-width="1.2"/>')
+            continue
+        out.append(f'<rect class="span" x="{_n(x0)}" y="{_TOP}" width="{w}" height="{ph}" '
+                   f'fill="{s.color}" fill-opacity="0.16">{tip}</rect>')
+        if x1 - x0 > 8 * len(s.label) / 2:
+            out.append(f'<text class="span-label" x="{_n(x0 + 3)}" y="{_TOP + 10}" '
+                       f'fill="{s.color}">{escape(s.label)}</text>')
 
 def _segments(idx: list[int], xs: list[float], gap: float | None) -> list[list[int]]:
     """Runs of points with no gap wider than ``gap`` between neighbours."""
