@@ -3,6 +3,8 @@ nothing leaves the machine): ``python3 docs/make_screenshots.py`` from the check
 
 - report.png: ``gpuwatch advise --demo --format html`` (the bundled recording)
 - report-ddp.png: the two-rank straggler recording (tests/data/gpu_ddp_slow_rank.jsonl)
+- report-phases.png: tests/data/input_bound.jsonl with synthetic `phase` lines (start-up,
+  train, eval, train, checkpoint: tests/test_html_report.py's), to show the shading
 - compare.png: ``gpuwatch compare`` of the starved run against the tuned one, as HTML
 - notebook.png: a notebook executed headless (nbclient, ipykernel): ``%gpuwatch``, a CPU
   training cell, ``%gpuwatch report``, shown as the notebook's cells and outputs
@@ -89,6 +91,12 @@ def main() -> None:
         shot(gpuwatch("advise", "--demo", "--format", "html"), "report", tmp, 3400)
         shot(gpuwatch("advise", "--replay", "tests/data/gpu_ddp_slow_rank.jsonl",
                       "--format", "html"), "report-ddp", tmp, 6000)
+        from test_html_report import _with_phases
+
+        phased = tmp / "phased.jsonl"
+        _with_phases(REPO / "tests" / "data" / "input_bound.jsonl", phased)
+        shot(gpuwatch("advise", "--replay", str(phased), "--format", "html"), "report-phases",
+             tmp, 3400)
         shot(gpuwatch("compare", "tests/data/input_bound.jsonl", "tests/data/tuned.jsonl",
                       "--format", "html"), "compare", tmp, 1200)
         shot(notebook_page(tmp), "notebook", tmp, 3000)
