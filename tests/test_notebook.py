@@ -119,7 +119,8 @@ def wait_gone(status: dict[str, Any]) -> None:
 def check_live_view(view: str, kernel: int, steps: int) -> None:
     draws = int(re.search(r'data-draws="(\d+)"', view).group(1))
     assert draws >= 2  # redrawn while the training cell ran
-    assert "No GPU found" in view  # this machine: host metrics and the hook's steps
+    # a machine without a GPU (CI's) says so; one with GPUs has a row for each
+    assert "No GPU found" in view or re.search(r"<td>GPU \d+ ", view)
     m = re.search(r"Training \(pid (\d+)\): (\d+) steps · step ([\d.]+) ms · data wait (\d+) %"
                   r" · (\d+) samples/s", view)
     assert m, view
@@ -148,7 +149,10 @@ def test_watch_train_report_stop_in_a_real_notebook(tmp_path, monkeypatch):
     assert f"Job (pid {status['kernel']}) over time" in report
     m = re.search(r"(\d+) steps; batch 32; (\d+) samples/s", report)
     assert m and 0 < int(m.group(1)) <= steps and int(m.group(2)) > 0
-    assert "No GPU: the recording holds no GPU lines" in report
+    if "No GPU found" in view:
+        assert "No GPU: the recording holds no GPU lines" in report
+    else:
+        assert "GPU 0" in report and 'class="chart"' in report
     assert "gpuwatch: stopped" in text_of(nb.cells[5])
     left = json.loads(text_of(nb.cells[6]))
     assert left == {"children": [], "socket": False, "dir": False}
@@ -170,7 +174,8 @@ def test_widgets_view_and_the_kernel_end_stop_it(tmp_path, monkeypatch):
     check_live_view(view, status["kernel"], steps)
     text = text_of(nb.cells[4])
     assert text.startswith("gpuwatch advice: recording this notebook's run so far")
-    assert "Not judged" in text  # no GPU here: the host alone was judged
+    if "No GPU found" in view:
+        assert "Not judged" in text  # no GPU here: the host alone was judged
     wait_gone(status)
 
 
