@@ -3,7 +3,8 @@
 From a recording (``--replay FILE``, ``--demo``), a running daemon (``--url``, its
 /api/advice) or a Prometheus server (``--prometheus URL``: the fleet report, every
 instance and GPU over ``--window`` seconds, narrowed by ``--match SELECTOR``, grouped per
-host with the jobs and ranks the hook reported). Prints text, Markdown or JSON; exits 0
+host with the jobs and ranks the hook reported). Prints text, Markdown, JSON or one
+self-contained HTML page (charts of a recording: advisor/html.py); exits 0
 whether or not there is advice, 2 on bad input (a bad file, bad rules, a bad selector,
 nothing listening).
 """
@@ -31,10 +32,8 @@ def _ruleset(args: argparse.Namespace) -> Any:
     return load_rules(config.rules_dirs)
 
 
-def build(args: argparse.Namespace) -> dict[str, Any]:
-    """The report (JSON-able dict) the arguments ask for."""
-    from gpuwatch.advisor import report, sources
-
+def _check_flags(args: argparse.Namespace) -> None:
+    """Every flag's problem before anything is judged or fetched."""
     window = getattr(args, "window", None)
     match = getattr(args, "match", None)
     prometheus = getattr(args, "prometheus", None)
@@ -51,6 +50,16 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     for flag, given in (("--url", getattr(args, "url", None)), ("--prometheus", prometheus)):
         if given is not None:
             _check_url(flag, given)
+
+
+def build(args: argparse.Namespace) -> dict[str, Any]:
+    """The report (JSON-able dict) the arguments ask for."""
+    from gpuwatch.advisor import report, sources
+
+    _check_flags(args)
+    window = getattr(args, "window", None)
+    match = getattr(args, "match", None)
+    prometheus = getattr(args, "prometheus", None)
     if getattr(args, "replay", None) or getattr(args, "demo", False):
         ruleset = _ruleset(args)
         if args.demo:
@@ -89,6 +98,22 @@ def _check_url(flag: str, url: str) -> None:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UserError(f"{flag}: bad URL {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+
+
+def build_with_timeline(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """The report the arguments ask for and, for a recording, its timeline (the HTML
+    report's charts; None for a daemon or Prometheus)."""
+    from gpuwatch.advisor import sources, timeline
+
+    if getattr(args, "replay", None) or getattr(args, "demo", False):
+        _check_flags(args)
+        ruleset = _ruleset(args)
+        if args.demo:
+            resource = importlib.resources.files("gpuwatch.data") / "demo.jsonl"
+            with importlib.resources.as_file(resource) as path:
+                return timeline.judge_recording(str(path), ruleset, shown=sources.DEMO_NAME)
+        return timeline.judge_recording(args.replay, ruleset)
+    return build(args), None
 
 
 # -- the fleet report (--prometheus) --------------------------------------------------------
@@ -322,8 +347,15 @@ def render_fleet_markdown(rep: dict[str, Any]) -> str:
 def main(args: argparse.Namespace) -> int:
     from gpuwatch.advisor import report
 
-    rep = build(args)
     fmt = getattr(args, "format", "text") or "text"
+    if fmt == "html":
+        from gpuwatch.advisor import html
+
+        rep, timeline = build_with_timeline(args)
+        sys.stdout.write(html.render(rep, timeline))
+        sys.stdout.flush()
+        return 0
+    rep = build(args)
     fleet = rep.get("source", {}).get("kind") == "prometheus" and "hosts" in rep
     if fmt == "json":
         out = json.dumps(rep, indent=2) + "\n"

@@ -1,4 +1,4 @@
-"""The `gpuwatch` command line: run, record, advise.
+"""The `gpuwatch` command line: run, record, advise, compare.
 
 Each subcommand's work lives in its own module; this file only parses and dispatches.
 Bad input is answered by the parser it belongs to (`gpuwatch run --bogus` with `run`'s
@@ -59,6 +59,9 @@ EXAMPLES = """\
     gpuwatch advise --prometheus http://prom:9090  # ... fleet-wide, from Prometheus, per host
     gpuwatch advise --prometheus http://prom:9090 --match 'instance=~"gpu-1.*"' --window 3600
     gpuwatch advise --replay run.jsonl --format json   # or markdown; text by default
+    gpuwatch advise --replay run.jsonl --format html > report.html  # one page with charts
+    gpuwatch compare before.jsonl after.jsonl      # did the change pay off? (ratios, advice gone)
+    gpuwatch compare before.jsonl http://127.0.0.1:9442   # ... against the running daemon
 """
 
 
@@ -134,9 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--demo", action="store_true", help="judge the bundled recording")
     src.add_argument("--prometheus", metavar="URL", help="fleet-wide, from a Prometheus server")
     _add_log_level(adv, argparse.SUPPRESS)
-    adv.add_argument("--format", choices=["text", "json", "markdown"], default="text",
-                     help="text (default), markdown, or json (the /api/advice body; "
-                     "docs/report.md)")
+    adv.add_argument("--format", choices=["text", "json", "markdown", "html"], default="text",
+                     help="text (default), markdown, json (the /api/advice body; "
+                     "docs/report.md), or html: one self-contained page with charts (of a "
+                     "recording), e.g. > report.html")
     adv.add_argument("--rules-dir", action="append", default=[], metavar="DIR",
                      help="extra directory of rule files (repeatable; not with --url)")
     adv.add_argument("--config.file", dest="config_file", metavar="FILE",
@@ -147,6 +151,25 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--match", default=None, metavar="SELECTOR",
                      help="with --prometheus: only series matching these label matchers, "
                      "e.g. 'instance=~\"gpu-1.*\"'")
+
+    cmp = sub.add_parser("compare", help="two runs side by side: did the change pay off?",
+                         description="Compare two runs: samples/s and step time with the "
+                         "ratio, util, SM active and memory, the step-time breakdown and the "
+                         "advice that went away or is new. BEFORE and AFTER are recordings "
+                         "(gpuwatch-trace/1) or a running daemon's URL (http://HOST:PORT). "
+                         "Exits 3 when the runs don't compare (another model, no step data).")
+    cmp.add_argument("before", metavar="BEFORE", help="a recording, or http://HOST:PORT")
+    cmp.add_argument("after", metavar="AFTER", help="a recording, or http://HOST:PORT")
+    cmp.add_argument("--format", choices=["text", "json", "markdown", "html"], default="text",
+                     help="text (default), markdown, json, or html (one page, offline)")
+    cmp.add_argument("--force", action="store_true",
+                     help="compare even runs that don't compare (the reasons are kept)")
+    cmp.add_argument("--rules-dir", action="append", default=[], metavar="DIR",
+                     help="extra directory of rule files (repeatable)")
+    cmp.add_argument("--config.file", dest="config_file", metavar="FILE",
+                     help="a gpuwatch configuration file: its rules_dirs add rule files as "
+                     "--rules-dir does")
+    _add_log_level(cmp, argparse.SUPPRESS)
     return parser
 
 
@@ -197,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
             from gpuwatch import advise
 
             return advise.main(args)
+        if args.cmd == "compare":
+            from gpuwatch.advisor import compare
+
+            return compare.main(args)
     except KeyboardInterrupt:
         return 130
     except UserError as err:

@@ -488,7 +488,8 @@ def _gpu_line(g: dict[str, Any]) -> str:
             f"tensor cores {_yes(s['tensor_cores'])}; GPM counters {_yes(g['gpm'])}")
 
 
-def _source_line(report: dict[str, Any]) -> str:
+def source_line(report: dict[str, Any]) -> str:
+    """What the report judged, in words (a recording, a daemon, Prometheus)."""
     src = report.get("source", {})
     kind = src.get("kind")
     if kind == "replay":
@@ -642,14 +643,18 @@ def phases_line(j: dict[str, Any]) -> str | None:
     return f"    by phase: {', '.join(parts)}"
 
 
+def hook_text(report: dict[str, Any]) -> str:
+    """What the torch hook gave this report: steps, settings, phases, or none."""
+    hook = report.get("hook", {})
+    seen = [what for what, got in (("steps", hook.get("steps")), ("settings", hook.get("config")),
+                                   ("phases", hook.get("phases"))) if got]
+    return ", ".join(seen) or "none"
+
+
 def render_text(report: dict[str, Any], width: int | None = None) -> str:
     width = width or min(100, max(60, shutil.get_terminal_size((100, 24)).columns))
-    hook = report.get("hook", {})
-    hook_txt = ", ".join(what for what, seen in (("steps", hook.get("steps")),
-                                                 ("settings", hook.get("config")),
-                                                 ("phases", hook.get("phases"))) if seen)
-    hook_txt = hook_txt or "none"
-    lines = [f"gpuwatch advice: {_source_line(report)} (torch hook data: {hook_txt})", ""]
+    hook_txt = hook_text(report)
+    lines = [f"gpuwatch advice: {source_line(report)} (torch hook data: {hook_txt})", ""]
     if report.get("warming_up"):
         lines += textwrap.wrap(warming_up_text(report), width=width) + [""]
     for g in report.get("gpus", []):
@@ -698,7 +703,7 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# gpuwatch advice: {_source_line(report)}", ""]
+    lines = [f"# gpuwatch advice: {source_line(report)}", ""]
     if report.get("warming_up"):
         lines += [f"> {warming_up_text(report)}", ""]
     lines += ["## GPUs", "",

@@ -74,9 +74,13 @@ def _line_t(line: bytes) -> float | None:
 
 
 def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
-                observe: Callable[[Any], None] | None = None) -> tuple[Engine, dict]:
+                observe: Callable[[Any], None] | None = None,
+                on_bucket: Callable[[Engine, int], None] | None = None
+                ) -> tuple[Engine, dict]:
     """Judge a whole recording (streamed, bounded memory); returns the engine and meta.
-    ``observe`` sees every line the engine is fed (the report's tally of what it judged)."""
+    ``observe`` sees every line the engine is fed (the report's tally of what it judged);
+    ``on_bucket(engine, idx)`` runs after the rules judged each closed bucket (the HTML
+    report's charts read the step-time breakdown there, while the frame still holds it)."""
     from gpuwatch.trace import format as trace
 
     if res is None:
@@ -86,6 +90,15 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
     # and building a frozen dataclass per line was a third of the reader's time
     meta, lines = trace.iter_trace_lines(path)
     engine = Engine(ruleset, res=res)
+    if on_bucket is not None:
+        evaluate = engine.frame.on_bucket
+
+        def both(idx: int) -> None:
+            if evaluate is not None:
+                evaluate(idx)
+            on_bucket(engine, idx)
+
+        engine.frame.on_bucket = both
     engine.frame.set_meta(meta)
     for gpu, info in trace.meta_infos(meta).items():
         engine.frame.set_gpu_info(gpu, name=info.name, cc=info.compute_capability)
@@ -107,6 +120,15 @@ def recording_report(path: str, ruleset: RuleSet, *, shown: str | None = None,
     """The report of a whole recording: what `gpuwatch advise --replay FILE` prints (as
     JSON), and what the daemon serves at /api/advice while it replays FILE. ``shown``
     names the file in the report; ``observe`` sees every line judged (progress)."""
+    return judge_recording(path, ruleset, shown=shown, observe=observe)[0]
+
+
+def judge_recording(path: str, ruleset: RuleSet, *, shown: str | None = None,
+                    observe: Callable[[Any], None] | None = None, res: float | None = None,
+                    on_bucket: Callable[[Engine, int], None] | None = None
+                    ) -> tuple[dict[str, Any], Engine, dict]:
+    """A recording judged whole: its report, the engine that judged it, its meta line
+    (the HTML report's timeline reads the engine as it goes: ``on_bucket``)."""
     from gpuwatch.advisor import report
 
     tally = report.RunTally()
@@ -115,15 +137,16 @@ def recording_report(path: str, ruleset: RuleSet, *, shown: str | None = None,
         def feed(line: Any) -> None:
             tally.feed(line)
             observe(line)
-    engine, meta = judge_trace(path, ruleset, observe=feed)
+    engine, meta = judge_trace(path, ruleset, res=res, observe=feed, on_bucket=on_bucket)
     frame = engine.frame
     src = {"kind": "replay", "path": shown or path, "scenario": meta.get("scenario"),
            "start": frame.t_first, "end": frame.t_last,
            "duration_seconds": (frame.t_last - frame.t_first)
            if frame.t_first is not None and frame.t_last is not None else None,
            "resolution_seconds": engine.res}
-    return report.build_report([(engine, engine.summary(), None)], src, tally=tally,
-                               no_gpu_reason=NO_GPU_IN_RECORDING)
+    rep = report.build_report([(engine, engine.summary(), None)], src, tally=tally,
+                              no_gpu_reason=NO_GPU_IN_RECORDING)
+    return rep, engine, meta
 
 
 def _tee(lines: Iterable[Any], observe: Callable[[Any], None]) -> Iterator[Any]:
