@@ -19,9 +19,11 @@ from gpuwatch.samples import (
     GpuInfo,
     GpuProcess,
     GpuSample,
+    HookProblem,
     HostSample,
     JobEnd,
     JobTree,
+    PhaseSample,
     StepSample,
     StepsSample,
 )
@@ -37,7 +39,8 @@ from gpuwatch.trace.format import (
 
 META = {"kind": "meta", "format": "gpuwatch-trace/1", "host_cpus": 2, "sample_hz": 10}
 KIND = {GpuSample: "gpu", HostSample: "host", StepSample: "step", ConfigSample: "config",
-        JobEnd: "job_end", StepsSample: "steps"}
+        JobEnd: "job_end", StepsSample: "steps", PhaseSample: "phase",
+        HookProblem: "hook_problem"}
 
 
 def write_lines(path: Path, *lines: object, end: str = "\n") -> Path:
