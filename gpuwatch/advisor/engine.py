@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
-from gpuwatch.advisor.expr import compile_condition
+from gpuwatch.advisor.expr import compile_condition, condition_parts
 from gpuwatch.advisor.frame import Frame, Subject
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
 from gpuwatch.advisor.vocabulary import VOCABULARY
@@ -167,11 +167,11 @@ class Engine:
         self._ctxs: dict[int | None, _Ctx] = {}
         self._stale = max(1, math.ceil(STALE_SECONDS / res))
         # each rule's when and unless, compiled to read the slots directly
-        self._compiled: dict[str, tuple[Callable[[Any], bool], tuple[Any, ...]]] = {}
+        self._compiled: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
         for rule in self.rules:
             if rule.when_node is not None:
                 self._compiled[rule.id] = (
-                    compile_condition(rule.when_node, self._reader),
+                    tuple(condition_parts(rule.when_node, self._reader)),
                     tuple(compile_condition(n, self._reader) for n in rule.unless_nodes))
 
     # -- input --------------------------------------------------------------------------
@@ -277,17 +277,27 @@ class Engine:
             return partial
         least = min(MIN_TRAIN_BUCKETS, round(seconds / res))
         job = table_kind == "job"
+        gpu = table_kind == "gpu"
         mean = fn == "mean"
 
         def full(ctx: _Ctx) -> Any:
-            table = lookup(ctx.subj, name)
+            subj = ctx.subj
+            if gpu:  # frame.lookup_table's first case, without the call
+                table = subj.gpu_table if subj.gpu is not None else None
+            else:
+                table = lookup(subj, name)
             if table is None:
                 return None
             ring = table.rings.get(name)
             if ring is None:
                 return None
             end = ctx.end
-            warm = None if job else ctx.train_start()
+            if job:
+                warm = None
+            else:
+                warm = ctx.warm
+                if warm is _MISSING:
+                    warm = ctx.train_start()
             if warm is not None and end - warm < n:
                 # a job the hook reports: its GPU and host are judged from its first step
                 # on, so a window reaching back into start-up reads only training time;
@@ -298,10 +308,19 @@ class Engine:
                 return scan_stat(ring, fn, end, m, res)  # shortened: no view kept for it
             # a window reaching back before the GPU was first seen is incomplete: say
             # nothing rather than judge a few seconds as if they were the whole window
-            if end - ctx.subj.first < n:
+            if end - subj.first < n:
                 return None
-            if mean:  # most windows: straight to the prefix sums
-                return ring.mean(end, n)
+            if mean:  # most windows: straight to the prefix sums (Ring.mean, inlined)
+                base = ring.base
+                e = min(end, base + len(ring.vals)) - base
+                s = e - n if e > n else 0
+                if e < s:
+                    e = s
+                pw = ring.pw
+                w = pw[e] - pw[s]
+                if w <= 0:
+                    return None
+                return (ring.psum[e] - ring.psum[s]) / w
             return window_stat(ring, fn, end, n, res)
         return full
 
@@ -334,14 +353,14 @@ class Engine:
             if cc is not None and not rule.applies_to(cc):
                 continue
             if rule.id in self._compiled:
-                holds, unless = self._compiled[rule.id]
+                parts, unless = self._compiled[rule.id]
             elif rule.holds is not None:
-                holds, unless = rule.holds, rule.unless_holds
+                parts, unless = (rule.holds,), rule.unless_holds
             else:  # a Rule built by hand, without the predicates
                 when = rule.when
-                holds = lambda ctx, when=when: when(ctx) is True  # noqa: E731
+                parts = (lambda ctx, when=when: when(ctx) is True,)  # noqa: E731
                 unless = tuple((lambda ctx, u=u: u(ctx) is True) for _, u in rule.unless)
-            plan.append((rule, rule.id, holds, unless, rule.suppressed_by,
+            plan.append((rule, rule.id, parts, unless, rule.suppressed_by,
                          rule.id in self._suppressors))
         self._plans[(host, cc)] = plan
         return plan
@@ -373,10 +392,14 @@ class Engine:
                 plan = self._plan(host, cc)
             holding: dict[str, bool] = {}
             gpu = subj.gpu
-            for rule, rid, holds, unless, suppressed_by, suppresses in plan:
-                # a condition stops at its first operand that is not true (its first
-                # window, for most rules): compile_condition
-                cond = holds(ctx)
+            for rule, rid, parts, unless, suppressed_by, suppresses in plan:
+                # a condition stops at its first conjunct that is not true (its first
+                # window, for most rules): expr.condition_parts
+                cond = True
+                for part in parts:
+                    if not part(ctx):
+                        cond = False
+                        break
                 if cond:
                     for u in unless:
                         if u(ctx):

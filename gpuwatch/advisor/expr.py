@@ -34,6 +34,7 @@ __all__ = [
     "Node",
     "compile_condition",
     "compile_expr",
+    "condition_parts",
     "parse",
     "parse_duration",
 ]
@@ -526,6 +527,16 @@ def compile_condition(node: Node, leaf: LeafFactory = ask_context
     return lambda ctx: f(ctx) is True
 
 
+def condition_parts(node: Node, leaf: LeafFactory = ask_context
+                    ) -> list[Callable[[Any], bool]]:
+    """``compile_condition(node, leaf)`` as the list of its conjuncts' predicates: the
+    condition holds when every one does, asked in order until one does not. An evaluator
+    that runs the list itself saves a call per condition."""
+    if node.op == "and":
+        return [_truthy(x, leaf) for x in _chain(node)]
+    return [compile_condition(node, leaf)]
+
+
 def _is_number_test(node: Node) -> bool:
     return node.op in _ORDER and _number(node.args[1]) is not None
 
@@ -554,6 +565,17 @@ def _truthy(node: Node, leaf: LeafFactory) -> Callable[[Any], bool]:
                     return True
             return False
         return any_true
+    if node.op == "call" and node.args[0] == "coalesce":
+        # the first known value's truth, without building the value first
+        fs = [compile_expr(x, leaf) for x in node.args[1:]]
+
+        def first_known(ctx: Any) -> bool:
+            for f in fs:
+                v = f(ctx)
+                if v is not None:
+                    return bool(v)
+            return False
+        return first_known
     f = compile_expr(node, leaf)
     return lambda ctx: bool(f(ctx))  # bool(None) is False: unknown is not true
 

@@ -28,8 +28,8 @@ class Ring:
         self.vals: list[float | None] = []
         self.psum: list[float] = [0.0]
         self.pw: list[float] = [0.0]
-        # absolute index of the newest bucket without a value (or NaN): a window that
-        # starts after it holds a value in every bucket, and the views read it straight
+        # absolute index of the newest bucket without a value: a window that starts after
+        # it holds a value in every bucket (its count and first value need no pass)
         self.last_none = base - 1
         self.views: dict[tuple[str, int], Any] | None = None
 
@@ -37,14 +37,9 @@ class Ring:
         vals = self.vals
         vals.append(value)
         psum, pw = self.psum, self.pw
-        if value is None:
-            self.last_none = self.base + len(vals) - 1
-            psum.append(psum[-1])
-            pw.append(pw[-1])
-            return
-        if value != value:  # NaN: the views leave such a window to the plain rescan
-            self.last_none = self.base + len(vals) - 1
-        if weight <= 0:
+        if value is None or weight <= 0:
+            if value is None:
+                self.last_none = self.base + len(vals) - 1
             psum.append(psum[-1])
             pw.append(pw[-1])
         else:
