@@ -145,6 +145,8 @@ class Engine:
         keep = max((r.max_window for r in self.rules), default=60.0) + 2 * res
         self.frame = Frame(res, ruleset.signals(), keep, on_bucket=self._evaluate)
         self.states: dict[tuple[str, int | None], _State] = {}
+        # per subject, the ids of the rules with a state there (states' keys, for the loop)
+        self._stated: dict[int | None, set[str]] = {}
         self.findings: list[Finding] = []  # every activation, in order
         self.on_start = on_start
         self.on_end = on_end
@@ -379,8 +381,8 @@ class Engine:
         self.evaluated_until = t
         self.ticks += 1
         frame = self.frame
-        states = self.states
         plans = self._plans
+        stated = self._stated
         for subj in list(frame.subjects.values()):
             host = subj.gpu is None
             if host and not frame.host_tables.ever and not subj.job.ever:
@@ -391,7 +393,9 @@ class Engine:
             if plan is None:
                 plan = self._plan(host, cc)
             holding: dict[str, bool] = {}
-            gpu = subj.gpu
+            live = stated.get(subj.gpu)
+            if live is None:
+                live = stated[subj.gpu] = set()
             for rule, rid, parts, unless, suppressed_by, suppresses in plan:
                 # a condition stops at its first conjunct that is not true (its first
                 # window, for most rules): expr.condition_parts
@@ -412,7 +416,7 @@ class Engine:
                                 break
                 if suppresses:
                     holding[rid] = cond
-                if cond or (rid, gpu) in states:  # else: nothing held, nothing to do
+                if cond or rid in live:  # else: nothing held, nothing to do
                     self._step(rule, subj, ctx, cond, t)
 
     def _step(self, rule: Rule, subj: Subject, ctx: _Ctx, cond: bool, t: float) -> None:
@@ -422,6 +426,7 @@ class Engine:
             if not cond:
                 return
             st = self.states[key] = _State()
+            self._stated.setdefault(subj.gpu, set()).add(rule.id)
         f = st.finding
         if cond:
             st.false_since = None
@@ -455,6 +460,7 @@ class Engine:
                         self.on_end(f)
             elif f is None:
                 del self.states[key]
+                self._stated[subj.gpu].discard(rule.id)
 
     def _details(self, f: Finding, ctx: _Ctx, t: float) -> None:
         """Evidence, numbers and text, read from the window where the rule holds now."""
