@@ -4,7 +4,9 @@ The engine keeps its windowed statistics incrementally (monotonic deques, sorted
 counters that held still, one value per (signal, function, window) per bucket shared by
 every rule) and stops a condition at its first operand that is not true. The reference
 here is the evaluation as it was before that: every window read by a pass over the ring,
-every condition evaluated whole, a fresh context per subject and bucket. Both judge every
+every condition evaluated whole, a fresh context per subject and bucket, under the
+engine's own loop (so whatever the loop decides, gates and states, is the same on both
+sides and only the evaluation is compared). Both judge every
 recording in tests/data through ``gpuwatch advise --replay`` (the CLI's code, in process,
 with the engine swapped) and must agree on the report and on every activation: which
 rule, which GPU, when it began and ended, and its evidence.
@@ -21,6 +23,7 @@ import json
 import math
 import random
 from contextlib import redirect_stdout
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from gpuwatch import cli
 from gpuwatch.advisor import engine as engine_mod
 from gpuwatch.advisor import sources
 from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
+from gpuwatch.advisor.rules import RuleSet
 from gpuwatch.advisor.vocabulary import VOCABULARY
 from gpuwatch.advisor.windows import GROWTH_SIGNALS, Ring, scan_stat, window_stat
 
@@ -207,41 +211,21 @@ class ReferenceCtx:
 
 
 class ReferenceEngine(engine_mod.Engine):
-    """The engine with the plain evaluation: each rule's whole ``when`` and ``unless``
-    (no stopping early), over a :class:`ReferenceCtx` made anew per subject and bucket."""
+    """The engine's own loop (states, durations, suppression, gates), with the plain
+    evaluation under it: a :class:`ReferenceCtx` made anew per subject and bucket, and each
+    rule's whole ``when`` and ``unless`` evaluated (the rules are handed over without their
+    compiled predicates, so the engine takes them as rules built by hand)."""
 
     created: list[engine_mod.Engine] = []
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    def __init__(self, ruleset: RuleSet, **kw: Any) -> None:
+        plain = RuleSet([replace(r, holds=None, unless_holds=(), when_node=None,
+                                 unless_nodes=()) for r in ruleset.rules], ruleset.sources)
+        super().__init__(plain, **kw)
         type(self).created.append(self)
 
-    def _evaluate(self, idx: int) -> None:
-        t = (idx + 1) * self.res
-        self.evaluated_until = t
-        self.ticks += 1
-        frame = self.frame
-        for subj in list(frame.subjects.values()):
-            if subj.gpu is None:
-                if not frame.host_tables.ever and not subj.job.ever:
-                    continue
-                rules = self._host_rules
-            else:
-                rules = self._gpu_rules
-            ctx = ReferenceCtx(frame, subj, idx + 1)
-            cc = frame.fact(subj, "compute_capability")
-            holding: dict[str, bool] = {}
-            for rule in rules:
-                if cc is not None and not rule.applies_to(cc):
-                    continue
-                cond = rule.when(ctx) is True
-                if cond:
-                    cond = not any(u(ctx) is True for _, u in rule.unless)
-                if cond and any(holding.get(sid) for sid in rule.suppressed_by):
-                    cond = False
-                holding[rule.id] = cond
-                if cond or (rule.id, subj.gpu) in self.states:
-                    self._step(rule, subj, ctx, cond, t)
+    def _context(self, subj: Any, end: int) -> Any:
+        return ReferenceCtx(self.frame, subj, end)
 
 
 class IncrementalEngine(engine_mod.Engine):
