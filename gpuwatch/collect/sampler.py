@@ -693,11 +693,15 @@ class Sampler:
             fast = [_FastGpu(self, gpu, sw) for gpu, sw in zip(nvml.gpus, slow, strict=True)]
             reader = _Reader(self, served=self._request_no) if fast else None
             self._slow, self._fast, self._reader = slow, fast, reader
+            self.infos = tuple(gpu.info for gpu in nvml.gpus)
+            # up before the reader starts: it publishes ticks of its own from its first
+            self.nvml_available = True
+            # the static facts are asked for before it starts, so it answers them before
+            # any tick's read (a sample carries its GPU's uuid)
+            number, handed = self._hand("probe", 0.0)
             for thread in [sw.thread for sw in slow] + ([reader.thread] if reader else []):
                 thread.start()
-            self.infos = tuple(gpu.info for gpu in nvml.gpus)
-            self.nvml_available = True
-        self._probe()
+        self._probe(number, handed)
         for w in fast:
             if not w.gpu.lost:
                 self._lost_said.discard(w.index)
@@ -848,8 +852,8 @@ class Sampler:
             self._reader = fresh
             fresh.thread.start()
 
-    def _probe(self) -> None:
-        number, handed = self._hand("probe", 0.0)
+    def _probe(self, number: int, handed: list[_FastGpu]) -> None:
+        """Wait for the static facts asked for (``_hand("probe")``)."""
         if not handed:
             return
         answers = self._answers(number, handed, PROBE_TIMEOUT, PROBE_STUCK_AFTER)
