@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
-"""What the advisor costs: a day of 8 GPUs judged offline, and one live evaluation.
+"""What the advisor costs: hours of 8 GPUs judged offline, and the live advisor per tick.
 
 Run from the repository root (no GPU needed):
 
-    python3 benchmarks/bench_advise.py --out bench_advise.json
+    python3 benchmarks/bench_advise.py                 # 2 h x 8 GPUs
+    python3 benchmarks/bench_advise.py --hours 24 --out bench_advise.json
 
-1. **Offline**: builds a day-long recording of 8 GPUs at 1 s ticks from the recordings in
-   tests/data (each decimated to 1 Hz, shifted and concatenated; every GPU cycles through
-   the scenarios from a different start, the host lines and the hook's step lines (one a
-   second) come along), then times ``gpuwatch advise --replay`` on it in a fresh process:
-   wall time, CPU time and peak RSS, beside the file's size (the trace is streamed and the
-   rules' windows kept in bounded rings, so the RSS must not grow with the file).
-2. **Live**: a Store holding 15 min of 1 s history for 8 GPUs; times ``LiveAdvisor``'s
-   first evaluation (the whole history, as after a start) and its steady per-tick cost
-   (one tick published, one evaluation), beside the sampler's own tick with 8 stubbed
-   GPUs (tests/nvml_stub.py: the Python side of a tick, without the driver's time).
+1. **Offline**: builds a recording of 8 GPUs at 1 s ticks (``--hours`` long) from the
+   recordings in tests/data (each decimated to 1 Hz, shifted and concatenated; every GPU
+   cycles through the scenarios from a different start, the host lines and the hook's
+   step lines (one a second) come along), then times ``gpuwatch advise --replay`` on it in
+   a fresh process: wall time, CPU time and peak RSS, beside the file's size (the trace is
+   streamed and the rules' windows kept in bounded rings, so the RSS must not grow with
+   the file), and the CPU **per hour of recording per GPU**.
+2. **Live**: a Store holding 15 min of 1 s history for 8 GPUs, each GPU with one rank of
+   an 8-rank job reporting through the hook (ten steps a second each, its configuration
+   sent once); times ``LiveAdvisor``'s first evaluation (the whole history, as after a
+   start) and its steady CPU per tick (one tick of 8 GPUs, the host and the ranks' steps
+   published, one evaluation), and the same without the hook (8 GPUs alone), beside the
+   sampler's own tick with 8 stubbed GPUs (tests/nvml_stub.py).
 
 Prints a Markdown table; ``--out FILE`` writes the numbers as JSON.
 """
@@ -128,18 +132,40 @@ def baseline_rss() -> int:
     return json.loads(proc.stdout)["rss"]
 
 
-def _store_with_history(gpus: int, seconds: int) -> Any:
-    from gpuwatch.samples import GpuInfo, GpuProcess, GpuSample, HostSample, Snapshot
+STEPS_PER_SECOND = 10  # each rank's steps a second in the live bench
+
+
+def _store_with_history(gpus: int, seconds: int, ranks: bool) -> Any:
+    from gpuwatch.samples import ConfigSample, GpuInfo
     from gpuwatch.store import Store
 
     store = Store(history_seconds=seconds + 60)
     infos = tuple(GpuInfo(gpu=g, name="NVIDIA H200", compute_capability=(9, 0),
                           gpm_supported=True) for g in range(gpus))
     t0 = time.time() - seconds
+    if ranks:  # an 8-rank job, one rank a GPU, as torchrun starts it
+        for g in range(gpus):
+            store.set_config(ConfigSample(t=t0, pid=1000 + g, rank=g, values={
+                "world_size": gpus, "batch_size": 64, "num_workers": 4, "pin_memory": True,
+                "persistent_workers": True, "autocast_dtype": "bfloat16",
+                "fused_optimizer": True}))
     for i in range(seconds):
-        t = t0 + i
-        store.publish(_tick(t, gpus, infos, GpuSample, HostSample, Snapshot, GpuProcess))
+        _publish_tick(store, t0 + i, gpus, infos, ranks)
     return store, infos, t0 + seconds
+
+
+def _publish_tick(store: Any, t: float, gpus: int, infos: Any, ranks: bool) -> None:
+    from gpuwatch.samples import GpuProcess, GpuSample, HostSample, Snapshot, StepSample
+
+    store.publish(_tick(t, gpus, infos, GpuSample, HostSample, Snapshot, GpuProcess))
+    if ranks:
+        step = int(t) * STEPS_PER_SECOND
+        store.add_steps([StepSample(
+            t=t - (STEPS_PER_SECOND - k) / STEPS_PER_SECOND, step=step + k,
+            step_seconds=1.0 / STEPS_PER_SECOND, data_wait_seconds=0.002, batch_size=64,
+            mem_allocated_bytes=1_500_000_000, mem_reserved_bytes=1_800_000_000,
+            max_mem_allocated_bytes=1_700_000_000, pid=1000 + g, rank=g, gpu=g)
+            for g in range(gpus) for k in range(STEPS_PER_SECOND)])
 
 
 def _tick(t: float, gpus: int, infos: Any, GpuSample: Any, HostSample: Any, Snapshot: Any,
@@ -157,27 +183,32 @@ def _tick(t: float, gpus: int, infos: Any, GpuSample: Any, HostSample: Any, Snap
     return Snapshot(t=t, gpus=samples, infos=infos, host=host)
 
 
-def bench_live(gpus: int = 8, seconds: int = 900, ticks: int = 300) -> dict[str, Any]:
+def bench_live(gpus: int = 8, seconds: int = 900, ticks: int = 300,
+               ranks: bool = True) -> dict[str, Any]:
+    """The live advisor over ``seconds`` of history, then one tick at a time: wall and
+    CPU (this thread's) per evaluation of one new tick."""
     from gpuwatch.advisor import LiveAdvisor
-    from gpuwatch.samples import GpuProcess, GpuSample, HostSample, Snapshot
 
-    store, infos, t_next = _store_with_history(gpus, seconds)
+    store, infos, t_next = _store_with_history(gpus, seconds, ranks)
     advisor = LiveAdvisor(store, None)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     advisor.evaluate()
-    first = time.perf_counter() - t0
-    per_tick = []
+    first, first_cpu = time.perf_counter() - t0, time.thread_time() - c0
+    per_tick, per_tick_cpu = [], []
     for i in range(ticks):
-        store.publish(_tick(t_next + i, gpus, infos, GpuSample, HostSample, Snapshot,
-                            GpuProcess))
-        t0 = time.perf_counter()
+        _publish_tick(store, t_next + i, gpus, infos, ranks)
+        t0, c0 = time.perf_counter(), time.thread_time()
         advisor.evaluate()
         per_tick.append(time.perf_counter() - t0)
-    active = len(advisor.active())
-    return {"gpus": gpus, "history_seconds": seconds, "first_evaluation_s": first,
+        per_tick_cpu.append(time.thread_time() - c0)
+    return {"gpus": gpus, "ranks": gpus if ranks else 0, "history_seconds": seconds,
+            "first_evaluation_s": first, "first_evaluation_cpu_s": first_cpu,
             "tick_median_s": statistics.median(per_tick),
             "tick_p95_s": sorted(per_tick)[int(0.95 * len(per_tick))],
-            "active_advice": active}
+            "tick_cpu_median_s": statistics.median(per_tick_cpu),
+            "tick_cpu_mean_s": statistics.fmean(per_tick_cpu),
+            "active_advice": sorted({f.rule.id for f in advisor.active()}),
+            "jobs": len(advisor.jobs())}
 
 
 def bench_sampler(gpus: int = 8, reps: int = 200) -> dict[str, Any] | None:
@@ -189,7 +220,7 @@ def bench_sampler(gpus: int = 8, reps: int = 200) -> dict[str, Any] | None:
     except (ImportError, AttributeError) as err:  # the stub or sampler may change
         return {"error": f"sampler not measured: {err!r}"}
     try:
-        stub = NvmlStub([StubGpu(i) for i in range(gpus)])
+        stub = NvmlStub([StubGpu(i, processes=[(1000 + i, 2**30)]) for i in range(gpus)])
         sampler = Sampler(Store(), interval=1.0, nvml_module=stub)
         for _ in range(10):
             sampler.tick()
@@ -218,24 +249,39 @@ def fmt_s(s: float | None) -> str:
 
 def report(r: dict[str, Any]) -> str:
     day, off, live, smp = r["day"], r["offline"], r["live"], r.get("sampler") or {}
+    bare = r.get("live_without_hook") or {}
     mib = 2**20
+    hours = day["seconds"] / 3600
     rows = [
-        ("offline: recording", (f"{day['seconds'] / 3600:.0f} h x {day['gpus']} GPUs, "
+        ("offline: recording", (f"{hours:g} h x {day['gpus']} GPUs, "
          f"{sum(day['lines'].values()):,} lines, {day['bytes'] / mib:.0f} MiB")),
         ("offline: judged in (wall / CPU)", f"{fmt_s(off['wall_s'])} / {fmt_s(off['cpu_s'])}"),
+        ("**offline: CPU per hour of recording per GPU**",
+         f"**{fmt_s(off['cpu_s'] / hours / day['gpus'])}**"),
         ("offline: bucket resolution, evaluations", (f"{off['resolution_s']:g} s, "
          f"{off['ticks']:,} ticks x {day['gpus']} GPUs")),
         ("offline: peak RSS (imports alone)", (f"{off['peak_rss_bytes'] / mib:.0f} MiB "
          f"({r['baseline_rss_bytes'] / mib:.0f} MiB)")),
         ("offline: advice found (GPU x rule)", (f"{off['advice']} ({off['activations']} "
          "activations)")),
-        ("live: first evaluation, 15 min x 8 GPUs", fmt_s(live["first_evaluation_s"])),
-        ("live: per tick, median / p95", (f"{fmt_s(live['tick_median_s'])} / "
-         f"{fmt_s(live['tick_p95_s'])}")),
+        (f"live: first evaluation, 15 min x {live['gpus']} GPUs and {live['ranks']} ranks "
+         "(wall / CPU)", (f"{fmt_s(live['first_evaluation_s'])} / "
+                          f"{fmt_s(live['first_evaluation_cpu_s'])}")),
+        (f"**live: CPU per tick, {live['gpus']} GPUs and {live['ranks']} ranks** "
+         "(median / mean; wall p95)", (f"**{fmt_s(live['tick_cpu_median_s'])}** / "
+                                       f"{fmt_s(live['tick_cpu_mean_s'])}; "
+                                       f"{fmt_s(live['tick_p95_s'])}")),
+        (f"live: CPU per tick, {bare.get('gpus', '-')} GPUs without the hook (median)",
+         fmt_s(bare.get("tick_cpu_median_s"))),
+        ("live: advice active at the end (8 ranks)", ", ".join(live["active_advice"]) or "none"),
         ("sampler: tick, 8 stubbed GPUs (median)", fmt_s(smp.get("tick_median_s"))
          if "tick_median_s" in smp else smp.get("error", "-")),
     ]
-    out = ["| measure | value |", "| --- | --- |"]
+    import platform
+
+    out = [f"## bench_advise: {platform.node()}, {r['cpus']} CPUs, Python {r['python']}, "
+           f"load average {' '.join(f'{x:.1f}' for x in r['load'])}", "",
+           "| measure | value |", "| --- | --- |"]
     out += [f"| {a} | {b} |" for a, b in rows]
     return "\n".join(out)
 
@@ -243,7 +289,7 @@ def report(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", metavar="FILE", help="write the results as JSON here")
-    ap.add_argument("--hours", type=float, default=24.0, help="length of the recording")
+    ap.add_argument("--hours", type=float, default=2.0, help="length of the recording")
     ap.add_argument("--keep", metavar="FILE", help="keep the generated recording here")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -251,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         day = build_day(path, seconds=int(args.hours * 3600))
         offline = bench_offline(path)
     result = {"day": day, "offline": offline, "baseline_rss_bytes": baseline_rss(),
-              "live": bench_live(), "sampler": bench_sampler(),
-              "python": sys.version.split()[0], "cpus": os.cpu_count()}
+              "live": bench_live(), "live_without_hook": bench_live(ranks=False),
+              "sampler": bench_sampler(), "python": sys.version.split()[0],
+              "cpus": os.cpu_count(), "load": os.getloadavg()}
     print(report(result))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

@@ -11,12 +11,12 @@ overhead. Per GPU, with the functions bench_tick.py uses on a GPU:
 - ``raw``: the stub calls the fast tick makes (the list bench_tick.py times on a GPU),
   back to back ("hot") and once per interval on a thread of their own ("at the cadence");
 - ``read_fast``: the NVML layer making them (``NvmlGpu.read_fast()``, this thread);
-- the **daemon path**: what ``Sampler.start()`` runs per tick, each GPU's worker reading
+- the **daemon path**: what ``Sampler.start()`` runs per tick, the reader reading each GPU
   and building its sample plus the loop's tick divided by the GPUs; hot (back to back on
   this thread), and at the cadence (the started sampler, each thread's CPU clock: wake-ups
   and cold caches included, as in the daemon);
-- ``tick()``: the synchronous tick tests call, which hands each worker its read and waits
-  for it (a hand-off the daemon loop does not make).
+- ``tick()``: the synchronous tick tests call, which hands the reader a request and waits
+  for the answers (a hand-off the daemon loop does not make).
 
 ``overhead`` is the daemon path's CPU minus the raw calls' CPU, like for like. On a VM a
 thread's wake-up alone can cost tens of microseconds of CPU and a read after 100 ms idle
@@ -111,7 +111,7 @@ def measure(gpus: int, interval: float, seconds: float, reps: int,
 
 
 def profile(gpus: int, reps: int) -> None:
-    """cProfile what a worker does per read and what the loop does per tick, here."""
+    """cProfile what the reader does per GPU read and what the loop does per tick, here."""
     sampler = Sampler(Store(), nvml_module=make_stub(gpus), interval=1.0,
                       slow_interval=3600.0, host=NullHost())
     try:
@@ -121,7 +121,7 @@ def profile(gpus: int, reps: int) -> None:
         if read is not None:
             pr = cProfile.Profile()
             pr.runcall(lambda: [read(time.time()) for _ in range(reps)])
-            print(f"\n### one worker's read x {reps}")
+            print(f"\n### one GPU's read x {reps}")
             pstats.Stats(pr).sort_stats("tottime").print_stats(15)
         tick_slot = getattr(sampler, "_tick_slot", None)
         if tick_slot is not None:

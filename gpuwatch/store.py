@@ -307,6 +307,23 @@ def _unseen_micro(window: Any, steps: Sequence[StepSample]) -> dict[str, int]:
             "micro_counted": n}
 
 
+def _newest(ring: deque, since: float, slack: float = 1.0) -> list[Any]:
+    """The samples of a ring kept in time order with ``t >= since``, oldest first. Read
+    back ``slack`` seconds past ``since``: two ticks published at once (tick() beside the
+    loop) may land a few milliseconds out of order."""
+    if not ring or ring[0].t >= since:
+        return list(ring)
+    out = []
+    stop = since - slack
+    for s in reversed(ring):
+        if s.t < stop:
+            break
+        if s.t >= since:
+            out.append(s)
+    out.reverse()
+    return out
+
+
 class Store:
     def __init__(self, history_seconds: float = 900.0, max_records: int = 20_000, *,
                  step_lines_per_second: float = STEP_LINES_PER_SECOND) -> None:
@@ -524,8 +541,12 @@ class Store:
     def timeline(self, since: float = 0.0) -> list[Sample]:
         """All history since ``since`` in time order: the advisor's input."""
         with self._lock:
-            out: list[Sample] = [s for ring in self._gpu.values() for s in ring if s.t >= since]
-            out.extend(s for s in self._host if s.t >= since)
+            out: list[Sample] = []
+            # GPU and host samples are kept in tick order: read back from the newest, so
+            # the live advisor asking for the last few seconds pays for those, not for
+            # the whole window (steps arrive out of order across jobs: all are looked at)
+            for ring in (*self._gpu.values(), self._host):
+                out.extend(_newest(ring, since))
             out.extend(s for s in self._steps if s.t >= since)
             out.extend(s for s in self._events if s.t >= since)
             out.extend(self._configs.values())

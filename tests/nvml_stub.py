@@ -40,6 +40,10 @@ H100_GPM = {
 }
 
 
+# a C function called through ctypes (which releases the GIL around it), answering at once
+_FOREIGN_CALL = ctypes.CDLL(None).getppid
+
+
 def error(code: int) -> pynvml.NVMLError:
     """The exception real pynvml raises for ``code`` (e.g. NVMLError_NotSupported)."""
     return pynvml.NVMLError(code)
@@ -114,8 +118,13 @@ class NvmlStub:
     """The module object handed to ``Sampler(nvml_module=...)``."""
 
     def __init__(self, gpus: list[StubGpu] | None = None, *, init_error: int | None = None,
-                 missing: tuple[str, ...] = (), driver_version: str = "580.159.04") -> None:
+                 missing: tuple[str, ...] = (), driver_version: str = "580.159.04",
+                 gil_release: bool = False) -> None:
         self.gpus = list(gpus) if gpus is not None else [StubGpu(0)]
+        # every call leaves the interpreter lock for a moment, as pynvml's ctypes calls into
+        # the driver do: threads reading GPUs at once then contend as they would on a GPU
+        # host (benchmarks/bench_tick.py); a C call that returns at once, not a sleep
+        self._foreign = _FOREIGN_CALL if gil_release else None
         self.init_error = init_error
         self.missing = set(missing)
         self.driver_version = driver_version
@@ -140,6 +149,8 @@ class NvmlStub:
     def _enter(self, fn: str, gpu: StubGpu | None = None) -> None:
         with self._lock:
             self.calls[(fn, gpu.index if gpu is not None else None)] += 1
+        if self._foreign is not None:
+            self._foreign()
         if fn in self.missing:
             raise error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if self.refcount <= 0:

@@ -195,34 +195,45 @@ def test_no_driver_host_metrics_go_on_and_it_is_said_once(make_sampler, caplog, 
     assert stub.shutdowns == 0  # nvmlShutdown only after a successful nvmlInit
 
 
-def test_hung_call_stalls_only_its_gpu_and_the_tick_publishes(make_sampler) -> None:
-    stub = NvmlStub([StubGpu(0), StubGpu(1)])
+# the GPUs are read one after another: a hung call in the first must not hold the rest
+@pytest.mark.parametrize("hung", [0, 1, 2])
+def test_hung_call_stalls_only_its_gpu_and_the_tick_publishes(make_sampler, hung) -> None:
+    stub = NvmlStub([StubGpu(0), StubGpu(1), StubGpu(2)])
     sampler, store = make_sampler(stub, interval=0.5)
     sampler.tick()
-    stub.gpus[1].hang("nvmlDeviceGetTemperature")
+    stub.gpus[hung].hang("nvmlDeviceGetTemperature")
+    others = [i for i in range(3) if i != hung]
 
     snap = sampler.tick()
-    assert stub.gpus[1].blocked.is_set()  # the tick came back while the call is still stuck
+    assert stub.gpus[hung].blocked.is_set()  # the tick came back while the call is stuck
     assert store.latest() is not None and store.latest().t == snap.t
-    g0, g1 = snap.gpus
-    assert g0.util == 0.75 and g0.temp_celsius == 61.0
-    assert g1.util is None and g1.temp_celsius is None and not g1.lost
-    assert snap.health.errors_total["gpu1_stalled"] == 1
+    for i in others:
+        assert snap.gpus[i].util == 0.75 and snap.gpus[i].temp_celsius == 61.0
+    g = snap.gpus[hung]
+    assert g.util is None and g.temp_celsius is None and not g.lost
+    assert snap.health.errors_total[f"gpu{hung}_stalled"] == 1
 
-    asked = stub.count("nvmlDeviceGetUtilizationRates", 1)
-    snap = sampler.tick()
-    assert stub.gpus[1].blocked.is_set()
-    assert stub.count("nvmlDeviceGetUtilizationRates", 1) == asked  # no more work while stuck
-    assert snap.gpus[0].util == 0.75 and snap.gpus[1].util is None
-    assert snap.health.errors_total["gpu1_stalled"] == 2
-    assert "gpu0_stalled" not in snap.health.errors_total
+    asked = stub.count("nvmlDeviceGetUtilizationRates", hung)
+    for n in (2, 3):
+        snap = sampler.tick()
+        assert stub.gpus[hung].blocked.is_set()
+        # no more work while stuck
+        assert stub.count("nvmlDeviceGetUtilizationRates", hung) == asked
+        assert [snap.gpus[i].util for i in others] == [0.75, 0.75]
+        assert snap.gpus[hung].util is None
+        assert snap.health.errors_total[f"gpu{hung}_stalled"] == n
+        assert not any(f"gpu{i}_stalled" in snap.health.errors_total for i in others)
 
-    stub.gpus[1].release()
-    wait_for(lambda: sampler.tick().gpus[1].util == 0.75, "GPU 1 answers again")
+    stub.gpus[hung].release()
+    wait_for(lambda: sampler.tick().gpus[hung].util == 0.75, f"GPU {hung} answers again")
+    assert [g.util for g in sampler.tick().gpus] == [0.75] * 3
 
 
-def test_started_loop_a_hung_gpu_stalls_only_itself_and_ticks_go_on(make_sampler) -> None:
+@pytest.mark.parametrize("hung", [0, 1])
+def test_started_loop_a_hung_gpu_stalls_only_itself_and_ticks_go_on(make_sampler,
+                                                                      hung) -> None:
     stub = NvmlStub([StubGpu(0), StubGpu(1)])
+    other = 1 - hung
     sampler, store = make_sampler(stub, interval=0.1)
     sampler.start()
     wait_for(lambda: store.latest().health.ticks_total >= 3, "three ticks")
@@ -231,21 +242,24 @@ def test_started_loop_a_hung_gpu_stalls_only_itself_and_ticks_go_on(make_sampler
     assert {g.t for g in snap.gpus} == {snap.t}  # one tick, one time: replay groups by it
     assert snap.health.errors_total == {}
 
-    stub.gpus[1].hang("nvmlDeviceGetTemperature")
-    wait_for(stub.gpus[1].blocked.is_set, "GPU 1 stuck in NVML")
+    stub.gpus[hung].hang("nvmlDeviceGetTemperature")
+    wait_for(stub.gpus[hung].blocked.is_set, f"GPU {hung} stuck in NVML")
     ticks = store.latest().health.ticks_total
     wait_for(lambda: store.latest().health.ticks_total >= ticks + 5, "five more ticks")
     snap = store.latest()
-    assert stub.gpus[1].blocked.is_set()
-    assert snap.gpus[0].util == 0.75 and snap.gpus[0].t == snap.t
-    assert snap.gpus[1].util is None and not snap.gpus[1].lost
-    assert snap.health.errors_total["gpu1_stalled"] >= 4
-    assert "gpu0_stalled" not in snap.health.errors_total
+    assert stub.gpus[hung].blocked.is_set()
+    assert snap.gpus[other].util == 0.75 and snap.gpus[other].t == snap.t
+    assert snap.gpus[hung].util is None and not snap.gpus[hung].lost
+    assert snap.health.errors_total[f"gpu{hung}_stalled"] >= 4
+    assert f"gpu{other}_stalled" not in snap.health.errors_total
     # nothing waits on a stuck GPU: the ticks keep their pace (0.1 s) while it hangs
     assert snap.health.tick_seconds < 0.05
 
-    stub.gpus[1].release()
-    wait_for(lambda: store.latest().gpus[1].util == 0.75, "GPU 1 answers again")
+    stub.gpus[hung].release()
+    wait_for(lambda: store.latest().gpus[hung].util == 0.75, f"GPU {hung} answers again")
+    # the reader that was stuck leaves once its call returns: one reader reads them all
+    wait_for(lambda: [t.name for t in threading.enumerate()].count("gpuwatch-gpu-reader")
+             == 1, "one reader left")
 
 
 def test_a_gpm_call_stuck_on_one_gpu_costs_the_others_only_their_gpm(make_sampler) -> None:
@@ -286,6 +300,7 @@ def test_ticks_keep_to_the_grid_and_skip_slots_after_an_overrun(make_sampler) ->
     sampler, store = make_sampler(NvmlStub([StubGpu(0)]), interval=0.1, clock=clock,
                                   host=FakeHost(on_sample=tick_cost))
     sampler._wait = sim_wait
+    sampler.reader_publishes = False  # the loop publishes every tick, on the simulated clock
     sampler.start()
     wait_for(lambda: store.latest().health.ticks_total == len(costs), "six ticks")
     offsets = [round(t - 1000.0, 6) for t in starts]

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
+from gpuwatch.advisor.expr import compile_condition, condition_parts
 from gpuwatch.advisor.frame import Frame, Subject
 from gpuwatch.advisor.knobs import knob as knob_text
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
 from gpuwatch.advisor.vocabulary import VOCABULARY
-from gpuwatch.advisor.windows import GROWTH_SIGNALS, growth, window_stat
+from gpuwatch.advisor.windows import GROWTH_SIGNALS, growth, scan_stat, window_stat
 
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
 _MISSING = object()
@@ -42,75 +43,53 @@ TRAIN_SHARE = 0.75
 _TABLE_OF = {name: d.table for name, d in VOCABULARY.items()}
 
 
+Leaf = Callable[["_Ctx"], Any]
+
+
 class _Ctx:
-    """Evaluation context: one subject at one bucket end, with a per-tick cache."""
+    """Evaluation context of one subject, moved from bucket to bucket (:meth:`at`).
 
-    __slots__ = ("cache", "end", "frame", "locals", "res", "stale", "subj")
+    Every value a rule reads, a windowed statistic (``mean(util, 15s)``) or a newest value
+    (``last(hook)``), has a *slot*: a number the engine gave it when the rules were
+    compiled (:meth:`Engine._slot`), and a function computing it. ``vals`` holds this
+    bucket's values by slot, so each is computed at most once per bucket and subject,
+    whichever and however many rules read it.
+    """
 
-    def __init__(self, frame: Frame, subj: Subject, end: int) -> None:
-        self.frame = frame
+    __slots__ = ("end", "engine", "frame", "locals", "subj", "vals", "warm")
+
+    def __init__(self, engine: Engine, subj: Subject) -> None:
+        self.engine = engine
+        self.frame = engine.frame
         self.subj = subj
-        self.end = end
-        self.res = frame.res
-        self.cache: dict[tuple[str, str, float], Any] = {}
+        self.end = 0
+        self.vals: list[Any] = []
         self.locals: dict[str, Any] = {}
-        self.stale = max(1, math.ceil(STALE_SECONDS / frame.res))
+        self.warm: Any = _MISSING  # frame.train_start(subj), once per bucket
 
-    def window(self, fn: str, name: str, seconds: float) -> Any:
-        key = (fn, name, seconds)
-        v = self.cache.get(key, _MISSING)
-        if v is not _MISSING:
-            return v
-        v = self._window(fn, name, seconds)
-        self.cache[key] = v
+    def at(self, end: int) -> None:
+        self.end = end
+        self.vals = self.engine._blank.copy()
+        self.warm = _MISSING
+
+    def train_start(self) -> int | None:
+        warm = self.warm
+        if warm is _MISSING:
+            warm = self.warm = self.frame.train_start(self.subj)
+        return warm
+
+    def value(self, i: int) -> Any:
+        """Slot ``i``'s value at this bucket."""
+        vals = self.vals
+        if i >= len(vals):  # a slot made after this bucket began (evidence)
+            vals.extend([_MISSING] * (i + 1 - len(vals)))
+        v = vals[i]
+        if v is _MISSING:
+            v = vals[i] = self.engine._computes[i](self)
         return v
 
-    def _window(self, fn: str, name: str, seconds: float) -> Any:
-        if name in ATTRIBUTION_SIGNALS:
-            # the attribution is a quantity of a whole window, whatever the function; rules
-            # read it from the end of the first step on (start-up is not judged), once
-            # a few seconds of training are in
-            n = max(1, round(seconds / self.res))
-            warm = self.frame.train_start(self.subj)
-            if warm is not None and self.end - warm < min(MIN_TRAIN_BUCKETS, n):
-                return None
-            a = self.frame.attribution(self.subj, self.end, n)
-            return a.value(name) if a is not None else None
-        if name in GROWTH_SIGNALS:
-            table = self.frame.lookup_table(self.subj, "mem_allocated_bytes")
-            ring = table.rings.get("mem_allocated_bytes") if table is not None else None
-            got = growth(ring, self.end, max(1, round(seconds / self.res)), self.res)
-            if got is None:
-                return None
-            return got[0] if name == "mem_allocated_growth_bytes_per_second" else got[1]
-        table_kind = _TABLE_OF[name]
-        if table_kind == "config":
-            return self.frame.config_value(self.subj, name)
-        if table_kind == "fact":
-            return self.frame.fact(self.subj, name)
-        table = self.frame.lookup_table(self.subj, name)
-        if table is None:
-            return None
-        ring = table.rings.get(name)
-        if ring is None:
-            return None
-        n = max(1, round(seconds / self.res))
-        if fn not in _PARTIAL_OK:
-            warm = self.frame.train_start(self.subj) if table_kind != "job" else None
-            if warm is not None and self.end - warm < n:
-                # a job the hook reports: its GPU and host are judged from its first step
-                # on, so a window reaching back into start-up reads only training time;
-                # a few seconds of it already count (warnings within 20 s of the start)
-                n = self.end - warm
-                if n < min(MIN_TRAIN_BUCKETS, round(seconds / self.res)):
-                    return None
-            # a window reaching back before the GPU was first seen is incomplete: say
-            # nothing rather than judge a few seconds as if they were the whole window
-            elif self.end - self.subj.first < n:
-                return None
-        if fn == "mean":  # most windows: straight to the prefix sums
-            return ring.mean(self.end, n)
-        return window_stat(ring, fn, self.end, n, self.res)
+    def window(self, fn: str, name: str, seconds: float) -> Any:
+        return self.value(self.engine._slot((fn, name, seconds)))
 
     def knob(self, name: str, old: Any, new: Any) -> str | None:
         """A setting's change in the words of the framework that drives the job."""
@@ -118,29 +97,9 @@ class _Ctx:
         return knob_text(name, framework if isinstance(framework, str) else None, old, new)
 
     def last(self, name: str) -> Any:
-        if name in self.locals:
+        if self.locals and name in self.locals:
             return self.locals[name]
-        key = ("last", name, 0.0)
-        v = self.cache.get(key, _MISSING)
-        if v is not _MISSING:
-            return v
-        if name in ATTRIBUTION_SIGNALS or name in GROWTH_SIGNALS:
-            v = self.window("last", name, ATTRIBUTION_LAST_SECONDS)
-            self.cache[key] = v
-            return v
-        table_kind = _TABLE_OF[name]
-        if table_kind == "config":
-            v = self.frame.config_value(self.subj, name)
-        elif table_kind == "fact":
-            v = self.frame.fact(self.subj, name)
-        else:
-            table = self.frame.lookup_table(self.subj, name)
-            ring = table.rings.get(name) if table is not None else None
-            # step signals arrive as often as steps do: allow them a longer look back
-            stale = self.stale * (10 if table_kind == "job" else 1)
-            v = ring.last(self.end, stale) if ring is not None else None
-        self.cache[key] = v
-        return v
+        return self.value(self.engine._slot(name))
 
 
 @dataclass
@@ -195,6 +154,8 @@ class Engine:
         keep = max((r.max_window for r in self.rules), default=60.0) + 2 * res
         self.frame = Frame(res, ruleset.signals(), keep, on_bucket=self._evaluate)
         self.states: dict[tuple[str, int | None], _State] = {}
+        # per subject, the ids of the rules with a state there (states' keys, for the loop)
+        self._stated: dict[int | None, set[str]] = {}
         self.findings: list[Finding] = []  # every activation, in order
         self.on_start = on_start
         self.on_end = on_end
@@ -209,6 +170,23 @@ class Engine:
         self._cpu_job_rules = list(self.rules)
         # the window a training rule must find mostly training: the usual one
         self._train_window = 15.0
+        # (scope, compute capability) -> what to ask of each rule that applies there
+        self._plans: dict[tuple[str, float | None], list[tuple[Any, ...]]] = {}
+        # ids of rules another rule defers to: only their verdicts need keeping per bucket
+        self._suppressors = {sid for r in self.rules for sid in r.suppressed_by}
+        # the values rules read: slot numbers, what computes each, a bucket's empty row
+        self._slots: dict[Any, int] = {}
+        self._computes: list[Leaf] = []
+        self._blank: list[Any] = []
+        self._ctxs: dict[int | None, _Ctx] = {}
+        self._stale = max(1, math.ceil(STALE_SECONDS / res))
+        # each rule's when and unless, compiled to read the slots directly
+        self._compiled: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+        for rule in self.rules:
+            if rule.when_node is not None:
+                self._compiled[rule.id] = (
+                    tuple(condition_parts(rule.when_node, self._reader)),
+                    tuple(compile_condition(n, self._reader) for n in rule.unless_nodes))
 
     # -- input --------------------------------------------------------------------------
     def feed(self, sample: Any) -> None:
@@ -226,60 +204,253 @@ class Engine:
     def finish(self) -> None:
         self.frame.finish()
 
+    # -- slots: what rules read, compiled once ---------------------------------------------
+    def _slot(self, key: Any) -> int:
+        """The slot of ``key``: ``(fn, name, seconds)`` (a window), ``name`` (the newest
+        value) or ``("growth", n)`` (the memory fit both growth signals read)."""
+        i = self._slots.get(key)
+        if i is None:
+            compute = self._compile(key)
+            i = self._slots[key] = len(self._computes)
+            self._computes.append(compute)
+            self._blank.append(_MISSING)
+        return i
+
+    def _reader(self, fn: str, name: str, seconds: float) -> Leaf:
+        """expr.LeafFactory: a value of a condition read straight from its slot."""
+        i = self._slot(name if fn == "last" and seconds == 0.0 else (fn, name, seconds))
+        compute = self._computes[i]
+
+        def read(ctx: _Ctx) -> Any:
+            v = ctx.vals[i]
+            if v is _MISSING:
+                v = ctx.vals[i] = compute(ctx)
+            return v
+        return read
+
+    def _compile(self, key: Any) -> Leaf:
+        if isinstance(key, str):
+            return self._compile_last(key)
+        if key[0] == "growth":
+            return self._compile_growth(key[1])
+        return self._compile_window(*key)
+
+    def _compile_growth(self, n: int) -> Leaf:
+        frame, res = self.frame, self.res
+
+        def fit(ctx: _Ctx) -> Any:
+            table = frame.lookup_table(ctx.subj, "mem_allocated_bytes")
+            ring = table.rings.get("mem_allocated_bytes") if table is not None else None
+            return growth(ring, ctx.end, n, res)
+        return fit
+
+    def _compile_window(self, fn: str, name: str, seconds: float) -> Leaf:
+        frame, res = self.frame, self.res
+        n = max(1, round(seconds / res))
+        if name in ATTRIBUTION_SIGNALS:
+            # the attribution is a quantity of a whole window, whatever the function; rules
+            # read it from the end of the first step on (start-up is not judged), once
+            # a few seconds of training are in
+            least = min(MIN_TRAIN_BUCKETS, n)
+
+            def attribution(ctx: _Ctx) -> Any:
+                warm = ctx.train_start()
+                if warm is not None and ctx.end - warm < least:
+                    return None
+                a = frame.attribution(ctx.subj, ctx.end, n)
+                return a.value(name) if a is not None else None
+            return attribution
+        if name in GROWTH_SIGNALS:
+            # the slope and its R^2 come from one fit, made once per bucket
+            pick = 0 if name == "mem_allocated_growth_bytes_per_second" else 1
+            j = self._slot(("growth", n))
+
+            def grown(ctx: _Ctx) -> Any:
+                got = ctx.value(j)
+                return None if got is None else got[pick]
+            return grown
+        table_kind = _TABLE_OF[name]
+        if table_kind == "config":
+            return lambda ctx: frame.config_value(ctx.subj, name)
+        if table_kind == "fact":
+            return lambda ctx: frame.fact(ctx.subj, name)
+        lookup = frame.lookup_table
+        if fn in _PARTIAL_OK:
+            # counters' increases and the newest value need no full window
+            if fn == "last":
+                def newest(ctx: _Ctx) -> Any:
+                    table = lookup(ctx.subj, name)
+                    ring = table.rings.get(name) if table is not None else None
+                    return ring.last(ctx.end, n) if ring is not None else None
+                return newest
+
+            def partial(ctx: _Ctx) -> Any:
+                table = lookup(ctx.subj, name)
+                ring = table.rings.get(name) if table is not None else None
+                return window_stat(ring, fn, ctx.end, n, res) if ring is not None else None
+            return partial
+        least = min(MIN_TRAIN_BUCKETS, round(seconds / res))
+        job = table_kind == "job"
+        gpu = table_kind == "gpu"
+        mean = fn == "mean"
+
+        def full(ctx: _Ctx) -> Any:
+            subj = ctx.subj
+            if gpu:  # frame.lookup_table's first case, without the call
+                table = subj.gpu_table if subj.gpu is not None else None
+            else:
+                table = lookup(subj, name)
+            if table is None:
+                return None
+            ring = table.rings.get(name)
+            if ring is None:
+                return None
+            end = ctx.end
+            if job:
+                warm = None
+            else:
+                warm = ctx.warm
+                if warm is _MISSING:
+                    warm = ctx.train_start()
+            if warm is not None and end - warm < n:
+                # a job the hook reports: its GPU and host are judged from its first step
+                # on, so a window reaching back into start-up reads only training time;
+                # a few seconds of it already count (warnings within 20 s of the start)
+                m = end - warm
+                if m < least:
+                    return None
+                return scan_stat(ring, fn, end, m, res)  # shortened: no view kept for it
+            # a window reaching back before the GPU was first seen is incomplete: say
+            # nothing rather than judge a few seconds as if they were the whole window
+            if end - subj.first < n:
+                return None
+            if mean:  # most windows: straight to the prefix sums (Ring.mean, inlined)
+                base = ring.base
+                e = min(end, base + len(ring.vals)) - base
+                s = e - n if e > n else 0
+                if e < s:
+                    e = s
+                pw = ring.pw
+                w = pw[e] - pw[s]
+                if w <= 0:
+                    return None
+                return (ring.psum[e] - ring.psum[s]) / w
+            return window_stat(ring, fn, end, n, res)
+        return full
+
+    def _compile_last(self, name: str) -> Leaf:
+        """``last(name)``: the newest value, within how long a source may be silent."""
+        frame = self.frame
+        if name in ATTRIBUTION_SIGNALS or name in GROWTH_SIGNALS:
+            j = self._slot(("last", name, ATTRIBUTION_LAST_SECONDS))
+            return lambda ctx: ctx.value(j)
+        table_kind = _TABLE_OF[name]
+        if table_kind == "config":
+            return lambda ctx: frame.config_value(ctx.subj, name)
+        if table_kind == "fact":
+            return lambda ctx: frame.fact(ctx.subj, name)
+        lookup = frame.lookup_table
+        # step signals arrive as often as steps do: allow them a longer look back
+        stale = self._stale * (10 if table_kind == "job" else 1)
+
+        def newest(ctx: _Ctx) -> Any:
+            table = lookup(ctx.subj, name)
+            ring = table.rings.get(name) if table is not None else None
+            return ring.last(ctx.end, stale) if ring is not None else None
+        return newest
+
+    def _plan(self, scope: str, cc: float | None) -> list[tuple[Any, ...]]:
+        """The rules a subject of this scope (``gpu``, ``host``, or ``cpu_job``: a job the
+        hook reports with no GPU in the data) and compute capability is judged by, in
+        order, each with what the loop asks of it."""
+        plan = []
+        rules = {"gpu": self._gpu_rules, "host": self._host_rules,
+                 "cpu_job": self._cpu_job_rules}[scope]
+        for rule in rules:
+            if cc is not None and not rule.applies_to(cc):
+                continue
+            if rule.id in self._compiled:
+                parts, unless = self._compiled[rule.id]
+            elif rule.holds is not None:
+                parts, unless = (rule.holds,), rule.unless_holds
+            else:  # a Rule built by hand, without the predicates
+                when = rule.when
+                parts = (lambda ctx, when=when: when(ctx) is True,)  # noqa: E731
+                unless = tuple((lambda ctx, u=u: u(ctx) is True) for _, u in rule.unless)
+            plan.append((rule, rule.id, None if rule.phase == "any" else rule.phase, parts,
+                         unless, rule.suppressed_by, rule.id in self._suppressors))
+        self._plans[(scope, cc)] = plan
+        return plan
+
     # -- evaluation -------------------------------------------------------------------------
+    def _context(self, subj: Subject, end: int) -> Any:
+        """``subj``'s evaluation context at bucket end ``end``."""
+        ctx = self._ctxs.get(subj.gpu)
+        if ctx is None or ctx.subj is not subj:
+            ctx = self._ctxs[subj.gpu] = _Ctx(self, subj)
+        ctx.at(end)
+        return ctx
+
     def _evaluate(self, idx: int) -> None:
         t = (idx + 1) * self.res
         self.evaluated_until = t
         self.ticks += 1
         frame = self.frame
+        plans = self._plans
+        stated = self._stated
         states = self.states
         for subj in list(frame.subjects.values()):
-            if subj.gpu is None:
+            host = subj.gpu is None
+            if host:
                 if not frame.host_tables.ever and not subj.job.ever:
                     continue
                 # a job the hook reports with no GPU in the data (CPU-only): the job's
                 # rules judge it too, as far as their evidence needs no GPU
-                cpu_job = len(frame.subjects) == 1 and (subj.job.ever or subj.hook_seen)
-                rules = self._cpu_job_rules if cpu_job else self._host_rules
+                scope = ("cpu_job" if len(frame.subjects) == 1
+                         and (subj.job.ever or subj.hook_seen) else "host")
             else:
-                rules = self._gpu_rules
-            ctx = _Ctx(frame, subj, idx + 1)
+                scope = "gpu"
+            ctx = self._context(subj, idx + 1)
             cc = frame.fact(subj, "compute_capability")
+            plan = plans.get((scope, cc))
+            if plan is None:
+                plan = self._plan(scope, cc)
             holding: dict[str, bool] = {}
             phase_ok: dict[str, bool] = {}
-            for rule in rules:
-                if cc is not None and not rule.applies_to(cc):
-                    continue
-                if rule.phase != "any":
-                    ok = phase_ok.get(rule.phase)
+            live = stated.get(subj.gpu)
+            if live is None:
+                live = stated[subj.gpu] = set()
+            for rule, rid, phase, parts, unless, suppressed_by, suppresses in plan:
+                if phase is not None:
+                    ok = phase_ok.get(phase)
                     if ok is None:
-                        ok = phase_ok[rule.phase] = self._in_phase(rule.phase, subj, idx + 1)
+                        ok = phase_ok[phase] = self._in_phase(phase, subj, idx + 1)
                     if not ok:
                         # not what the job is doing now: the rule's state stands as it is
-                        holding[rule.id] = bool((st := states.get((rule.id, subj.gpu)))
-                                                and st.finding and st.finding.active)
+                        if suppresses:
+                            st = states.get((rid, subj.gpu))
+                            holding[rid] = bool(st and st.finding and st.finding.active)
                         continue
-                if rule.holds is not None:
-                    cond = rule.holds(ctx)
-                    if cond:
-                        for u in rule.unless_holds:
-                            if u(ctx):
-                                cond = False
-                                break
-                else:  # a Rule built by hand, without the predicates
-                    cond = rule.when(ctx) is True
-                    if cond:
-                        for _, u in rule.unless:
-                            if u(ctx) is True:
-                                cond = False
-                                break
-                if cond and rule.suppressed_by:
-                    for sid in rule.suppressed_by:
-                        if holding.get(sid):
+                # a condition stops at its first conjunct that is not true (its first
+                # window, for most rules): expr.condition_parts
+                cond = True
+                for part in parts:
+                    if not part(ctx):
+                        cond = False
+                        break
+                if cond:
+                    for u in unless:
+                        if u(ctx):
                             cond = False
                             break
-                holding[rule.id] = cond
-                if cond or (rule.id, subj.gpu) in states:  # else: nothing held, nothing to do
+                    if cond and suppressed_by:
+                        for sid in suppressed_by:
+                            if holding.get(sid):
+                                cond = False
+                                break
+                if suppresses:
+                    holding[rid] = cond
+                if cond or rid in live:  # else: nothing held, nothing to do
                     self._step(rule, subj, ctx, cond, t)
 
     def _in_phase(self, phase: str, subj: Subject, end: int) -> bool:
@@ -324,6 +495,7 @@ class Engine:
             if not cond:
                 return
             st = self.states[key] = _State()
+            self._stated.setdefault(subj.gpu, set()).add(rule.id)
         f = st.finding
         if cond:
             st.false_since = None
@@ -357,6 +529,7 @@ class Engine:
                         self.on_end(f)
             elif f is None:
                 del self.states[key]
+                self._stated[subj.gpu].discard(rule.id)
 
     def _details(self, f: Finding, ctx: _Ctx, t: float) -> None:
         """Evidence, numbers and text, read from the window where the rule holds now."""

@@ -34,6 +34,7 @@ __all__ = [
     "Node",
     "compile_condition",
     "compile_expr",
+    "condition_parts",
     "parse",
     "parse_duration",
 ]
@@ -407,6 +408,18 @@ def max_window(node: Node) -> float:
 
 # -- evaluation ---------------------------------------------------------------------------
 Compiled = Callable[[Any], Any]
+# what a value a condition reads compiles to: ``(fn, name, seconds)`` -> a function of the
+# context. ``("last", name, 0.0)`` is a bare name (``util``, ``last(util)``). The default
+# asks the context (``ctx.window``, ``ctx.last``); an evaluator with its own store of
+# values (the engine's per-bucket slots) passes its own and skips that hop.
+LeafFactory = Callable[[str, str, float], Compiled]
+
+
+def ask_context(fn: str, name: str, seconds: float) -> Compiled:
+    """The default :data:`LeafFactory`: read through the :class:`Context` methods."""
+    if fn == "last" and seconds == 0.0:
+        return lambda ctx: ctx.last(name)
+    return lambda ctx: ctx.window(fn, name, seconds)
 
 
 def _truth(v: Any) -> bool | None:
@@ -423,30 +436,27 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
-def compile_expr(node: Node) -> Compiled:
-    """Turn a parsed condition into a function of a :class:`Context`."""
+def compile_expr(node: Node, leaf: LeafFactory = ask_context) -> Compiled:
+    """Turn a parsed condition into a function of a :class:`Context` (``leaf``: how a
+    signal's value is read, see :data:`LeafFactory`)."""
     op = node.op
     a = node.args
     if op in ("const", "dur"):
         value = a[0]
         return lambda ctx: value
     if op == "name":
-        name = a[0]
-        return lambda ctx: ctx.last(name)
+        return leaf("last", a[0], 0.0)
     if op == "win":
-        fn, name, seconds = a
-        if fn == "last" and seconds == 0.0:
-            return lambda ctx: ctx.last(name)
-        return lambda ctx: ctx.window(fn, name, seconds)
+        return leaf(*a)
     if op == "neg":
-        f = compile_expr(a[0])
+        f = compile_expr(a[0], leaf)
 
         def neg(ctx: Any) -> Any:
             v = _num(f(ctx))
             return None if v is None else -v
         return neg
     if op == "not":
-        f = compile_expr(a[0])
+        f = compile_expr(a[0], leaf)
 
         def not_(ctx: Any) -> Any:
             v = f(ctx)
@@ -455,7 +465,7 @@ def compile_expr(node: Node) -> Compiled:
     if op == "and":
         # a chain of ``and`` as one closure (``a and b and c`` parses as nested pairs): the
         # same operands evaluated in the same order, without a call per pair
-        parts = [compile_expr(x) for x in _chain(node)]
+        parts = [compile_expr(x, leaf) for x in _chain(node)]
 
         def and_(ctx: Any) -> Any:
             unknown = False
@@ -468,7 +478,7 @@ def compile_expr(node: Node) -> Compiled:
             return None if unknown else True
         return and_
     if op == "or":
-        parts = [compile_expr(x) for x in _chain(node)]
+        parts = [compile_expr(x, leaf) for x in _chain(node)]
 
         def or_(ctx: Any) -> Any:
             unknown = False
@@ -481,17 +491,24 @@ def compile_expr(node: Node) -> Compiled:
             return None if unknown else False
         return or_
     if op in ("+", "-", "*", "/"):
-        left, right = compile_expr(a[0]), compile_expr(a[1])
+        left, right = compile_expr(a[0], leaf), compile_expr(a[1], leaf)
         return _arith(op, left, right)
     if op in ("<", "<=", ">", ">=", "==", "!="):
-        left = compile_expr(a[0])
-        const = a[1].args[0] if a[1].op in ("const", "dur") else None
-        if type(const) in (int, float):  # the usual ``signal >= 0.5``: a cheaper closure
+        left = compile_expr(a[0], leaf)
+        const = _number(a[1])
+        if const is not None:  # the usual ``signal >= 0.5``: a cheaper closure
             return _compare_number(op, left, const)
-        return _compare(op, left, compile_expr(a[1]))
+        return _compare(op, left, compile_expr(a[1], leaf))
     if op == "call":
-        return _call(a[0], [compile_expr(x) for x in a[1:]])
+        return _call(a[0], [compile_expr(x, leaf) for x in a[1:]])
     raise ExprError(f"internal: unknown node {op!r}", node.col)
+
+
+def _number(node: Node) -> float | None:
+    """A comparison's right side when it is a plain number (a constant or a duration)."""
+    if node.op in ("const", "dur") and type(node.args[0]) in (int, float):
+        return node.args[0]
+    return None
 
 
 def _chain(node: Node) -> list[Node]:
@@ -505,24 +522,44 @@ def _chain(node: Node) -> list[Node]:
     return out
 
 
-def compile_condition(node: Node) -> Callable[[Any], bool]:
+def compile_condition(node: Node, leaf: LeafFactory = ask_context
+                      ) -> Callable[[Any], bool]:
     """``compile_expr(node)(ctx) is True`` as a predicate, for a rule's ``when``/``unless``.
 
     Only "true" matters to a condition, so a conjunction stops at its first operand that
     is not true (false or unknown): a rule gated on a setting the recording never gives
-    (``last(fused_optimizer) == 0 and ...``) costs one look-up. Evaluation has no effects,
-    so skipping the rest cannot change any result.
+    (``last(fused_optimizer) == 0 and ...``) costs one look-up, and one whose first window
+    is out of range costs that window. Evaluation has no effects, so skipping the rest
+    cannot change any result.
     """
-    if node.op in ("and", "or"):
-        return _truthy(node)
-    f = compile_expr(node)
+    if node.op in ("and", "or") or _is_number_test(node):
+        return _truthy(node, leaf)
+    f = compile_expr(node, leaf)
     return lambda ctx: f(ctx) is True
 
 
-def _truthy(node: Node) -> Callable[[Any], bool]:
-    """Whether a value counts as true in ``and``/``or``: known and truthy."""
+def condition_parts(node: Node, leaf: LeafFactory = ask_context
+                    ) -> list[Callable[[Any], bool]]:
+    """``compile_condition(node, leaf)`` as the list of its conjuncts' predicates: the
+    condition holds when every one does, asked in order until one does not. An evaluator
+    that runs the list itself saves a call per condition."""
     if node.op == "and":
-        parts = [_truthy(x) for x in _chain(node)]
+        return [_truthy(x, leaf) for x in _chain(node)]
+    return [compile_condition(node, leaf)]
+
+
+def _is_number_test(node: Node) -> bool:
+    return node.op in _ORDER and _number(node.args[1]) is not None
+
+
+def _truthy(node: Node, leaf: LeafFactory) -> Callable[[Any], bool]:
+    """Whether a value counts as true in ``and``/``or``: known and truthy."""
+    if _is_number_test(node):
+        # ``signal >= 0.5`` as one closure answering True or False: the comparison and
+        # its truth test fused (what most conditions are made of)
+        return _test_number(node.op, compile_expr(node.args[0], leaf), _number(node.args[1]))
+    if node.op == "and":
+        parts = [_truthy(x, leaf) for x in _chain(node)]
 
         def all_true(ctx: Any) -> bool:
             for part in parts:
@@ -531,7 +568,7 @@ def _truthy(node: Node) -> Callable[[Any], bool]:
             return True
         return all_true
     if node.op == "or":
-        parts = [_truthy(x) for x in _chain(node)]
+        parts = [_truthy(x, leaf) for x in _chain(node)]
 
         def any_true(ctx: Any) -> bool:
             for part in parts:
@@ -539,7 +576,18 @@ def _truthy(node: Node) -> Callable[[Any], bool]:
                     return True
             return False
         return any_true
-    f = compile_expr(node)
+    if node.op == "call" and node.args[0] == "coalesce":
+        # the first known value's truth, without building the value first
+        fs = [compile_expr(x, leaf) for x in node.args[1:]]
+
+        def first_known(ctx: Any) -> bool:
+            for f in fs:
+                v = f(ctx)
+                if v is not None:
+                    return bool(v)
+            return False
+        return first_known
+    f = compile_expr(node, leaf)
     return lambda ctx: bool(f(ctx))  # bool(None) is False: unknown is not true
 
 
@@ -601,6 +649,24 @@ def _compare_number(op: str, left: Compiled, y: float) -> Compiled:
             return text_result
         return cmp(x, y)
     return compare
+
+
+def _test_number(op: str, left: Compiled, y: float) -> Callable[[Any], bool]:
+    """``bool(_compare_number(op, left, y)(ctx))``: unknown is not true, text only ever
+    differs from a number."""
+    cmp = _ORDER[op]
+    text_result = op == "!="
+
+    def test(ctx: Any) -> bool:
+        x = left(ctx)
+        if x is None:
+            return False
+        if type(x) is float:  # the usual value: no further test
+            return cmp(x, y)
+        if isinstance(x, str):
+            return text_result
+        return bool(cmp(x, y))
+    return test
 
 
 def _pow2floor(x: float) -> float | None:

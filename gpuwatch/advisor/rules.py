@@ -301,6 +301,10 @@ class Rule:
     # (expr.compile_condition): what the engine asks at every bucket
     holds: Callable[[Any], bool] | None = None
     unless_holds: tuple[Callable[[Any], bool], ...] = ()
+    # the parsed ``when`` and ``unless``: an engine compiles them again with its own way
+    # of reading values (expr.LeafFactory)
+    when_node: expr.Node | None = None
+    unless_nodes: tuple[expr.Node, ...] = ()
 
     def applies_to(self, cc: float | None) -> bool:
         """Architecture gate; an unknown compute capability passes (the text says so)."""
@@ -555,6 +559,7 @@ class _FileChecker:
                 nodes.append(when[0])
         unless: list[tuple[str, Compiled]] = []
         unless_holds: list[Callable[[Any], bool]] = []
+        unless_nodes: list[expr.Node] = []
         if "unless" in raw:
             items = raw["unless"]
             lines = items.item_lines if isinstance(items, _List) else [vl["unless"]]
@@ -566,6 +571,7 @@ class _FileChecker:
                     nodes.append(got[0])
                     unless.append((str(item), got[1]))
                     unless_holds.append(expr.compile_condition(got[0]))
+                    unless_nodes.append(got[0])
         sup = raw.get("suppressed_by", [])
         if isinstance(sup, str):
             sup = [sup]
@@ -700,7 +706,8 @@ class _FileChecker:
             without_hook=None if without_hook is None else spaced_percents(without_hook),
             references=tuple(refs),
             description=str(raw.get("description", "")), signals=signals, max_window=window,
-            holds=expr.compile_condition(when[0]), unless_holds=tuple(unless_holds))
+            holds=expr.compile_condition(when[0]), unless_holds=tuple(unless_holds),
+            when_node=when[0], unless_nodes=tuple(unless_nodes))
 
 
 def _show(value: Any) -> str:

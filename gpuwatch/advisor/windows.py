@@ -8,23 +8,38 @@ window. Rings are trimmed to the longest window the rules use.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
+from collections import deque
+from typing import Any
 
 
 class Ring:
-    """Bucket values of one signal, with prefix sums for O(1) weighted window means."""
+    """Bucket values of one signal, with prefix sums for O(1) weighted window means.
 
-    __slots__ = ("base", "psum", "pw", "vals")
+    ``views`` holds the incremental state of the other statistics rules read from it (a
+    monotonic deque for a windowed max, the sorted window of a percentile, ...), one per
+    (function, window length), created on first use and brought up to date when read.
+    """
+
+    __slots__ = ("base", "last_none", "psum", "pw", "vals", "views")
 
     def __init__(self, base: int) -> None:
         self.base = base  # absolute bucket index of vals[0]
         self.vals: list[float | None] = []
         self.psum: list[float] = [0.0]
         self.pw: list[float] = [0.0]
+        # absolute index of the newest bucket without a value: a window that starts after
+        # it holds a value in every bucket (its count and first value need no pass)
+        self.last_none = base - 1
+        self.views: dict[tuple[str, int], Any] | None = None
 
     def push(self, value: float | None, weight: float = 1.0) -> None:
-        self.vals.append(value)
+        vals = self.vals
+        vals.append(value)
         psum, pw = self.psum, self.pw
         if value is None or weight <= 0:
+            if value is None:
+                self.last_none = self.base + len(vals) - 1
             psum.append(psum[-1])
             pw.append(pw[-1])
         else:
@@ -66,22 +81,22 @@ class Ring:
         return (self.psum[e] - self.psum[s]) / w
 
     def last(self, end: int, n: int) -> float | None:
+        vals = self.vals
+        e = min(end, self.base + len(vals)) - self.base
+        if e > 0 and n > 0:
+            v = vals[e - 1]
+            if v is not None:  # the usual case: the newest bucket has a value
+                return v
         s, e = self.span(end, n)
         for i in range(e - 1, s - 1, -1):
-            v = self.vals[i]
+            v = vals[i]
             if v is not None:
                 return v
         return None
 
 
 def _percentile(vals: list[float], q: float) -> float:
-    vals = sorted(vals)
-    if len(vals) == 1:
-        return vals[0]
-    pos = q * (len(vals) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+    return _pick_percentile(sorted(vals), q)
 
 
 def _counter_increase(vals: list[float]) -> float | None:
@@ -103,15 +118,17 @@ _COUNTER_FNS = frozenset({"delta", "increase", "rate"})
 _PCT = {"median": 0.5, "p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 
 
-def window_stat(ring: Ring, fn: str, end: int, n: int, res: float) -> float | None:
-    """One windowed statistic over the ``n`` buckets before ``end``."""
+def scan_stat(ring: Ring, fn: str, end: int, n: int, res: float) -> float | None:
+    """One windowed statistic over the ``n`` buckets before ``end``, read by a pass over
+    the window: for windows the views do not keep (a shortened one) and what they leave
+    to it (NaN, a counter that moved)."""
     if fn in ("mean", "avg"):
         return ring.mean(end, n)
     if fn == "last":
         return ring.last(end, n)
     if fn in _COUNTER_FNS:
-        # the usual case, a counter that did not move (health rules read 10 min of it at
-        # every bucket): one C-speed pass over the window instead of filtering, min and max
+        # the usual case, a counter that did not move: one C-speed pass over the window
+        # instead of filtering, min and max
         s, e = ring.span(end, n)
         window = ring.vals[s:e]
         first = window[0] if window else None
@@ -141,6 +158,196 @@ def window_stat(ring: Ring, fn: str, end: int, n: int, res: float) -> float | No
     raise ValueError(f"unknown window function {fn!r}")
 
 
+# -- incremental views -------------------------------------------------------------------
+# Each view is brought up to date by the buckets pushed since it was last read (usually
+# one), so a statistic over a long window costs O(1) amortised per read instead of a pass
+# over the window. A view answers exactly what scan_stat would (the same value, the same
+# tie picked); where it cannot be sure (a NaN in the window, a counter that moved, time
+# read backwards) it returns _SCAN and the caller does the pass.
+_SCAN = object()
+
+
+def _bounds(ring: Ring, end: int, n: int) -> tuple[int, int]:
+    """Absolute [s, e) of the ``n`` buckets before ``end`` that the ring holds."""
+    base = ring.base
+    e = min(end, base + len(ring.vals))
+    s = e - n
+    if s < base:
+        s = base
+    return s, e
+
+
+class _Extreme:
+    """Windowed min or max: a monotonic deque of (bucket, value) whose front is the
+    answer. Ties keep the oldest in front, as min() and max() return the first."""
+
+    __slots__ = ("dq", "is_max", "nan_at", "upto")
+
+    def __init__(self, is_max: bool) -> None:
+        self.dq: deque[tuple[int, float]] = deque()
+        self.is_max = is_max
+        self.upto = -(1 << 62)  # buckets before this have been taken in
+        self.nan_at = -(1 << 62)
+
+    def read(self, ring: Ring, end: int, n: int) -> Any:
+        s, e = _bounds(ring, end, n)
+        if e < self.upto:
+            return _SCAN
+        dq = self.dq
+        i = self.upto if self.upto > s else s
+        if i < e:
+            vals, base = ring.vals, ring.base
+            is_max = self.is_max
+            for v in vals[i - base:e - base]:
+                if v is not None:
+                    if v != v:
+                        self.nan_at = i
+                    elif is_max:
+                        while dq and dq[-1][1] < v:
+                            dq.pop()
+                        dq.append((i, v))
+                    else:
+                        while dq and dq[-1][1] > v:
+                            dq.pop()
+                        dq.append((i, v))
+                i += 1
+            self.upto = e
+        while dq and dq[0][0] < s:
+            dq.popleft()
+        if self.nan_at >= s:
+            return _SCAN
+        return dq[0][1] if dq else None
+
+
+class _Sorted:
+    """A window's values kept sorted (bisect), for its percentiles. Equal values stay in
+    arrival order, so the list is exactly what sorted() makes of the window."""
+
+    __slots__ = ("nan_at", "srt", "upto", "win")
+
+    def __init__(self) -> None:
+        self.win: deque[tuple[int, float]] = deque()
+        self.srt: list[float] = []
+        self.upto = -(1 << 62)
+        self.nan_at = -(1 << 62)
+
+    def read(self, ring: Ring, end: int, n: int) -> Any:
+        s, e = _bounds(ring, end, n)
+        if e < self.upto:
+            return _SCAN
+        win, srt = self.win, self.srt
+        i = self.upto if self.upto > s else s
+        if i < e:
+            vals, base = ring.vals, ring.base
+            for v in vals[i - base:e - base]:
+                if v is not None:
+                    if v != v:
+                        self.nan_at = i
+                    else:
+                        win.append((i, v))
+                        insort(srt, v)
+                i += 1
+            self.upto = e
+        while win and win[0][0] < s:
+            # the oldest of equal values leaves first, and it is the first of them in srt
+            del srt[bisect_left(srt, win.popleft()[1])]
+        if self.nan_at >= s:
+            return _SCAN
+        return srt
+
+
+class _Steady:
+    """Whether a counter held still over a window, for delta, increase and rate.
+
+    Kept: the newest value and its bucket, and where the newest change came from (the
+    bucket of the value before it). A window holds its values' last change only if that
+    earlier value lies inside it too; if none does, every value in it is the same and it
+    increased by exactly 0. The newest change is enough: an older change inside the
+    window would put the newer one's earlier value inside it as well.
+    """
+
+    __slots__ = ("changed_from", "prev", "prev_at", "upto")
+
+    def __init__(self) -> None:
+        self.changed_from = -(1 << 62)
+        self.prev: Any = None
+        self.prev_at = -(1 << 62)
+        self.upto = -(1 << 62)
+
+    def read(self, ring: Ring, end: int, n: int) -> Any:
+        s, e = _bounds(ring, end, n)
+        if e < self.upto:
+            return _SCAN
+        i = self.upto if self.upto > s else s
+        if i < e:
+            vals, base = ring.vals, ring.base
+            prev, prev_at = self.prev, self.prev_at
+            for v in vals[i - base:e - base]:
+                if v is not None:
+                    # after a skipped stretch the value compared against lies before the
+                    # window: such a change is never inside it
+                    if prev is not None and v != prev:  # NaN != NaN: never steady
+                        self.changed_from = prev_at
+                    prev, prev_at = v, i
+                i += 1
+            self.prev, self.prev_at = prev, prev_at
+            self.upto = e
+        if self.prev_at < s:
+            return None  # no value in the window
+        if self.changed_from < s:
+            return 0.0
+        return _SCAN
+
+
+_VIEW_OF = {"min": "min", "max": "max", "median": "pct", "p50": "pct", "p90": "pct",
+            "p95": "pct", "p99": "pct", "delta": "steady", "increase": "steady",
+            "rate": "steady"}
+
+
+def window_stat(ring: Ring, fn: str, end: int, n: int, res: float) -> float | None:
+    """One windowed statistic over the ``n`` buckets before ``end``, kept incrementally.
+
+    Read at every bucket with the same ``n`` (a rule's window), it costs O(1) amortised:
+    means from the prefix sums, min and max from monotonic deques, percentiles from a
+    sorted window, counters from whether they moved. Gives what :func:`scan_stat` gives.
+    """
+    if fn in ("mean", "avg"):
+        return ring.mean(end, n)
+    if fn == "last":
+        return ring.last(end, n)
+    kind = _VIEW_OF.get(fn)
+    if kind is None:  # first, count, stddev: rare in rules, read by a pass
+        if fn in ("first", "count"):
+            s, e = _bounds(ring, end, n)
+            if ring.last_none < s:  # a value in every bucket: no pass needed
+                if fn == "count":
+                    return float(e - s) if e > s else 0.0
+                return ring.vals[s - ring.base] if e > s else None
+        return scan_stat(ring, fn, end, n, res)
+    views = ring.views
+    if views is None:
+        views = ring.views = {}
+    key = (kind, n)
+    view = views.get(key)
+    if view is None:
+        view = views[key] = (_Extreme(kind == "max") if kind in ("min", "max")
+                             else _Sorted() if kind == "pct" else _Steady())
+    got = view.read(ring, end, n)
+    if got is _SCAN:
+        return scan_stat(ring, fn, end, n, res)
+    if kind == "pct":
+        return _pick_percentile(got, _PCT[fn]) if got else None
+    return got
+
+
+def _pick_percentile(vals: list[float], q: float) -> float:
+    """_percentile of a list that is already sorted."""
+    if len(vals) == 1:
+        return vals[0]
+    pos = q * (len(vals) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
 
 
 GROWTH_SIGNALS = frozenset({"mem_allocated_growth_bytes_per_second",
@@ -153,7 +360,18 @@ def growth(ring: Ring | None, end: int, n: int, res: float) -> tuple[float, floa
     if ring is None:
         return None
     s, e = ring.span(end, n)
-    pts = [(i, v) for i, v in enumerate(ring.vals[s:e]) if v is not None]
+    window = ring.vals[s:e]
+    ys = window if None not in window else [v for v in window if v is not None]
+    k = len(ys)
+    if k < 5:
+        return None
+    # the usual case, memory that did not move: whole numbers of bytes sum exactly, so
+    # every deviation from the mean is exactly 0 and the fit below would give slope 0
+    # and R^2 0 (its x values are distinct positions: sxx > 0)
+    y0 = ys[0]
+    if ys.count(y0) == k and float(y0).is_integer() and abs(y0) * k < 2.0**53:
+        return 0.0 / res, 0.0
+    pts = [(i, v) for i, v in enumerate(window) if v is not None]
     if len(pts) < 5:
         return None
     k = len(pts)
@@ -181,5 +399,15 @@ def ring_sums(ring: Ring | None, s: int, e: int) -> tuple[float, float]:
 
 
 def ring_mean(ring: Ring | None, s: int, e: int) -> float | None:
-    total, w = ring_sums(ring, s, e)
-    return total / w if w > 0 else None
+    """Weighted mean over absolute buckets [s, e) (ring_sums' total / weight, inlined:
+    the attribution reads several per GPU at every bucket)."""
+    if ring is None:
+        return None
+    base = ring.base
+    a = s - base if s > base else 0
+    b = min(e - base, len(ring.vals))
+    if b <= a:
+        return None
+    pw = ring.pw
+    w = pw[b] - pw[a]
+    return (ring.psum[b] - ring.psum[a]) / w if w > 0 else None

@@ -265,6 +265,9 @@ class NvmlGpu:
         self._memory_v2 = getattr(self.nv, "nvmlMemory_v2", None)
         self._proc_util_seen = 0  # NVML timestamp (us) of the newest per-process sample read
         self._lost_lock = threading.Lock()
+        # the cheap reads as bound functions, once a careful read showed which answer
+        # (see _planned_read); None until then and after any read that was not clean
+        self._plan: tuple[Any, ...] | None = None
 
     # -- the one door --------------------------------------------------------------
     def _call(self, fn: str, *args: Any, key: str | None = None) -> Any:
@@ -419,7 +422,113 @@ class NvmlGpu:
         """The cheap fields and GPM, as GpuSample keyword arguments.
 
         ``processes`` is a tuple of (pid, mem_used_bytes). Raises GpuLost.
+
+        Once a read went through every call cleanly, the next ones call the same functions
+        straight (:meth:`_planned_read`): the one door of :meth:`_call` costs more than some
+        of the calls. Anything unusual on that path (an error, a field that stopped
+        answering) and the read is made again the careful way, which says what happened.
         """
+        plan = self._plan
+        if plan is not None and not self.lost:
+            try:
+                out = self._planned_read(plan)
+            except Exception:  # noqa: BLE001 - the careful read below meets it again
+                self._plan = None
+            else:
+                if self._gpm_ids and not self._gpm(out):
+                    self._plan = None  # no GPM sample: let the careful path judge it
+                return out
+        return self._careful_read()
+
+    def _planned_read(self, plan: tuple[Any, ...]) -> dict[str, Any]:
+        """The careful read's calls and conversions, without its checks per call."""
+        (h, util, memory, mem_args, power, limit, temp, temp_args, clock, sm_args, mem_clk_args,
+         pstate_fn, reasons_fn, proc_fns) = plan
+        out: dict[str, Any] = {}
+        if util is not None:
+            u = util(h)
+            out["util"] = u.gpu / 100.0
+            out["mem_util"] = u.memory / 100.0
+        if memory is not None:
+            mem = memory(h, *mem_args)
+            total = int(mem.total)
+            out["mem_used_bytes"] = total - int(mem.free)
+            out["mem_total_bytes"] = total
+        if power is not None:
+            out["power_watts"] = power(h) / 1000.0
+        if limit is not None:
+            out["power_limit_watts"] = limit(h) / 1000.0
+        if temp is not None:
+            out["temp_celsius"] = float(temp(h, *temp_args))
+        if sm_args is not None:
+            out["sm_clock_mhz"] = float(clock(h, *sm_args))
+        if mem_clk_args is not None:
+            out["mem_clock_mhz"] = float(clock(h, *mem_clk_args))
+        if pstate_fn is not None:
+            pstate = pstate_fn(h)
+            if 0 <= pstate < _PSTATE_UNKNOWN:
+                out["pstate"] = int(pstate)
+        if reasons_fn is not None:
+            out["clock_event_reasons"] = int(reasons_fn(h))
+        mem_of: dict[int, int | None] = {}
+        for fn in proc_fns:
+            for p in fn(h):
+                used = getattr(p, "usedGpuMemory", None)
+                pid = int(p.pid)
+                prev = mem_of.get(pid)
+                mem_of[pid] = used if prev is None else max(prev, used or 0)
+        procs = out["processes"] = tuple(mem_of.items())
+        self._has_processes = bool(procs)
+        self._failed_reads = 0
+        return out
+
+    def _make_plan(self) -> tuple[Any, ...] | None:
+        """The functions a clean careful read just called, bound (None: not plannable)."""
+        un, f = self.unsupported, self._funcs.get
+        if any(f(name) is None for name in (
+                "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
+                "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
+                "nvmlDeviceGetTemperature", "nvmlDeviceGetClockInfo",
+                "nvmlDeviceGetPerformanceState") if name not in un):
+            return None
+        if "memory_v2" in un or self._memory_v2 is None:
+            memory = None if "nvmlDeviceGetMemoryInfo" in un else f("nvmlDeviceGetMemoryInfo")
+            mem_args: tuple[Any, ...] = ()
+        else:
+            memory, mem_args = f("nvmlDeviceGetMemoryInfo"), (self._memory_v2,)
+        reasons = None
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons",
+                     "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            if name not in un:
+                reasons = f(name)
+                if reasons is None:
+                    return None
+                break
+        procs = []
+        for names in _RUNNING_PROCESSES:
+            for name in names:
+                if name not in un:
+                    fn = f(name)
+                    if fn is None:
+                        return None
+                    procs.append(fn)
+                    break
+        return (self.handle,
+                None if "nvmlDeviceGetUtilizationRates" in un
+                else f("nvmlDeviceGetUtilizationRates"),
+                memory, mem_args,
+                None if "nvmlDeviceGetPowerUsage" in un else f("nvmlDeviceGetPowerUsage"),
+                None if "nvmlDeviceGetEnforcedPowerLimit" in un
+                else f("nvmlDeviceGetEnforcedPowerLimit"),
+                None if "nvmlDeviceGetTemperature" in un else f("nvmlDeviceGetTemperature"),
+                (self._temp_sensor,), f("nvmlDeviceGetClockInfo"),
+                None if "clock_sm" in un else (self._clock_sm,),
+                None if "clock_mem" in un else (self._clock_mem,),
+                None if "nvmlDeviceGetPerformanceState" in un
+                else f("nvmlDeviceGetPerformanceState"),
+                reasons, tuple(procs))
+
+    def _careful_read(self) -> dict[str, Any]:
         h, c = self.handle, self._call
         read = self._read
         read.ok = read.failed = False
@@ -472,6 +581,11 @@ class NvmlGpu:
             self._failed_reads = 0
         if procs is None:
             out["processes"] = ()
+        # a read where everything answered (or was learnt unsupported): the next ones may
+        # go straight (a field with nothing to say right now, NOT_FOUND/NO_DATA, may not)
+        clean = not read.failed and not read.ok and procs is not None and (
+            gpm or not self._gpm_ids) and pstate is not None and pstate >= 0
+        self._plan = self._make_plan() if clean else None
         return out
 
     def _processes(self) -> tuple[tuple[int, int | None], ...] | None:

@@ -2,31 +2,35 @@
 
 Threads, and why each exists:
 
-- one **fast worker per GPU** owns that GPU's cheap reads and GPM and builds its
-  GpuSample. NVML calls can hang and cannot be interrupted from Python, so no other thread
-  ever waits on one for long. While the loop runs (``start()``) each worker keeps the tick
-  grid itself: it wakes ``READ_LEAD`` before each deadline, reads, and leaves the sample in
-  its slot. There is no per-tick hand-off: waking a worker and being woken by its answer
-  cost more CPU than the NVML calls it made. A worker stuck in NVML leaves its slot stale:
-  its GPU gets no fresh fields that tick (counted as ``gpu<N>_stalled``), nothing waits on
-  it again while it is stuck, and the tick publishes on time for everything else.
+- one **reader** reads every GPU's cheap fields and GPM, one GPU after another, and builds
+  their GpuSamples. While the loop runs (``start()``) it keeps the tick grid itself: it
+  wakes ``READ_LEAD`` before each deadline, reads, and leaves each sample in its GPU's slot.
+  One thread for all GPUs: no per-GPU wake-up and no hand-off per tick (each cost more CPU
+  than a GPU's NVML calls), and no GPUs' reads contending for the interpreter at once.
+- NVML calls can hang and cannot be interrupted from Python, so no thread ever waits on
+  one for long: a reader stuck inside one GPU's call for ``stuck_after`` is left to it (it
+  ends once the call returns) and a **fresh reader** takes over the other GPUs at once, the
+  rest of that tick's included. The stuck GPU gets no fresh fields while it is held
+  (counted as ``gpu<N>_stalled``), nothing asks it anything more, and it rejoins the reads
+  when its call returns. So a hung call costs its own GPU's fields and nothing else.
 - the **loop thread** (``start()``) publishes at ``start + k * interval``: it takes the
-  fresh slots (waiting up to ``read_deadline`` only for a worker that is late, never for one
-  that is stuck), samples the host, publishes the Snapshot. A tick that overruns skips the
-  slots it missed instead of bunching ticks to catch up; so does a worker.
+  fresh slots (waiting up to ``read_deadline`` only for reads that are late, never for a
+  GPU that is stuck), samples the host, publishes the Snapshot. A tick that overruns skips
+  the slots it missed instead of bunching ticks to catch up; so does the reader.
 - one **slow worker per GPU** runs the slow tier (PCIe throughput takes ~20 ms a
   direction, energy ~4 ms) every ``slow_interval``, triggered by the tick when due, so
   those calls never delay a tick; the newest slow values ride along in each tick's sample.
 - one **XID thread** waits on NVML events with a timeout, so it can stop.
 - an **NVML opener**, now and then: NVML that failed to start, that answers as if the
   driver went away (unloaded, reloaded, upgraded), or whose every GPU is lost, is started
-  again on a thread of its own (``nvmlInit`` can hang) with backoff; the old workers are
+  again on a thread of its own (``nvmlInit`` can hang) with backoff; the old reader is
   retired first and the old library shut down once no thread is inside it. The loop never
   waits for it, and the GPUs are exported as down meanwhile.
 
-``tick()`` is synchronous and usable without ``start()`` (tests, benchmarks): it hands
-each worker a read and waits for the answers (up to ``read_deadline``), so it pays the
-hand-off that the loop does not; benchmarks/bench_tick.py measures both.
+``tick()`` is synchronous and usable without ``start()`` (tests, benchmarks): it hands the
+reader a request to read every GPU now and waits for the answers (up to
+``read_deadline``), so it pays a hand-off that the loop does not;
+benchmarks/bench_tick.py measures both.
 """
 
 from __future__ import annotations
@@ -53,9 +57,14 @@ MAX_INTERVAL = 60.0
 PROBE_TIMEOUT = 5.0
 # how long stop() waits, in all, for threads to leave NVML before giving up on them
 STOP_TIMEOUT = 3.0
-# how long before a tick's deadline the workers read: a read takes ~0.1 ms per GPU, so the
-# samples are ready when the tick publishes and it need not wait (or be woken) for them
+# how long before a tick's deadline the reader starts: a read takes ~0.1-0.3 ms per GPU, so
+# the samples are ready when the tick publishes and it need not wait (or be woken) for them
 READ_LEAD = 0.005
+# a reader inside one GPU's calls this long (seconds, at most; see Sampler.stuck_after) is
+# taken to be stuck there: a fresh reader takes the other GPUs over
+STUCK_AFTER = 0.02
+# the same for a GPU's first read of its static facts (GPM set-up makes it slower)
+PROBE_STUCK_AFTER = 1.0
 # a GPU whose read is this late (seconds) is said to be stuck, once; before, only counted
 STALL_SAY_AFTER = 1.0
 # NVML that failed to start, or stopped answering (the driver unloaded or reloaded), is
@@ -99,98 +108,57 @@ class _Bell:
         return self._lock.acquire(timeout=max(timeout, 0.0))
 
 
-class _FastWorker:
-    """The thread that owns one GPU's per-tick reads and builds its samples."""
+class _FastGpu:
+    """One GPU's per-tick reads: the sample it builds and what the tick reads back.
+
+    A reader (:class:`_Reader`) calls it; ``held_by`` is the reader inside its NVML calls
+    right now, so no other reader touches this GPU until that one is out.
+    """
 
     def __init__(self, sampler: Sampler, gpu: NvmlGpu, slow: _SlowWorker) -> None:
         self.sampler = sampler
         self.gpu = gpu
         self.index = gpu.index
         self.slow = slow
-        self.bell = _Bell()
-        # (number, "read" or "probe", t) from tick() or the probe: written by that thread only
-        self.request: tuple[int, str, float] | None = None
-        # (request number, GpuSample | _LOST | GpuInfo | None): written by this thread only
+        # (request number, GpuSample | _LOST | GpuInfo | None) of tick()/the probe
         self.answer: tuple[int, Any] = _NOTHING
         # (grid slot, GpuSample | _LOST | None, ns the read took), the loop's reads: one
         # tuple, so a reader never pairs one slot's number with another slot's sample
         self.slot: tuple[int, Any, int] = (-1, None, 0)
+        self.held_by: _Reader | None = None
         self.reading: int | None = None  # the grid slot being read now (-1: a request)
-        self.reads = 0  # grid reads, and their wall time from wake to sample (benchmarks)
+        self.reads = 0  # grid reads, and their wall time (benchmarks)
         self.read_ns = 0
         self.uuid: str | None = None
         self.names = _ProcessNames()
         self._procs_key: Any = None  # what the last processes tuple was built from
         self._procs: tuple[GpuProcess, ...] = ()
-        self.retired = False  # NVML is being started again: this worker's handle is stale
         self.stalled_since: float | None = None  # monotonic, since the first late tick
         self.stall_said = False
-        self.thread = threading.Thread(target=self._run, name=f"gpuwatch-gpu{gpu.index}",
-                                       daemon=True)
 
-    def outstanding(self) -> bool:
-        """Still inside a read or probe handed by tick()/__init__ (tick thread only)."""
-        req = self.request
-        return req is not None and self.answer[0] != req[0]
+    def held(self) -> bool:
+        """Inside an NVML call of a reader that was taken to be stuck there."""
+        r = self.held_by
+        return r is not None and r.retired
 
-    def _run(self) -> None:
-        s = self.sampler
-        stop = s._stop
-        clock = s._clock
-        next_slot = 0
-        while not stop.is_set() and not self.retired:
-            req = self.request
-            if req is not None and self.answer[0] != req[0]:
-                self._serve(req)
-                continue
-            grid = s._grid
-            if grid is None or self.gpu.lost:
-                self.bell.wait()
-                continue
-            start, interval, lead = grid
-            now = clock()
-            # the next slot whose tick is still ahead or still waiting for late reads;
-            # slots missed while stuck are skipped, as the loop skips them
-            slot = max(next_slot, math.ceil((now - start - s.read_deadline) / interval))
-            due = start + slot * interval - lead
-            if due > now and self.bell.wait(due - now):
-                continue  # a request, a stop or a new grid: look again
-            woke = time.perf_counter_ns()
-            self.reading = slot
-            result = self._read(s._slot_time(slot))
-            took = time.perf_counter_ns() - woke
-            self.slot = (slot, result, took)
-            self.reading = None
-            self.read_ns += took
-            self.reads += 1
-            next_slot = slot + 1
-            if s._collecting:  # the tick is waiting for late reads: tell it
-                s._collected.ring()
-
-    def _serve(self, req: tuple[int, str, float]) -> None:
-        number, kind, t = req
-        result: Any
-        self.reading = -1
-        if kind == "probe":
-            try:
-                result = self.gpu.probe()
-            except GpuLost:
-                result = _LOST
-            except NvmlGone as err:
-                self.sampler._nvml_gone(err.reason)
-                result = None
-            except Exception:
-                self.sampler._count(f"gpu{self.index}")
-                log.exception("GPU %d: probe failed", self.index)
-                result = None
-            else:
-                self.uuid = result.uuid
-                self.sampler._info_changed()
-        else:
-            result = self._read(t)
-        self.reading = None
-        self.answer = (number, result)
-        self.sampler._collected.ring()
+    def serve(self, kind: str, t: float) -> Any:
+        """A request's answer: the static facts ("probe") or a sample at ``t``."""
+        if kind != "probe":
+            return self._read(t)
+        try:
+            result = self.gpu.probe()
+        except GpuLost:
+            return _LOST
+        except NvmlGone as err:
+            self.sampler._nvml_gone(err.reason)
+            return None
+        except Exception:
+            self.sampler._count(f"gpu{self.index}")
+            log.exception("GPU %d: probe failed", self.index)
+            return None
+        self.uuid = result.uuid
+        self.sampler._info_changed()
+        return result
 
     def _read(self, t: float) -> Any:
         """This GPU's sample at ``t``: a GpuSample, _LOST, or None when the read failed."""
@@ -233,6 +201,96 @@ class _FastWorker:
             GpuProcess(pid=pid, mem_used_bytes=mem, sm_util=proc_util.get(pid),
                        name=names.get(pid, (None, None))[0], user=names.get(pid, (None, None))[1])
             for pid, mem in procs)
+
+
+class _Reader:
+    """The thread that reads the GPUs one after another: each grid slot while the loop
+    runs, and the requests of tick() and the probe. Normally one for all GPUs; one that
+    gets stuck inside a GPU's call is retired (:meth:`Sampler._rescue`) and leaves once
+    the call returns."""
+
+    def __init__(self, sampler: Sampler, next_slot: int = 0, served: int = 0) -> None:
+        self.sampler = sampler
+        self.bell = _Bell()
+        self.retired = False
+        self.current: _FastGpu | None = None  # the GPU whose calls it is inside now
+        self.since = 0.0  # perf_counter when it went in
+        self.next_slot = next_slot
+        self.served = served  # the newest request number served in full
+        self.thread = threading.Thread(target=self._run, name="gpuwatch-gpu-reader",
+                                       daemon=True)
+
+    def _run(self) -> None:
+        s = self.sampler
+        stop = s._stop
+        clock = s._clock
+        while not stop.is_set() and not self.retired:
+            req = s._request
+            if req is not None and req[0] > self.served:
+                self._serve(req)
+                continue
+            grid = s._grid
+            if grid is None:
+                self.bell.wait()
+                continue
+            start, interval, lead = grid
+            now = clock()
+            # the next slot whose tick is still ahead or still waiting for late reads;
+            # slots missed meanwhile are skipped, as the loop skips them
+            slot = max(self.next_slot, math.ceil((now - start - s.read_deadline) / interval))
+            due = start + slot * interval - lead
+            if due > now and self.bell.wait(due - now):
+                continue  # a request, a stop or a new grid: look again
+            self._sweep(slot)
+            self.next_slot = slot + 1
+
+    def _enter(self, g: _FastGpu, reading: int) -> None:
+        self.since = time.perf_counter()
+        g.held_by = self
+        g.reading = reading
+        self.current = g
+
+    def _leave(self, g: _FastGpu) -> None:
+        self.current = None
+        g.reading = None
+        g.held_by = None
+
+    def _sweep(self, slot: int) -> None:
+        s = self.sampler
+        t = s._slot_time(slot)
+        for g in s._fast:
+            if self.retired:
+                return
+            # lost, held by a stuck reader, or read already by the reader before this one
+            if g.gpu.lost or g.held_by is not None or g.slot[0] >= slot:
+                continue
+            self._enter(g, slot)
+            woke = time.perf_counter_ns()
+            result = g._read(t)
+            took = time.perf_counter_ns() - woke
+            g.slot = (slot, result, took)  # before leaving: no other reader reads it again
+            self._leave(g)
+            g.read_ns += took
+            g.reads += 1
+            if s._collecting:  # the tick is waiting for late reads: tell it
+                s._collected.ring()
+        if s.reader_publishes and s._grid is not None and not self.retired:
+            s._publish_read(slot)
+
+    def _serve(self, req: tuple[int, str, float]) -> None:
+        s = self.sampler
+        number, kind, t = req
+        for g in s._fast:
+            if self.retired:
+                return
+            if g.gpu.lost or g.held_by is not None or g.answer[0] == number:
+                continue
+            self._enter(g, -1)
+            result = g.serve(kind, t)
+            g.answer = (number, result)
+            self._leave(g)
+        self.served = number
+        s._collected.ring()
 
 
 class _SlowWorker:
@@ -331,8 +389,14 @@ class Sampler:
         self._clock = clock
         # a tick waits this long (real time) for late GPU reads; the rest of the slot is slack
         self.read_deadline = min(max(0.5 * self.interval, 0.05), 2.0)
+        # a reader inside one GPU's calls this long is stuck there: others take over (well
+        # within the deadline, so the other GPUs' reads still make their tick)
+        self.stuck_after = min(STUCK_AFTER, self.read_deadline / 3)
         self._stop = threading.Event()
-        self._wait: Callable[[float], bool] = self._stop.wait  # tests inject simulated time
+        # the loop sleeps on a bare lock that stop() rings: Event.wait builds a Condition
+        # and a lock on every call, once per tick (tests inject simulated time)
+        self._stop_bell = _Bell()
+        self._wait: Callable[[float], bool] = self._sleep
         self._tick_lock = threading.Lock()
         self._err_lock = threading.Lock()
         self._host_failed = False  # the last host read raised (logged once per episode)
@@ -345,13 +409,20 @@ class Sampler:
         self._last_success: float | None = None
         self._next_slow: float | None = None
         self._loop: threading.Thread | None = None
-        # (start, interval, lead) of the tick grid while the loop runs: workers read on it
+        # (start, interval, lead) of the tick grid while the loop runs: the reader reads on it
         self._grid: tuple[float, float, float] | None = None
+        # (number, "read" or "probe", t): the newest request of tick() or the probe
+        self._request: tuple[int, str, float] | None = None
         # wall time of each grid slot, set by whichever thread gets there first, so every
         # sample of a tick and its Snapshot carry one t
         self._slot_t: dict[int, float] = {}
-        self._collected = _Bell()  # rung by workers when an answer or a late read is in
+        self._collected = _Bell()  # rung by the reader when answers or a late read are in
         self._collecting = False  # the loop is waiting for late reads
+        self._published = -1  # the newest grid slot published
+        # the reader publishes a tick itself once every GPU's read is in, so the loop only
+        # looks after it (a tick whose reads are late or stuck); off, the loop publishes
+        # every tick (tests that drive the loop's clock)
+        self.reader_publishes = True
         self._info_lock = threading.Lock()
         self.skipped_slots = 0  # ticks skipped because an earlier one overran
         self.host = self._make_host(host)
@@ -362,8 +433,11 @@ class Sampler:
         self._reopen_due: float | None = None  # when to start NVML again (monotonic clock)
         self._reopen_thread: threading.Thread | None = None
         self._gone_lock = threading.Lock()
-        self._fast: list[_FastWorker] = []
+        self._fast: list[_FastGpu] = []
         self._slow: list[_SlowWorker] = []
+        self._reader: _Reader | None = None
+        # readers taken to be stuck inside a GPU's call (they end once it returns)
+        self._stuck: list[_Reader] = []
         self._xid: XidWatcher | None = None
         self._xid_thread: threading.Thread | None = None
         self._xid_stop = threading.Event()
@@ -398,17 +472,19 @@ class Sampler:
     def stop(self) -> None:
         """Stop every thread (promptly: none sleeps longer than a wait timeout) and NVML."""
         self._stop.set()
+        self._stop_bell.ring()
         self._xid_stop.set()
         self._grid = None
-        for w in self._fast:
-            w.bell.ring()
+        if self._reader is not None:
+            self._reader.bell.ring()
         for s in self._slow:
             s.trigger.set()
         deadline = time.monotonic() + STOP_TIMEOUT
         with self._gone_lock:  # no NVML restart adds workers from here on
             threads = [t for t in (self._loop, self._reopen_thread, self._xid_thread)
                        if t is not None]
-            threads += [w.thread for w in self._fast] + [s.thread for s in self._slow]
+            threads += [r.thread for r in (self._reader, *self._stuck) if r is not None]
+            threads += [s.thread for s in self._slow]
             threads += self._retired_threads
         stuck = []
         for t in threads:
@@ -438,11 +514,18 @@ class Sampler:
             return self._publish(t, gpus, started, 0.0)
 
     # -- the loop ---------------------------------------------------------------------------
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep ``seconds``; True when stop() was called."""
+        if self._stop.is_set():
+            return True
+        self._stop_bell.wait(seconds)
+        return self._stop.is_set()
+
     def _run(self) -> None:
         start = self._clock()
         self._grid = (start, self.interval, READ_LEAD)
-        for w in self._fast:
-            w.bell.ring()  # waiting for work: from now on they keep the grid themselves
+        if self._reader is not None:
+            self._reader.bell.ring()  # from now on it keeps the grid itself
         slot = 0
         try:
             while not self._stop.is_set():
@@ -457,16 +540,22 @@ class Sampler:
                 due = max(slot + 1, math.floor((now - start) / self.interval) + 1)
                 self.skipped_slots += due - slot - 1
                 slot = due
-                if self._wait(start + slot * self.interval - now):
+                # the reader publishes a slot whose reads are all in before its time is
+                # up: the loop looks a little after, only to see that it did
+                after = READ_LEAD if self.reader_publishes and self._reader is not None else 0.0
+                if self._wait(start + slot * self.interval + after - now):
                     return
         finally:
-            self._grid = None  # no loop, no grid: the workers wait for requests again
-            for w in self._fast:
-                w.bell.ring()
+            self._grid = None  # no loop, no grid: the reader waits for requests again
+            if self._reader is not None:
+                self._reader.bell.ring()
 
     def _tick_slot(self, slot: int) -> None:
-        """The loop's tick: the workers have read (or are reading) this slot already."""
+        """The loop's tick: the reader has read (or is reading) this slot already, and
+        published it if every read was in (then there is nothing left to do)."""
         with self._tick_lock:
+            if slot <= self._published:
+                return
             started = time.perf_counter()
             t = self._slot_time(slot)
             gpus: tuple[GpuSample, ...] = ()
@@ -474,53 +563,93 @@ class Sampler:
             if self._fast and not self._stop.is_set():
                 gpus, read_seconds = self._gather(slot, t)
             self._publish(t, gpus, started, read_seconds)
-            # forget this slot's time and any a late worker set after an earlier tick
-            for old in [k for k in list(self._slot_t) if k <= slot]:
-                self._slot_t.pop(old, None)
+            self._published = slot
+            self._forget_slots(slot)
+
+    def _publish_read(self, slot: int) -> None:
+        """The reader's publish, right after its sweep: only when every present GPU's read
+        of ``slot`` is in. Otherwise (a GPU stuck or late) the loop publishes it, waiting
+        as long as it may for late reads; so it does when it holds the tick already."""
+        if not self._tick_lock.acquire(blocking=False):
+            return
+        try:
+            if slot <= self._published or self._stop.is_set():
+                return
+            results: dict[int, Any] = {}
+            read_ns = 0
+            for g in self._fast:
+                if g.gpu.lost:
+                    continue
+                number, result, took = g.slot
+                if number != slot:
+                    return
+                results[g.index] = result
+                if took > read_ns:
+                    read_ns = took
+            started = time.perf_counter()
+            for g in self._fast:
+                if g.stalled_since is not None and g.index in results:
+                    self._unstalled(g)
+            self._trigger_slow()
+            t = self._slot_time(slot)
+            self._publish(t, self._assemble(t, results), started, read_ns / 1e9)
+            self._published = slot
+            self._forget_slots(slot)
+        finally:
+            self._tick_lock.release()
+
+    def _forget_slots(self, slot: int) -> None:
+        # this slot's time and any a late reader set after an earlier tick
+        for old in [k for k in list(self._slot_t) if k <= slot]:
+            self._slot_t.pop(old, None)
 
     def _slot_time(self, slot: int) -> float:
         # setdefault is atomic: the first thread to ask stamps the slot for all
         return self._slot_t.setdefault(slot, time.time())
 
     def _gather(self, slot: int, t: float) -> tuple[tuple[GpuSample, ...], float]:
-        """This slot's fresh samples, waiting only for workers that are late, not stuck."""
+        """This slot's fresh samples, waiting only for reads that are late, not stuck."""
         self._trigger_slow()
         results: dict[int, Any] = {}
         read_ns = 0
-        late: list[_FastWorker] = []
-        for w in self._fast:
-            if w.gpu.lost:
+        late: list[_FastGpu] = []
+        stuck: list[_FastGpu] = []
+        for g in self._fast:
+            if g.gpu.lost:
                 continue
-            number, result, took = w.slot
+            number, result, took = g.slot
             if number == slot:
-                results[w.index] = result
+                results[g.index] = result
                 read_ns = max(read_ns, took)
-                if w.stalled_since is not None:
-                    self._unstalled(w)
-            elif w.reading is not None and w.reading < slot:
-                self._stalled(w)  # stuck in an earlier read
+                if g.stalled_since is not None:
+                    self._unstalled(g)
+            elif g.held() or (g.reading is not None and g.reading < slot):
+                stuck.append(g)  # stuck in an earlier read
             else:
-                late.append(w)
+                late.append(g)
         if late:
             self._collecting = True
             self._collected.wait(0)  # a stale ring from an earlier tick
             deadline = time.monotonic() + self.read_deadline
             try:
                 while late:
-                    late = [w for w in late if w.slot[0] != slot]
+                    late = [g for g in late if g.slot[0] != slot]
+                    # a reader stuck in one GPU: a fresh one reads the others in time
+                    self._rescue(self.stuck_after)
                     remaining = deadline - time.monotonic()
                     if not late or remaining <= 0:
                         break
-                    self._collected.wait(remaining)
+                    self._collected.wait(min(remaining, self.stuck_after / 2))
             finally:
                 self._collecting = False
-            for w in self._fast:
-                number, result, took = w.slot
-                if w.index not in results and number == slot:
-                    results[w.index] = result
+            for g in self._fast:
+                number, result, took = g.slot
+                if g.index not in results and number == slot:
+                    results[g.index] = result
                     read_ns = max(read_ns, took)
-            for w in late:
-                self._stalled(w)
+        for g in (*stuck, *late):
+            if g.index not in results:
+                self._stalled(g)
         # the tick's critical path: its slowest read, then the rest of the tick
         return self._assemble(t, results), read_ns / 1e9
 
@@ -561,16 +690,18 @@ class Sampler:
             # before the workers: their samples read the XID totals
             self._xid = XidWatcher(nvml) if nvml.gpus else None
             slow = [_SlowWorker(gpu, self._stop, self._count) for gpu in nvml.gpus]
-            fast = [_FastWorker(self, gpu, sw) for gpu, sw in zip(nvml.gpus, slow, strict=True)]
-            for w in (*fast, *slow):
-                w.thread.start()
-            self._slow, self._fast = slow, fast
+            fast = [_FastGpu(self, gpu, sw) for gpu, sw in zip(nvml.gpus, slow, strict=True)]
+            reader = _Reader(self, served=self._request_no) if fast else None
+            self._slow, self._fast, self._reader = slow, fast, reader
             self.infos = tuple(gpu.info for gpu in nvml.gpus)
+            # up before the reader starts: it publishes ticks of its own from its first
             self.nvml_available = True
-        if self._grid is not None:
-            for w in fast:
-                w.bell.ring()
-        self._probe()
+            # the static facts are asked for before it starts, so it answers them before
+            # any tick's read (a sample carries its GPU's uuid)
+            number, handed = self._hand("probe", 0.0)
+            for thread in [sw.thread for sw in slow] + ([reader.thread] if reader else []):
+                thread.start()
+        self._probe(number, handed)
         for w in fast:
             if not w.gpu.lost:
                 self._lost_said.discard(w.index)
@@ -613,18 +744,19 @@ class Sampler:
     def _retire(self) -> None:
         """Stop the current workers (under _gone_lock); NVML is closed once they are out."""
         self._xid_stop.set()
-        retired = [*self._fast, *self._slow]
-        for w in self._fast:
-            w.retired = True
-            w.bell.ring()
+        readers = [r for r in (self._reader, *self._stuck) if r is not None]
+        for r in readers:
+            r.retired = True
+            r.bell.ring()
         for sw in self._slow:
             sw.retired = True
             sw.trigger.set()
-        self._retired_threads = [w.thread for w in retired] + (
+        self._retired_threads = [r.thread for r in readers] + [
+            sw.thread for sw in self._slow] + (
             [self._xid_thread] if self._xid_thread is not None else [])
         self._retired_nvml = self._nvml
         # the GPUs stay known (infos), without samples: exported as down, not vanished
-        self._fast, self._slow, self._xid = [], [], None
+        self._fast, self._slow, self._xid, self._reader, self._stuck = [], [], None, None, []
 
     def _maybe_reopen(self) -> None:
         """On the loop: start NVML again when due, on a thread of its own (nvmlInit can hang)."""
@@ -663,54 +795,75 @@ class Sampler:
             return
         self._nvml = nvml
         self.nvml_restarts += 1
-        self._attach()
         if self._stop.is_set():
             return
+        # said before the reader starts: its first tick may be published before _attach
+        # returns
         log.info("NVML is up (driver %s): sampling %d GPU(s)", nvml.driver_version,
                  len(nvml.gpus))
+        self._attach()
 
     # -- GPUs -----------------------------------------------------------------------------------
-    def _hand(self, kind: str, t: float) -> tuple[int, list[_FastWorker]]:
-        """Hand each free, present GPU's worker a request; the busy ones count as stalled."""
+    def _hand(self, kind: str, t: float) -> tuple[int, list[_FastGpu]]:
+        """Ask the reader to read (or probe) every free, present GPU; the ones held by a
+        stuck reader count as stalled."""
         self._request_no += 1
         number = self._request_no
         handed = []
+        for g in self._fast:
+            if g.gpu.lost:
+                continue
+            if g.held():  # still inside an earlier read: no more work until it is back
+                self._stalled(g)
+                continue
+            handed.append(g)
         self._collected.wait(0)  # a stale ring from an earlier tick
-        for w in self._fast:
-            if w.gpu.lost:
-                continue
-            if w.outstanding():  # still inside an earlier read: no more work until it is back
-                self._stalled(w)
-                continue
-            w.request = (number, kind, t)
-            w.bell.ring()
-            handed.append(w)
+        self._request = (number, kind, t)
+        if self._reader is not None:
+            self._reader.bell.ring()
         return number, handed
 
-    def _answers(self, number: int, handed: list[_FastWorker],
-                 timeout: float) -> dict[int, Any]:
+    def _answers(self, number: int, handed: list[_FastGpu], timeout: float,
+                 stuck_after: float) -> dict[int, Any]:
         deadline = time.monotonic() + timeout
         waiting = handed
         while True:
-            waiting = [w for w in waiting if w.answer[0] != number]
+            waiting = [g for g in waiting if g.answer[0] != number]
             remaining = deadline - time.monotonic()
             if not waiting or remaining <= 0:
                 break
-            self._collected.wait(remaining)
-        return {w.index: w.answer[1] for w in handed if w.answer[0] == number}
+            self._rescue(stuck_after)  # a reader stuck in one GPU: a fresh one asks the rest
+            self._collected.wait(min(remaining, stuck_after / 2))
+        return {g.index: g.answer[1] for g in handed if g.answer[0] == number}
 
-    def _probe(self) -> None:
-        number, handed = self._hand("probe", 0.0)
+    def _rescue(self, stuck_after: float) -> None:
+        """A reader inside one GPU's call for ``stuck_after`` seconds is left to it: a fresh
+        reader takes the other GPUs over, this tick's reads and request included. The old
+        one leaves once the call returns (the GPU it holds rejoins then)."""
+        r = self._reader
+        if r is None or r.current is None or time.perf_counter() - r.since < stuck_after:
+            return
+        with self._gone_lock:
+            if self._reader is not r or r.current is None or self._stop.is_set():
+                return
+            r.retired = True
+            self._stuck = [x for x in self._stuck if x.thread.is_alive()] + [r]
+            fresh = _Reader(self, next_slot=r.next_slot, served=r.served)
+            self._reader = fresh
+            fresh.thread.start()
+
+    def _probe(self, number: int, handed: list[_FastGpu]) -> None:
+        """Wait for the static facts asked for (``_hand("probe")``)."""
         if not handed:
             return
-        answers = self._answers(number, handed, PROBE_TIMEOUT)
+        answers = self._answers(number, handed, PROBE_TIMEOUT, PROBE_STUCK_AFTER)
         for w in handed:
             if w.index not in answers:
                 self._count(f"gpu{w.index}_stalled")
                 log.warning("GPU %d: static facts did not come back within %.0f s; "
                             "it is left alone while NVML is stuck on it", w.index, PROBE_TIMEOUT)
 
-    def _stalled(self, w: _FastWorker) -> None:
+    def _stalled(self, w: _FastGpu) -> None:
         """A tick without this GPU's read: counted every time, said once per stall that
         lasts (a read merely late on a busy host is counted, not said)."""
         self._count(f"gpu{w.index}_stalled")
@@ -723,7 +876,7 @@ class Sampler:
                         "until it does (counted in gpuwatch_errors_total{source=\"gpu%d_stalled\"})",
                         w.index, w.index)
 
-    def _unstalled(self, w: _FastWorker) -> None:
+    def _unstalled(self, w: _FastGpu) -> None:
         since, w.stalled_since = w.stalled_since, None
         said, w.stall_said = w.stall_said, False
         if since is not None and said:
@@ -737,7 +890,7 @@ class Sampler:
     def _tick_gpus(self, t: float) -> tuple[GpuSample, ...]:
         number, handed = self._hand("read", t)
         self._trigger_slow()
-        results = self._answers(number, handed, self.read_deadline)
+        results = self._answers(number, handed, self.read_deadline, self.stuck_after)
         for w in handed:
             if w.index not in results:
                 self._stalled(w)

@@ -1,4 +1,5 @@
-"""`gpuwatch run ARGS` with NVML replaced by tests/nvml_stub.py's two stub GPUs.
+"""`gpuwatch run ARGS` with NVML replaced by tests/nvml_stub.py's stub GPUs (two, or
+``$STUB_GPUS``).
 
 For tests of what a CPU machine cannot do to a real driver: SIGUSR1 makes GPU 0's
 per-tick reads hang (one hung NVML call), SIGUSR2 makes every GPU's hang (the sampling
@@ -20,7 +21,10 @@ HUNG_CALL = "nvmlDeviceGetUtilizationRates"  # read by every GPU's worker every 
 
 # STUB_GPU_PIDS=1234,5678: real processes the stub reports on GPU 0 (1 GiB each)
 _pids = [int(p) for p in os.environ.get("STUB_GPU_PIDS", "").split(",") if p]
-stub = NvmlStub([StubGpu(0, processes=[(pid, 2**30) for pid in _pids]), StubGpu(1)])
+# STUB_GPUS=8: how many stub GPUs (default 2); the GPUs after the first have no processes
+_count = max(1, int(os.environ.get("STUB_GPUS", "2")))
+stub = NvmlStub([StubGpu(0, processes=[(pid, 2**30) for pid in _pids])]
+                + [StubGpu(i) for i in range(1, _count)])
 gpuwatch.collect.nvml.load_module = lambda: stub
 
 

@@ -1,0 +1,363 @@
+"""The incremental evaluation gives the advice the plain one gives, recording by recording.
+
+The engine keeps its windowed statistics incrementally (monotonic deques, sorted windows,
+counters that held still, one value per (signal, function, window) per bucket shared by
+every rule) and stops a condition at its first operand that is not true. The reference
+here is the evaluation as it was before that: every window read by a pass over the ring,
+every condition evaluated whole, a fresh context per subject and bucket, under the
+engine's own loop (so whatever the loop decides, gates and states, is the same on both
+sides and only the evaluation is compared). Both judge every
+recording in tests/data through ``gpuwatch advise --replay`` (the CLI's code, in process,
+with the engine swapped) and must agree on the report and on every activation: which
+rule, which GPU, when it began and ended, and its evidence.
+
+The reference's window statistics are written out below on purpose (a slow copy of what
+the engine computed before), so that a change to gpuwatch/advisor/windows.py is checked
+against them rather than against itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+from contextlib import redirect_stdout
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwatch import cli
+from gpuwatch.advisor import engine as engine_mod
+from gpuwatch.advisor import sources
+from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
+from gpuwatch.advisor.knobs import knob as knob_text
+from gpuwatch.advisor.rules import RuleSet
+from gpuwatch.advisor.vocabulary import VOCABULARY
+from gpuwatch.advisor.windows import GROWTH_SIGNALS, Ring, scan_stat, window_stat
+
+DATA = Path(__file__).resolve().parent / "data"
+RECORDINGS = sorted(DATA.glob("*.jsonl"))  # whatever recordings are there now
+_MISSING = object()
+_PCT = {"median": 0.5, "p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
+
+
+# -- the reference: windows read by a pass over the ring -----------------------------------
+def _span(ring: Ring, end: int, n: int) -> tuple[int, int]:
+    e = min(end, ring.base + len(ring.vals)) - ring.base
+    s = max(0, e - n)
+    return s, max(s, e)
+
+
+def _values(ring: Ring, end: int, n: int) -> list[float]:
+    s, e = _span(ring, end, n)
+    return [v for v in ring.vals[s:e] if v is not None]
+
+
+def _mean(ring: Ring, end: int, n: int) -> float | None:
+    # the prefix sums, as the engine has always read a mean (the same float result)
+    s, e = _span(ring, end, n)
+    w = ring.pw[e] - ring.pw[s]
+    return None if w <= 0 else (ring.psum[e] - ring.psum[s]) / w
+
+
+def _last(ring: Ring, end: int, n: int) -> float | None:
+    s, e = _span(ring, end, n)
+    for v in reversed(ring.vals[s:e]):
+        if v is not None:
+            return v
+    return None
+
+
+def _increase(vals: list[float]) -> float | None:
+    if len(vals) < 2:
+        return None if not vals else 0.0
+    if vals[0] == vals[-1] and min(vals) == max(vals):
+        return 0.0
+    if vals == sorted(vals):
+        return vals[-1] - vals[0]
+    total, prev = 0.0, vals[0]
+    for v in vals[1:]:
+        total += v - prev if v >= prev else v
+        prev = v
+    return total
+
+
+def _percentile(vals: list[float], q: float) -> float:
+    vals = sorted(vals)
+    if len(vals) == 1:
+        return vals[0]
+    pos = q * (len(vals) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
+def reference_stat(ring: Ring, fn: str, end: int, n: int, res: float) -> float | None:
+    if fn in ("mean", "avg"):
+        return _mean(ring, end, n)
+    if fn == "last":
+        return _last(ring, end, n)
+    vals = _values(ring, end, n)
+    if fn == "count":
+        return float(len(vals))
+    if not vals:
+        return None
+    if fn == "min":
+        return min(vals)
+    if fn == "max":
+        return max(vals)
+    if fn == "first":
+        return vals[0]
+    if fn in _PCT:
+        return _percentile(vals, _PCT[fn])
+    if fn == "stddev":
+        m = sum(vals) / len(vals)
+        return math.sqrt(sum((v - m) ** 2 for v in vals) / len(vals))
+    if fn in ("delta", "increase"):
+        return _increase(vals)
+    if fn == "rate":
+        inc = _increase(vals)
+        return None if inc is None else inc / (n * res)
+    raise ValueError(fn)
+
+
+def reference_growth(ring: Ring | None, end: int, n: int, res: float
+                     ) -> tuple[float, float] | None:
+    if ring is None:
+        return None
+    s, e = _span(ring, end, n)
+    pts = [(i, v) for i, v in enumerate(ring.vals[s:e]) if v is not None]
+    if len(pts) < 5:
+        return None
+    k = len(pts)
+    mx = sum(p[0] for p in pts) / k
+    my = sum(p[1] for p in pts) / k
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
+    syy = sum((p[1] - my) ** 2 for p in pts)
+    if sxx <= 0:
+        return None
+    slope = sxy / sxx
+    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+    return slope / res, r2
+
+
+class ReferenceCtx:
+    """One subject at one bucket end, every value computed on request (cached per call)."""
+
+    def __init__(self, frame: Any, subj: Any, end: int) -> None:
+        self.frame, self.subj, self.end, self.res = frame, subj, end, frame.res
+        self.cache: dict[Any, Any] = {}
+        self.locals: dict[str, Any] = {}
+        self.stale = max(1, math.ceil(engine_mod.STALE_SECONDS / frame.res))
+
+    def window(self, fn: str, name: str, seconds: float) -> Any:
+        key = (fn, name, seconds)
+        if key not in self.cache:
+            self.cache[key] = self._window(fn, name, seconds)
+        return self.cache[key]
+
+    def _window(self, fn: str, name: str, seconds: float) -> Any:
+        frame, subj, end, res = self.frame, self.subj, self.end, self.res
+        n = max(1, round(seconds / res))
+        if name in ATTRIBUTION_SIGNALS:
+            warm = frame.train_start(subj)
+            if warm is not None and end - warm < min(engine_mod.MIN_TRAIN_BUCKETS, n):
+                return None
+            a = frame.attribution(subj, end, n)
+            return a.value(name) if a is not None else None
+        if name in GROWTH_SIGNALS:
+            table = frame.lookup_table(subj, "mem_allocated_bytes")
+            ring = table.rings.get("mem_allocated_bytes") if table is not None else None
+            got = reference_growth(ring, end, n, res)
+            if got is None:
+                return None
+            return got[0] if name == "mem_allocated_growth_bytes_per_second" else got[1]
+        kind = VOCABULARY[name].table
+        if kind == "config":
+            return frame.config_value(subj, name)
+        if kind == "fact":
+            return frame.fact(subj, name)
+        table = frame.lookup_table(subj, name)
+        ring = table.rings.get(name) if table is not None else None
+        if ring is None:
+            return None
+        if fn not in ("delta", "increase", "rate", "last", "count"):
+            warm = frame.train_start(subj) if kind != "job" else None
+            if warm is not None and end - warm < n:
+                n = end - warm
+                if n < min(engine_mod.MIN_TRAIN_BUCKETS, round(seconds / res)):
+                    return None
+            elif end - subj.first < n:
+                return None
+        return reference_stat(ring, fn, end, n, res)
+
+    def knob(self, name: str, old: Any, new: Any) -> Any:
+        framework = self.frame.config_value(self.subj, "framework")
+        return knob_text(name, framework if isinstance(framework, str) else None, old, new)
+
+    def last(self, name: str) -> Any:
+        if name in self.locals:
+            return self.locals[name]
+        if name in ATTRIBUTION_SIGNALS or name in GROWTH_SIGNALS:
+            return self.window("last", name, engine_mod.ATTRIBUTION_LAST_SECONDS)
+        kind = VOCABULARY[name].table
+        if kind == "config":
+            return self.frame.config_value(self.subj, name)
+        if kind == "fact":
+            return self.frame.fact(self.subj, name)
+        table = self.frame.lookup_table(self.subj, name)
+        ring = table.rings.get(name) if table is not None else None
+        stale = self.stale * (10 if kind == "job" else 1)
+        return _last(ring, self.end, stale) if ring is not None else None
+
+
+class ReferenceEngine(engine_mod.Engine):
+    """The engine's own loop (states, durations, suppression, gates), with the plain
+    evaluation under it: a :class:`ReferenceCtx` made anew per subject and bucket, and each
+    rule's whole ``when`` and ``unless`` evaluated (the rules are handed over without their
+    compiled predicates, so the engine takes them as rules built by hand)."""
+
+    created: list[engine_mod.Engine] = []
+
+    def __init__(self, ruleset: RuleSet, **kw: Any) -> None:
+        plain = RuleSet([replace(r, holds=None, unless_holds=(), when_node=None,
+                                 unless_nodes=()) for r in ruleset.rules], ruleset.sources)
+        super().__init__(plain, **kw)
+        type(self).created.append(self)
+
+    def _context(self, subj: Any, end: int) -> Any:
+        return ReferenceCtx(self.frame, subj, end)
+
+
+class IncrementalEngine(engine_mod.Engine):
+    """The engine as shipped, remembering the engines made (to read their activations)."""
+
+    created: list[engine_mod.Engine] = []
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        type(self).created.append(self)
+
+
+def _advise(path: Path, engine_class: type, monkeypatch: pytest.MonkeyPatch
+            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``gpuwatch advise --replay PATH --format json`` with ``engine_class`` judging: the
+    report, and every activation of every rule."""
+    engine_class.created = []
+    monkeypatch.setattr(sources, "Engine", engine_class)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli.main(["advise", "--replay", str(path), "--format", "json"]) == 0
+    report = json.loads(out.getvalue())
+    report.pop("generated_at", None)
+    (eng,) = engine_class.created
+    activations = [{"rule": f.rule.id, "gpu": f.gpu, "start": f.start, "ended": f.ended,
+                    "last_seen": f.last_seen, "active": f.active,
+                    "held_seconds": f.held_seconds, "details": f.details}
+                   for f in eng.findings]
+    return report, activations
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=[p.stem for p in RECORDINGS])
+def test_incremental_evaluation_gives_the_same_advice_and_onsets(path: Path, monkeypatch):
+    report, activations = _advise(path, IncrementalEngine, monkeypatch)
+    ref_report, ref_activations = _advise(path, ReferenceEngine, monkeypatch)
+    assert activations == ref_activations
+    assert report == ref_report
+
+
+# -- the views against the pass, on rings built to be awkward -------------------------------
+def _awkward_values(rng: random.Random, count: int) -> list[float | None]:
+    """Runs of repeats (counters that hold still, ties), gaps, -0.0 beside 0.0, resets,
+    and a NaN now and then."""
+    out: list[float | None] = []
+    v = 0.0
+    while len(out) < count:
+        kind = rng.random()
+        run = rng.randint(1, 12)
+        if kind < 0.15:
+            out += [None] * run
+        elif kind < 0.2:
+            out += [rng.choice([0.0, -0.0]) for _ in range(run)]
+        elif kind < 0.23:
+            out.append(float("nan"))
+        elif kind < 0.5:
+            out += [v] * run  # held still
+        elif kind < 0.6:
+            v = 0.0  # a counter reset
+            out.append(v)
+        else:
+            v += rng.choice([1.0, 2.0, 0.5, rng.random()])
+            out += [v if rng.random() < 0.8 else rng.uniform(-5, 5) for _ in range(run)]
+    return out[:count]
+
+
+FNS = ["min", "max", "median", "p50", "p90", "p95", "p99", "delta", "increase", "rate",
+       "first", "count", "last", "mean", "stddev"]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return a == b
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_window_statistic_matches_a_pass_over_the_window(seed: int):
+    """Read at every bucket like the engine does (and now and then not for a while, or
+    the same bucket twice), with the ring trimmed and reset under it as the frame does."""
+    rng = random.Random(seed)
+    values = _awkward_values(rng, 1500)
+    keep = 80
+    ring = Ring(1000)
+    windows = [1, 2, 5, 15, 60]
+    compared = 0
+    idx = 1000
+    for v in values:
+        if rng.random() < 0.004:  # a long gap: the frame drops the ring's history
+            idx += keep + rng.randint(1, 50)
+            ring.vals.clear()
+            ring.psum[:] = [0.0]
+            ring.pw[:] = [0.0]
+            ring.base = idx
+        ring.push(v, rng.choice([1.0, 1.0, 1.0, 2.5, 0.0]))
+        idx += 1
+        if len(ring.vals) > 2 * keep:
+            ring.trim(keep)
+        if rng.random() < 0.1:
+            continue  # not read at this bucket: the views catch up later
+        end = idx + (rng.randint(0, 3) if rng.random() < 0.05 else 0)  # past the ring's end
+        for fn in FNS:
+            for n in windows:
+                got = window_stat(ring, fn, end, n, 1.0)
+                want = reference_stat(ring, fn, end, n, 1.0)
+                assert _same(got, want), (fn, n, end, got, want, ring.vals[-n:])
+                assert _same(scan_stat(ring, fn, end, n, 1.0), want)
+                compared += 1
+    assert compared > 50_000
+
+
+def test_growth_matches_the_least_squares_pass():
+    rng = random.Random(7)
+    from gpuwatch.advisor.windows import growth
+
+    ring = Ring(0)
+    for i in range(3000):
+        kind = rng.random()
+        if kind < 0.1:
+            ring.push(None)
+        elif kind < 0.6:
+            ring.push(float(ring.vals[-1] if ring.vals and ring.vals[-1] is not None
+                            else 2**30))  # whole bytes held still
+        elif kind < 0.8:
+            ring.push(float(2**30 + i * 4096))  # a leak
+        else:
+            ring.push(rng.uniform(0, 1e9))  # noise, not whole numbers
+        for n in (5, 20, 60):
+            assert growth(ring, i + 1, n, 1.0) == reference_growth(ring, i + 1, n, 1.0)
