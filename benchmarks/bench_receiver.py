@@ -24,7 +24,9 @@ default is 10; systemd sets 512 in its sysctl.d defaults): ranks in step send th
 reports at the same moment, so a short queue overflows before the receiver wakes. Each
 ``--qlen`` runs the whole measurement (daemon and senders) in a network namespace of its
 own with that limit (root and ``unshare``; the host's setting is left alone); ``--spread``
-gives each rank its own phase in the report interval instead.
+gives each rank its own phase in the report interval instead, and ``--hook`` has the ranks
+send as the torch hook does (gpuwatch/job/sender.py: a random start of its own, a full
+queue tried again after a few milliseconds).
 
 Prints a Markdown table; ``--out FILE`` writes the numbers as JSON.
 """
@@ -50,8 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuwatch.job import protocol  # noqa: E402 - after the path
+from gpuwatch.job import sender as hook_sender  # noqa: E402
+from gpuwatch.job.sender import REPORT_INTERVAL  # noqa: E402
 
-REPORT_INTERVAL = 0.5  # the hook's (gpuwatch/job/hook/core.py)
 GPUS = 8
 
 
@@ -74,9 +77,12 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def sender(rank: int, ranks: int, path: str, start: float, seconds: float,
-           steps_per_second: int, out: Any, phase: float = 0.0) -> None:
+           steps_per_second: int, out: Any, phase: float = 0.0, hook: bool = False) -> None:
     """One rank: a report every REPORT_INTERVAL with the steps of that interval, ``phase``
-    seconds into it."""
+    seconds into it; with ``hook``, sent as the hook sends (gpuwatch.job.sender: its own
+    random phase, a full queue tried again)."""
+    if hook:
+        phase = hook_sender.report_offset()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
     per_report = max(1, round(steps_per_second * REPORT_INTERVAL))
@@ -113,11 +119,18 @@ def sender(rank: int, ranks: int, path: str, start: float, seconds: float,
             "mem_reserved_bytes": 3 * 2**30, "max_mem_allocated_bytes": 5 * 2**30,
             "config": config if seq == 0 else None, "exit_reason": None, "error": None,
             "sender_dropped": {"busy": busy} if busy else {}, "hook_errors": 0}
-        try:
-            sock.sendto(protocol.encode(header, records), path)
-            sent += 1
-        except BlockingIOError:
-            busy += 1
+        data = protocol.encode(header, records)
+        if hook:
+            if hook_sender.send(sock, data, path) is None:
+                sent += 1
+            else:
+                busy += 1
+        else:
+            try:
+                sock.sendto(data, path)
+                sent += 1
+            except BlockingIOError:
+                busy += 1
         seq += 1
         k += 1
     out.put((rank, sent, busy, steps_total))
@@ -133,8 +146,14 @@ def daemon_cpu(pid: int, seconds: float) -> float:
     return 100.0 * ((c1.user - c0.user) + (c1.system - c0.system)) / (t1 - t0)
 
 
-def run(ranks: int, steps_per_second: int, seconds: float, spread: bool = False
+MODES = ("in step", "spread", "hook")
+
+
+def run(ranks: int, steps_per_second: int, seconds: float, mode: str = "in step"
         ) -> dict[str, Any]:
+    """One measurement. ``mode``: the ranks report ``in step`` (a plain ``sendto`` at the
+    same moment), ``spread`` (each at its own even share of the interval), or ``hook``
+    (as the hook sends: gpuwatch.job.sender's random start and retries)."""
     with tempfile.TemporaryDirectory() as tmp:
         sock_path = os.path.join(tmp, "hook.sock")
         cfg = Path(tmp) / "gpuwatch.yaml"
@@ -168,7 +187,8 @@ def run(ranks: int, steps_per_second: int, seconds: float, spread: bool = False
             start = time.time() + 1.0
             procs = [ctx.Process(target=sender, args=(
                 r, ranks, sock_path, start, seconds, steps_per_second, results,
-                REPORT_INTERVAL * r / ranks if spread else 0.0)) for r in range(ranks)]
+                REPORT_INTERVAL * r / ranks if mode == "spread" else 0.0, mode == "hook"))
+                for r in range(ranks)]
             for p in procs:
                 p.start()
             time.sleep(max(0.0, start - time.time()) + 0.25)
@@ -191,7 +211,7 @@ def run(ranks: int, steps_per_second: int, seconds: float, spread: bool = False
     dropped = {k: v - before.get(k, 0) for k, v in after.items()
                if k.startswith("gpuwatch_hook_messages_dropped_total") and v - before.get(k, 0)}
     return {"ranks": ranks, "steps_per_second": steps_per_second, "seconds": seconds,
-            "max_dgram_qlen": _qlen(), "phases": "spread" if spread else "in step",
+            "max_dgram_qlen": _qlen(), "phases": mode,
             "datagrams_per_second": ranks / REPORT_INTERVAL,
             "steps_sent": sum(g[3] for g in got), "sent": sent, "accepted": accepted,
             "sender_busy": busy, "receiver_dropped": dropped,
@@ -206,12 +226,11 @@ def _qlen() -> int | None:
         return None
 
 
-def run_with_qlen(qlen: int, args: argparse.Namespace, spread: bool) -> dict[str, Any]:
+def run_with_qlen(qlen: int, args: argparse.Namespace, mode: str) -> dict[str, Any]:
     """``run`` in a network namespace of its own whose Unix datagram queues hold ``qlen``."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--ranks", str(args.ranks),
-           "--steps-per-second", str(args.steps_per_second), "--seconds", str(args.seconds)]
-    if spread:
-        cmd.append("--spread")
+           "--steps-per-second", str(args.steps_per_second), "--seconds", str(args.seconds),
+           "--mode", f"'{mode}'"]
     script = (f"ip link set lo up && sysctl -qw net.unix.max_dgram_qlen={qlen} && exec "
               + " ".join(cmd))
     proc = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True,
@@ -231,22 +250,28 @@ def main(argv: list[str] | None = None) -> int:
                     "namespace of its own (repeatable; default 512 where the host's differs)")
     ap.add_argument("--spread", action="store_true",
                     help="also measure with the ranks' reports spread over the interval")
+    ap.add_argument("--hook", action="store_true",
+                    help="also measure with the ranks sending as the hook does (its own "
+                    "random start, a full queue tried again: gpuwatch/job/sender.py)")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=MODES, default="in step", help=argparse.SUPPRESS)
     ap.add_argument("--out", metavar="FILE", help="write the numbers as JSON here")
     args = ap.parse_args(argv)
     if args.json:  # one row, as JSON (run_with_qlen's child)
-        print(json.dumps(run(args.ranks, args.steps_per_second, args.seconds, args.spread)))
+        print(json.dumps(run(args.ranks, args.steps_per_second, args.seconds, args.mode)))
         return 0
     rows = [run(args.ranks, args.steps_per_second, args.seconds)]
     if args.spread:
-        rows.append(run(args.ranks, args.steps_per_second, args.seconds, spread=True))
+        rows.append(run(args.ranks, args.steps_per_second, args.seconds, "spread"))
+    if args.hook:
+        rows.append(run(args.ranks, args.steps_per_second, args.seconds, "hook"))
     qlens = args.qlen if args.qlen is not None else (
         [512] if _qlen() not in (None, 512) else [])
     for qlen in qlens:
         if os.geteuid() != 0:
             rows.append({"max_dgram_qlen": qlen, "error": "needs root (a network namespace)"})
             continue
-        rows.append(run_with_qlen(qlen, args, spread=False))
+        rows.append(run_with_qlen(qlen, args, "in step"))
     print(f"## bench_receiver: {platform.node()}, {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; the real daemon "
           f"(stub GPUs, --interval 1)\n")

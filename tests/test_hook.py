@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuwatch.job.hook import core as hook  # noqa: E402 (after the importorskip above)
+from gpuwatch.job import sender  # noqa: E402 (after the importorskip above)
+from gpuwatch.job.hook import core as hook  # noqa: E402
 from gpuwatch.launcher import inject_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,15 +65,81 @@ def test_a_receiver_that_never_reads_costs_dropped_reports_not_a_stall(attached:
     try:
         p = torch.nn.Parameter(torch.zeros(4))
         opt = torch.optim.SGD([p], lr=0.1)
-        for _ in range(200):
+        for i in range(200):
             _tiny_step(opt, p)
-            hook._hook.report()  # what the reporting thread does, here without waiting
+            if i % 10 == 9:
+                hook._hook.report()  # what the reporting thread does, here without waiting
         stats = hook.stats()
         assert stats["steps_total"] == 200
         assert stats["sender_dropped"].get("busy", 0) > 0
-        assert stats["reports_sent"] >= 200
+        assert stats["reports_sent"] >= 20
     finally:
         stuck.close()
+
+
+def test_a_full_queue_that_drains_soon_loses_no_report(attached: Path) -> None:
+    """Ranks reporting at the same moment fill the daemon's socket queue for a few ms: the
+    report is tried again after short pauses instead of being dropped."""
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    slow.bind(str(attached))
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    filler.setblocking(False)
+    try:
+        queued = 0
+        while True:  # fill the queue to the brim, as other ranks' reports would
+            try:
+                filler.sendto(b"x" * 64, str(attached))
+                queued += 1
+            except BlockingIOError:
+                break
+        p = torch.nn.Parameter(torch.zeros(4))
+        opt = torch.optim.SGD([p], lr=0.1)
+        _tiny_step(opt, p)
+
+        def drain_later() -> None:
+            time.sleep(0.003)
+            for _ in range(queued):
+                slow.recv(65536)
+        t = threading.Thread(target=drain_later)
+        t.start()
+        hook._hook.report()
+        t.join()
+        assert hook.stats()["sender_dropped"] == {}
+        slow.settimeout(1.0)
+        got = slow.recv(65536)
+        assert len(got) > 64  # the hook's report, behind the fillers: not dropped
+    finally:
+        slow.close()
+        filler.close()
+
+
+def test_every_rank_starts_its_report_timer_at_its_own_point() -> None:
+    # ranks of a host start together: each process's first report waits a part of the
+    # interval of its own, so their reports do not fill the daemon's queue at once
+    code = "from gpuwatch.job import sender; print(sender.report_offset())"
+    got = [float(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                text=True, check=True).stdout) for _ in range(4)]
+    assert all(0.0 <= g < sender.REPORT_INTERVAL for g in got)
+    assert len(set(got)) == 4
+
+
+def test_the_reporting_thread_waits_its_offset_first(short_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr(sender, "report_offset", lambda: 0.3)
+    path = short_dir / "hook.sock"
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(str(path))
+    rx.settimeout(3.0)
+    try:
+        t0 = time.monotonic()
+        assert hook.attach(str(path))  # an explicit attach starts the reporting thread
+        try:
+            rx.recv(65536)
+            waited = time.monotonic() - t0
+        finally:
+            hook.detach()
+        assert 0.25 <= waited < sender.REPORT_INTERVAL + 0.3
+    finally:
+        rx.close()
 
 
 def test_no_receiver_at_all_is_counted_and_harmless(attached: Path) -> None:

@@ -53,13 +53,12 @@ import torch.utils.data.dataloader
 from torch.amp.grad_scaler import GradScaler
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from gpuwatch.job import protocol
+from gpuwatch.job import protocol, sender
 from gpuwatch.job.hook import facts
 from gpuwatch.job.hook.frameworks import Framework
 
 ENV_SOCKET = "GPUWATCH_SOCKET"  # one path, or several separated by os.pathsep
 SYSTEM_SOCKET = "/run/gpuwatch/hook.sock"
-REPORT_INTERVAL = 0.5  # seconds: at most two reports a second
 HEARTBEAT_INTERVAL = 2.0  # a report even without new steps, so silence means trouble
 # With an optimizer built but not stepped yet, backward() ends are held this long (or this
 # many) before they count as iterations: gradient accumulation and GANs call backward()
@@ -454,7 +453,12 @@ class _Hook:
 
     def _loop(self) -> None:
         stop = self.stop
-        while not stop.wait(REPORT_INTERVAL):
+        # each process starts its timer at its own point of the interval, so that the
+        # ranks of a host, started together, do not all report in the same millisecond
+        if stop.wait(sender.report_offset()):
+            return
+        self.report()
+        while not stop.wait(sender.REPORT_INTERVAL):
             self.report()
 
     def report(self, final: bool = False) -> None:
@@ -611,18 +615,9 @@ class _Hook:
             sock.setblocking(False)
             self.sock = sock
         for path in self.paths:
-            try:
-                self.sock.sendto(data, path)
-                continue
-            except BlockingIOError:
-                reason = "busy"  # the receiver's queue is full: it is slow
-            except (FileNotFoundError, ConnectionRefusedError):
-                reason = "no_receiver"
-            except PermissionError:
-                reason = "denied"
-            except OSError:
-                reason = "error"
-            self.dropped[reason] = self.dropped.get(reason, 0) + 1
+            reason = sender.send(self.sock, data, path)
+            if reason is not None:
+                self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
     # -- reading the device without synchronizing -----------------------------------------
     def _scale_tensor(self) -> Any:
