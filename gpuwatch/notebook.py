@@ -412,12 +412,13 @@ class LiveView:
                     f'title="{name} {_pct(shares.get(c))}"></span>' for c, name, col in _BAR)
                 words = ", ".join(f"{name} {_pct(shares[c])}" for c, name, _ in _BAR
                                   if shares.get(c, 0) >= 0.005)
-                out.append(f"<div class=\"breakdown\">Time (GPU {j.get('gpu')}, last 30 s): "
+                where = "CPU" if j.get("gpu") is None else f"GPU {j['gpu']}"
+                out.append(f"<div class=\"breakdown\">Time ({where}, last 30 s): "
                            f"{words}<div class=\"bar\">{cells}</div></div>")
             phases = j.get("phases")
             if phases:
                 out.append("<div class=\"phases\">Phases: " + ", ".join(
-                    f"{html.escape(str(p))} {float(v):.0f} s" for p, v in phases.items()
+                    f"{html.escape(str(p))} {float(v):.{0 if v >= 10 else 1}f} s" for p, v in phases.items()
                     if isinstance(v, (int, float))) + "</div>")
         return "".join(out)
 

@@ -93,6 +93,26 @@ def test_the_time_before_the_first_step_is_never_judged_as_training(tmp_path, ho
     assert not {"raise-batch-size", "add-dataloader-workers", "gpu-underused"} & ids(report)
 
 
+def test_the_phase_in_force_runs_to_the_newest_step(tmp_path):
+    """The daemon writes a `phase` line when the phase changes, else every few seconds:
+    a report made between two (the notebook's `%gpuwatch report`, the live advice) counts
+    the training that the steps since the newest line show, not the line's stale total."""
+    run = synthetic.startup_prefetch(hook=True)
+    full = judge(tmp_path, run)["jobs"][0]["phases"]
+    # keep only the phase lines up to the first one that says "train": as if the report
+    # were made right before the daemon's next phase line
+    first_train = min(d["t"] for d in run.lines if d["kind"] == "phase"
+                      and d["phase"] == "train")
+    cut = synthetic.Run([d for d in run.lines if d["kind"] != "phase" or d["t"] <= first_train],
+                        run.first_step, run.truth)
+    stale = [d for d in cut.lines if d["kind"] == "phase"][-1]["seconds"].get("train", 0.0)
+    last_step = max(d["t"] for d in run.lines if d["kind"] in ("step", "steps"))
+    got = judge(tmp_path, cut)["jobs"][0]["phases"]
+    assert stale < 5.0 < full["train"]
+    assert got["train"] == pytest.approx(stale + (last_step - first_train), abs=1.0)
+    assert got["startup"] == pytest.approx(full["startup"], abs=0.5)
+
+
 def test_compiling_is_named(tmp_path):
     run = synthetic.compiling(compile_seconds=50.0)
     report = judge(tmp_path, run)

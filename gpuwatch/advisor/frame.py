@@ -1139,7 +1139,14 @@ class Frame:
         owner = self.phase_owner(subj)
         if owner is not None:
             out["phase"] = owner.phase
-            out["phases"] = {k: round(v, 1) for k, v in owner.phase_seconds.items() if v > 0}
+            seconds = dict(owner.phase_seconds)
+            # `phase` lines come when the phase changes, else every few seconds: steps that
+            # ended since the newest one say that training went on until the newest of them
+            t1 = max((x for x in (subj.job_t1, owner.job_t1) if x is not None), default=None)
+            if (owner.phase == "train" and owner.phase_t is not None and t1 is not None
+                    and t1 > owner.phase_t):
+                seconds["train"] = seconds.get("train", 0.0) + (t1 - owner.phase_t)
+            out["phases"] = {k: round(v, 1) for k, v in seconds.items() if v > 0}
             info = owner.phase_info
             if info.get("compiles"):
                 out["compiles"] = info["compiles"]

@@ -248,7 +248,8 @@ def _breakdown_table(rep: dict[str, Any]) -> str:
                 if kv[0] in PHASES else 99))
         where = f"{j['instance']} " if j.get("instance") else ""
         top = dict((c, n) for c, n, _ in CATEGORIES).get(j.get("bottleneck"), "?")
-        rows.append(f"<tr><td>{escape(where)}{j.get('gpu')}</td><td>{escape(_who(j))}</td>"
+        gpu = "CPU" if j.get("gpu") is None else j["gpu"]
+        rows.append(f"<tr><td>{escape(where)}{gpu}</td><td>{escape(_who(j))}</td>"
                     f"{cells}{step}{steps}<td>{escape(top)}</td>"
                     f"<td>{phases or '<span class=muted>none reported</span>'}</td></tr>")
     heads = "".join(f"<th>{n}</th>" for _, n, _ in CATEGORIES)
@@ -354,7 +355,13 @@ def _job_charts(rep: dict[str, Any], tl: Timeline, job: Any, advice: list[dict[s
         facts.append("batch " + ", ".join(str(b) for b in sorted(job.batch_sizes)))
     if sps is not None:
         facts.append(f"{sps:.0f} samples/s")
-    seconds = tl.phase_seconds(job)
+    # the job's phases as the report's table gives them (the phase in force counted to its
+    # newest step), else as the time line's `phase` lines add up
+    said = [j["phases"] for j in rep.get("jobs", []) if j.get("phases")
+            and j.get("pid") == job.pid and j.get("gpu") == job.gpu]
+    seconds = (dict(sorted(said[0].items(), key=lambda kv: PHASES.index(kv[0])
+                           if kv[0] in PHASES else 99))
+               if said else tl.phase_seconds(job))
     if seconds:
         facts.append("phases: " + ", ".join(f"{p} {duration(s)}" for p, s in seconds.items()))
     out.append(f'<p class="muted">{escape("; ".join(facts))}</p>')
