@@ -57,7 +57,18 @@ def test_a_message_says_the_percent_its_evidence_says(reports, name):
     rules = load_rules().by_id()
     for a in reports[name]["advice"]:
         # (the message: of the action's variants only one is written)
-        named = {n for _, n, spec in rules[a["id"]].message.parts if n and spec.endswith("%")}
+        # (a name in an optional [[...]] fragment counts where its fragment was written:
+        # each of its literal pieces is in the message)
+        tpl = rules[a["id"]].message
+        groups = tpl.groups or (0,) * len(tpl.parts)
+        message = " ".join(a["message"].split())
+        pieces: dict[int, list[str]] = {}
+        for (lit, _, _), g in zip(tpl.parts, groups, strict=True):
+            if g and lit.strip():
+                pieces.setdefault(g, []).append(" ".join(lit.split()))
+        written = {g for g, lits in pieces.items() if all(x in message for x in lits)}
+        named = {n for (_, n, spec), g in zip(tpl.parts, groups, strict=True)
+                 if n and spec.endswith("%") and (not g or g in written)}
         for key in sorted(named & set(a["evidence"])):
             shown = evidence_value(key, a["evidence"][key])
             assert shown in a["message"], (a["id"], key, shown, a["message"])
