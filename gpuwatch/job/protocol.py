@@ -263,6 +263,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# made once: json.loads() with an argument builds a new decoder (and its scanner) per call
+_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _int(msg: Mapping[str, Any], key: str, *, optional: bool = True, default: int | None = None
          ) -> int | None:
     value = msg.get(key)
@@ -337,8 +341,9 @@ def _steps(value: Any) -> tuple[StepRecord, ...]:
     if _plain(cols):
         # what the hook sends: every value is already what the checks below would let
         # through unchanged, so the records are the columns read across
-        return tuple(map(StepRecord._make, zip(*(cols[k] for k in STEP_FIELDS),
-                                                   strict=True)))
+        # (the columns' lengths are checked above; zip's length check is Python 3.10+, and
+        # this module runs in the job, on 3.8 too)
+        return tuple(map(StepRecord._make, zip(*(cols[k] for k in STEP_FIELDS))))  # noqa: B905
     return _checked_steps(cols, n)
 
 
@@ -488,7 +493,10 @@ def decode(data: bytes) -> Report:
     if len(data) > MAX_DATAGRAM_BYTES:
         raise ProtocolError(OVERSIZED, f"{len(data)} bytes, over {MAX_DATAGRAM_BYTES}")
     try:
-        msg = json.loads(data, parse_constant=_reject_constant)
+        # what json.loads() does with bytes, with the decoder made once
+        text = data.decode(json.detect_encoding(data), "surrogatepass") \
+            if isinstance(data, (bytes, bytearray)) else data
+        msg = _JSON.decode(text)
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise ProtocolError(MALFORMED, f"not JSON: {err}") from err
     if not isinstance(msg, dict):
