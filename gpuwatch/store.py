@@ -87,9 +87,13 @@ class _Sums:
 
     def add(self, s: StepSample | StepValues, rng: random.Random) -> None:
         # called for every step a fast job sends (thousands a second with many ranks):
-        # plain comparisons and one read of each field
+        # the fields unpacked at once (a named tuple's fields, read by name, are looked up
+        # on its type each time), plain comparisons
+        if type(s) is not StepValues:
+            s = StepValues(*(getattr(s, name) for name in StepValues._fields))
+        (t, step, ss, dw, batch, loss_scale, mem_allocated, mem_reserved, max_mem_allocated,
+         _loss, skipped, first, first_wait, micro, pid, rank, gpu) = s
         self.steps += 1
-        t, ss, step = s.t, s.step_seconds, s.step
         if t > self.t:
             self.t = t
         begin = t - (ss or 0.0)
@@ -99,9 +103,8 @@ class _Sums:
             self.first_step = step
         if self.last_step is None or step > self.last_step:
             self.last_step = step
-        if s.skipped is not None:
-            self.skipped = (self.skipped or 0) + (1 if s.skipped else 0)
-        dw, batch = s.data_wait_seconds, s.batch_size
+        if skipped is not None:
+            self.skipped = (self.skipped or 0) + (1 if skipped else 0)
         if ss is not None:
             self.timed += 1
             self.step_seconds += ss
@@ -113,29 +116,29 @@ class _Sums:
             self._duration(ss, rng)
         if batch is not None:
             self.batch_size = batch
-        if s.micro_batches is not None:
-            self.micro_batches = (self.micro_batches or 0) + s.micro_batches
+        if micro is not None:
+            self.micro_batches = (self.micro_batches or 0) + micro
             self.micro_counted = (self.micro_counted or 0) + 1
-        if s.first_batch is not None:
-            self.first_batch = (self.first_batch or 0) + (1 if s.first_batch else 0)
-            if s.first_batch:
-                self.first_batch_wait_seconds += s.first_batch_wait_seconds or 0.0
+        if first is not None:
+            self.first_batch = (self.first_batch or 0) + (1 if first else 0)
+            if first:
+                self.first_batch_wait_seconds += first_wait or 0.0
                 self.first_batch_data_wait_seconds += dw or 0.0
         # the newest known value of each (the hook sends these with a report's last step)
-        if s.loss_scale is not None:
-            self.loss_scale = s.loss_scale
-        if s.mem_allocated_bytes is not None:
-            self.mem_allocated_bytes = s.mem_allocated_bytes
-        if s.mem_reserved_bytes is not None:
-            self.mem_reserved_bytes = s.mem_reserved_bytes
-        if s.max_mem_allocated_bytes is not None:
-            self.max_mem_allocated_bytes = s.max_mem_allocated_bytes
-        if s.pid is not None:
-            self.pid = s.pid
-        if s.rank is not None:
-            self.rank = s.rank
-        if s.gpu is not None:
-            self.gpu = s.gpu
+        if loss_scale is not None:
+            self.loss_scale = loss_scale
+        if mem_allocated is not None:
+            self.mem_allocated_bytes = mem_allocated
+        if mem_reserved is not None:
+            self.mem_reserved_bytes = mem_reserved
+        if max_mem_allocated is not None:
+            self.max_mem_allocated_bytes = max_mem_allocated
+        if pid is not None:
+            self.pid = pid
+        if rank is not None:
+            self.rank = rank
+        if gpu is not None:
+            self.gpu = gpu
 
     def add_unseen(self, u: StepsSample) -> None:
         """Steps known only by their sums (those a hook datagram had no room for)."""
