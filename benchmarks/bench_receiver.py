@@ -23,10 +23,14 @@ A Unix datagram socket queues at most ``net.unix.max_dgram_qlen`` datagrams (Lin
 default is 10; systemd sets 512 in its sysctl.d defaults): ranks in step send their
 reports at the same moment, so a short queue overflows before the receiver wakes. Each
 ``--qlen`` runs the whole measurement (daemon and senders) in a network namespace of its
-own with that limit (root and ``unshare``; the host's setting is left alone); ``--spread``
+own with that limit (root and util-linux's ``unshare``; no ``ip`` or ``sysctl`` needed;
+the host's setting is left alone); ``--spread``
 gives each rank its own phase in the report interval instead, and ``--hook`` has the ranks
 send as the torch hook does (gpuwatch/job/sender.py: a random start of its own, a full
 queue tried again after a few milliseconds).
+
+The CPU per datagram is the daemon's CPU above idle over the datagrams it accepted per
+second (``gpuwatch_hook_messages_total``), not over the nominal rate.
 
 Prints a Markdown table; ``--out FILE`` writes the numbers as JSON.
 """
