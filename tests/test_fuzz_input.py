@@ -126,7 +126,13 @@ def step_columns(draw: st.DrawFn) -> bytes:
         how = draw(st.integers(0, 5))
         if how == 0 and key not in ("step", "t"):
             continue  # the column left out
-        if how <= 2:  # as the hook writes it
+        if how == 2:  # the types the hook writes, any value (negative, huge)
+            kind = st.integers() if key in ("step", "batch_size", "micro_batches") else \
+                st.booleans() if key in ("skipped", "first_batch") else \
+                st.floats(allow_nan=False, allow_infinity=False)
+            cols[key] = [draw(st.one_of(st.none(), kind) if key not in ("step", "t")
+                              else kind) for _ in range(n)]
+        elif how <= 1:  # as the hook writes it
             good = {"step": st.integers(0, 2**40), "t": st.floats(0, 4e9),
                     "batch_size": st.one_of(st.none(), st.integers(0, 4096)),
                     "micro_batches": st.one_of(st.none(), st.integers(0, 64)),
