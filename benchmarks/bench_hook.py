@@ -1,6 +1,7 @@
 """What the torch hook costs a training step, with and without it, side by side in one run.
 
     python3 benchmarks/bench_hook.py [--steps 3000] [--repeats 5] [--out FILE]
+    python3 benchmarks/bench_hook.py --micro-only      # only the hook's own code paths
 
 1. A tiny training loop (DataLoader ``next()``, forward, backward, optimizer step; on CUDA
    with a GradScaler and a fused optimizer), timed per step, in alternating blocks with the
@@ -19,6 +20,7 @@ of hook cost per step.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -119,87 +121,75 @@ def loop_costs(device: str, steps: int, repeats: int, sock: str) -> dict[str, An
             "sync_check": None if not cuda else (sync_error or "no sync")}
 
 
-def micro_costs(calls: int, sock: str) -> dict[str, float]:
-    """µs per call of the hook's own per-step code, called directly."""
+def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
+    """µs per call of the hook's own per-step code, called directly: each path ``calls``
+    times in each of ``rounds`` rounds, the median round. Wrappers are timed around a
+    stand-in for torch's function that returns at once, less the stand-in's own time."""
     p = nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
+    loss = torch.ones(())
     hook.attach(sock)
     try:
         h = hook._hook
         h.thread = object()  # type: ignore[assignment]  # no reporter: measure the caller only
-        h.pending = __import__("collections").deque(maxlen=1000)
+        # the reporter takes the step records twice a second; here they would pile up (and
+        # the garbage collector would charge their growing number to the hook): keep a few
+        h.pending = collections.deque(maxlen=1000)
         on_step = hook._on_optimizer_step
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            on_step(opt, (), {})
-        opt_us = (time.perf_counter() - t0) / calls * 1e6
-        h.scaler_mode = True
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            h.opt_stepped = True
-            h.scaler_update(scaler)
-        update_us = (time.perf_counter() - t0) / calls * 1e6
 
-        class It:
-            _gpuwatch = [16, {}, None, 0.0, 1, True]
-
-        def raw(_self: Any) -> int:
-            return 1
-
-        wrapped = hook._wrap_next(raw)
-        it = It()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            raw(it)
-        base = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            wrapped(it)
-        next_us = (time.perf_counter() - t0 - base) / calls * 1e6
-
-        def raw_backward(*_args: Any) -> None:
+        def raw(_self: Any, *_args: Any) -> Any:
             return None
 
-        backward = hook._wrap_backward(raw_backward)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            raw_backward(p)
-        base = time.perf_counter() - t0
-        h.source = hook.OPTIMIZER  # what every loop with an optimizer pays
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            backward(p)
-        backward_us = (time.perf_counter() - t0 - base) / calls * 1e6
-        h.source = hook.BACKWARD  # a loop without an optimizer: backward() ends iterations
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            backward(p)
-        backward_step_us = (time.perf_counter() - t0 - base) / calls * 1e6
+        class It:
+            pass
 
-        def raw_scale(_self: Any, outputs: Any) -> Any:
-            return outputs
+        it = It()
+        wrapped_next = hook._wrap_next(raw)
+        backward = hook._wrap_backward(raw)
+        scale = hook._wrap_scaler_scale(raw)
+        update = hook._wrap_scaler_update(raw)
+        times: dict[str, list[float]] = {}
 
-        scale = hook._wrap_scaler_scale(raw_scale)
-        loss = torch.ones(())
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            raw_scale(scaler, loss)
-        base = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            scale(scaler, loss)
-        scale_us = (time.perf_counter() - t0 - base) / calls * 1e6
+        def timed(key: str, fn: Any, *args: Any, base: float = 0.0) -> float:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            took = time.perf_counter() - t0
+            times.setdefault(key, []).append((took - base) / calls * 1e6)
+            return took
+
+        for _ in range(rounds):
+            h.scaler_mode = False
+            timed("optimizer_step_hook_us", on_step, opt, (), {})
+            # as a DataLoader iterator carries it once its first batch came, in a loader
+            # that trains: [batch size, facts, None, start, id(loader), True]
+            it._gpuwatch = [16, {}, None, 0.0, 1, True]  # type: ignore[attr-defined]
+            base = timed("raw", raw, it)
+            timed("dataloader_next_wrapper_us", wrapped_next, it, base=base)
+            h.source = hook.OPTIMIZER  # what every loop with an optimizer pays
+            timed("backward_wrapper_us", backward, p, base=base)
+            h.source = hook.BACKWARD  # a loop without an optimizer: backward() ends iterations
+            timed("backward_iteration_us", backward, p, base=base)
+            h.source = hook.OPTIMIZER
+            base = timed("raw", raw, scaler, loss)
+            timed("scaler_scale_wrapper_us", scale, scaler, loss, base=base)
+            h.scaler_mode = True
+            base = timed("raw", raw, scaler, None)
+            timed("scaler_update_us", update, scaler, None, base=base)
     finally:
         hook.detach()
-    return {"optimizer_step_hook_us": opt_us, "scaler_update_us": update_us,
-            "dataloader_next_wrapper_us": next_us,
-            "backward_wrapper_us": backward_us,
-            "backward_iteration_us": backward_step_us,
-            "scaler_scale_wrapper_us": scale_us,
-            "per_step_total_us": opt_us + next_us + backward_us,
-            "per_step_total_with_scaler_us": update_us + next_us + backward_us + scale_us,
-            "per_step_total_backward_clocked_us": backward_step_us + next_us}
+    out = {k: statistics.median(v) for k, v in times.items() if k != "raw"}
+    out["per_step_total_us"] = (out["optimizer_step_hook_us"]
+                                + out["dataloader_next_wrapper_us"]
+                                + out["backward_wrapper_us"])
+    out["per_step_total_with_scaler_us"] = (out["scaler_update_us"]
+                                            + out["dataloader_next_wrapper_us"]
+                                            + out["backward_wrapper_us"]
+                                            + out["scaler_scale_wrapper_us"])
+    out["per_step_total_backward_clocked_us"] = (out["backward_iteration_us"]
+                                                 + out["dataloader_next_wrapper_us"])
+    return out
 
 
 RECEIVER = """
@@ -218,7 +208,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3000, help="steps per block")
     ap.add_argument("--repeats", type=int, default=5, help="blocks with and without")
-    ap.add_argument("--calls", type=int, default=200_000, help="micro-benchmark calls")
+    ap.add_argument("--calls", type=int, default=200_000,
+                    help="micro-benchmark calls per path and round")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="micro-benchmark rounds (the median is reported)")
+    ap.add_argument("--micro-only", action="store_true",
+                    help="only the hook's own code paths (part 2): no training loop")
     ap.add_argument("--out", help="also write the numbers as JSON here")
     a = ap.parse_args()
     directory = tempfile.mkdtemp(prefix="gwbench-")
@@ -232,8 +227,9 @@ def main() -> int:
         raise SystemExit("the receiver did not start")
     try:
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-        loops = [loop_costs(d, a.steps, a.repeats, sock) for d in devices]
-        micro = micro_costs(a.calls, sock)
+        loops = [] if a.micro_only else [loop_costs(d, a.steps, a.repeats, sock)
+                                         for d in devices]
+        micro = micro_costs(a.calls, sock, a.rounds)
     finally:
         receiver.stdin.close()  # the receiver stops at end of input
         receiver.wait(timeout=30)
@@ -241,11 +237,12 @@ def main() -> int:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     print(f"torch {torch.__version__}, Python {sys.version.split()[0]}"
           + (f", {gpu}" if gpu else ", no GPU"))
-    print()
-    print("| device | steps | median step without hook (µs) | with hook (µs) | difference (µs) "
-          "| device syncs under the hook |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
     for r in loops:
+        if r is loops[0]:
+            print()
+            print("| device | steps | median step without hook (µs) | with hook (µs) "
+                  "| difference (µs) | device syncs under the hook |")
+            print("| --- | ---: | ---: | ---: | ---: | --- |")
         print(f"| {r['device']} | {r['steps']} | {r['median_step_us_without']:.1f} | "
               f"{r['median_step_us_with']:.1f} | {r['overhead_us']:+.1f} | "
               f"{r['sync_check'] or 'n/a (CPU)'} |")

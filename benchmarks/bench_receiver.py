@@ -23,10 +23,14 @@ A Unix datagram socket queues at most ``net.unix.max_dgram_qlen`` datagrams (Lin
 default is 10; systemd sets 512 in its sysctl.d defaults): ranks in step send their
 reports at the same moment, so a short queue overflows before the receiver wakes. Each
 ``--qlen`` runs the whole measurement (daemon and senders) in a network namespace of its
-own with that limit (root and ``unshare``; the host's setting is left alone); ``--spread``
+own with that limit (root and util-linux's ``unshare``; no ``ip`` or ``sysctl`` needed;
+the host's setting is left alone); ``--spread``
 gives each rank its own phase in the report interval instead, and ``--hook`` has the ranks
 send as the torch hook does (gpuwatch/job/sender.py: a random start of its own, a full
 queue tried again after a few milliseconds).
+
+The CPU per datagram is the daemon's CPU above idle over the datagrams it accepted per
+second (``gpuwatch_hook_messages_total``), not over the nominal rate.
 
 Prints a Markdown table; ``--out FILE`` writes the numbers as JSON.
 """
@@ -208,15 +212,20 @@ def run(ranks: int, steps_per_second: int, seconds: float, mode: str = "in step"
     busy = sum(g[2] for g in got)
     accepted = after.get("gpuwatch_hook_messages_total", 0) - before.get(
         "gpuwatch_hook_messages_total", 0)
+    # what the daemon's CPU paid for: the datagrams it accepted (not the nominal rate, which
+    # also counts those a full queue turned away and those dropped), per second of sending
+    accepted_per_second = accepted / seconds
     dropped = {k: v - before.get(k, 0) for k, v in after.items()
                if k.startswith("gpuwatch_hook_messages_dropped_total") and v - before.get(k, 0)}
     return {"ranks": ranks, "steps_per_second": steps_per_second, "seconds": seconds,
             "max_dgram_qlen": _qlen(), "phases": mode,
             "datagrams_per_second": ranks / REPORT_INTERVAL,
+            "accepted_per_second": accepted_per_second,
             "steps_sent": sum(g[3] for g in got), "sent": sent, "accepted": accepted,
             "sender_busy": busy, "receiver_dropped": dropped,
             "daemon_cpu_idle_percent": idle, "daemon_cpu_with_ranks_percent": busy_cpu,
-            "cpu_per_datagram_us": (busy_cpu - idle) / 100.0 / (ranks / REPORT_INTERVAL) * 1e6}
+            "cpu_per_datagram_us": (busy_cpu - idle) / 100.0 / accepted_per_second * 1e6
+            if accepted_per_second > 0 else None}
 
 
 def _qlen() -> int | None:
@@ -227,17 +236,47 @@ def _qlen() -> int | None:
 
 
 def run_with_qlen(qlen: int, args: argparse.Namespace, mode: str) -> dict[str, Any]:
-    """``run`` in a network namespace of its own whose Unix datagram queues hold ``qlen``."""
+    """``run`` in a network namespace of its own whose Unix datagram queues hold ``qlen``:
+    this script again under ``unshare --net``, which then sets the namespace up itself
+    (``in_namespace``), so nothing beyond util-linux's ``unshare`` is needed."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--ranks", str(args.ranks),
            "--steps-per-second", str(args.steps_per_second), "--seconds", str(args.seconds),
-           "--mode", f"'{mode}'"]
-    script = (f"ip link set lo up && sysctl -qw net.unix.max_dgram_qlen={qlen} && exec "
-              + " ".join(cmd))
-    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True,
-                          text=True, check=False)
+           "--mode", mode, "--in-namespace-qlen", str(qlen)]
+    try:
+        proc = subprocess.run(["unshare", "--net", *cmd], capture_output=True, text=True,
+                              check=False)
+    except FileNotFoundError:
+        return {"max_dgram_qlen": qlen,
+                "error": "unshare (util-linux) is not installed: a network namespace of its "
+                         "own is how the queue length is set without touching the host's"}
     if proc.returncode != 0:
         return {"max_dgram_qlen": qlen, "error": (proc.stderr or proc.stdout)[-300:].strip()}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def in_namespace(qlen: int) -> None:
+    """Inside a fresh network namespace: bring its loopback up (the daemon serves /metrics
+    on 127.0.0.1) and set its ``net.unix.max_dgram_qlen``, with an ioctl and a write to
+    /proc/sys (which shows the namespace of the process that opens it): no ``ip``, no
+    ``sysctl`` needed. Exits with what failed and why."""
+    import fcntl
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            request = struct.pack("16sh", b"lo", 0)
+            flags = struct.unpack("16sh", fcntl.ioctl(s, siocgifflags, request))[1]
+            fcntl.ioctl(s, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))
+    except OSError as err:
+        raise SystemExit(f"cannot bring the namespace's loopback up: {err}") from err
+    try:
+        Path("/proc/sys/net/unix/max_dgram_qlen").write_text(f"{qlen}\n")
+    except OSError as err:
+        raise SystemExit(f"cannot set net.unix.max_dgram_qlen={qlen} in the namespace: "
+                         f"{err}") from err
+    if _qlen() != qlen:
+        raise SystemExit(f"net.unix.max_dgram_qlen reads {_qlen()} after setting {qlen}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,9 +294,12 @@ def main(argv: list[str] | None = None) -> int:
                     "random start, a full queue tried again: gpuwatch/job/sender.py)")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, default="in step", help=argparse.SUPPRESS)
+    ap.add_argument("--in-namespace-qlen", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", metavar="FILE", help="write the numbers as JSON here")
     args = ap.parse_args(argv)
     if args.json:  # one row, as JSON (run_with_qlen's child)
+        if args.in_namespace_qlen is not None:
+            in_namespace(args.in_namespace_qlen)
         print(json.dumps(run(args.ranks, args.steps_per_second, args.seconds, args.mode)))
         return 0
     rows = [run(args.ranks, args.steps_per_second, args.seconds)]
@@ -272,24 +314,29 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"max_dgram_qlen": qlen, "error": "needs root (a network namespace)"})
             continue
         rows.append(run_with_qlen(qlen, args, "in step"))
+        if args.hook:
+            rows.append(run_with_qlen(qlen, args, "hook"))
     print(f"## bench_receiver: {platform.node()}, {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; the real daemon "
           f"(stub GPUs, --interval 1)\n")
     print("| ranks | steps/s each | reports | max_dgram_qlen | datagrams/s | sent | accepted | "
-          "dropped (sender busy / receiver) | daemon CPU idle | with the ranks | "
-          "CPU per datagram |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "accepted/s | dropped (sender busy / receiver) | daemon CPU idle | with the ranks | "
+          "CPU per accepted datagram |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "error" in r:
             print(f"| {args.ranks} | {args.steps_per_second} | - | {r['max_dgram_qlen']} | "
-                  f"not measured: {r['error']} |||||||")
+                  f"not measured: {r['error']} ||||||||")
             continue
         dropped = sum(r["receiver_dropped"].values())
+        per = r["cpu_per_datagram_us"]
         print(f"| {r['ranks']} | {r['steps_per_second']} | {r['phases']} | "
               f"{r['max_dgram_qlen']} | {r['datagrams_per_second']:.0f} | {r['sent']} | "
-              f"{r['accepted']:.0f} | {r['sender_busy']} / {dropped:.0f} | "
+              f"{r['accepted']:.0f} | {r['accepted_per_second']:.1f} | "
+              f"{r['sender_busy']} / {dropped:.0f} | "
               f"{r['daemon_cpu_idle_percent']:.2f} % | "
-              f"{r['daemon_cpu_with_ranks_percent']:.2f} % | {r['cpu_per_datagram_us']:.0f} µs |")
+              f"{r['daemon_cpu_with_ranks_percent']:.2f} % | "
+              f"{'-' if per is None else f'{per:.0f} µs'} |")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

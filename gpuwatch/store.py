@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections import deque
+from collections import deque, namedtuple
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from gpuwatch.samples import (
@@ -38,6 +38,12 @@ from gpuwatch.samples import (
 )
 
 Listener = Callable[[Sample], None]
+
+# One training step as the hook receiver hands it to ``Store.add_steps``: StepSample's
+# fields, in its order, in a tuple. The thinner sums most steps of a fast job and keeps
+# only a few as lines, so a StepSample (a frozen dataclass, field by field to make) is
+# made only for a step kept as a line (``StepSample(*values)``).
+StepValues = namedtuple("StepValues", [f.name for f in fields(StepSample)])
 
 STEP_LINES_PER_SECOND = 20  # per job: steps kept one by one in a second, at most
 STEP_INTERVAL = 1.0  # seconds: what one StepsSample of a job covers at most
@@ -79,40 +85,60 @@ class _Sums:
     durations: list[float] | None = None
     seen: int = 0  # durations offered (the reservoir keeps MAX_DURATIONS of them)
 
-    def add(self, s: StepSample, rng: random.Random) -> None:
+    def add(self, s: StepSample | StepValues, rng: random.Random) -> None:
+        # called for every step a fast job sends (thousands a second with many ranks):
+        # the fields unpacked at once (a named tuple's fields, read by name, are looked up
+        # on its type each time), plain comparisons
+        if type(s) is not StepValues:
+            s = StepValues(*(getattr(s, name) for name in StepValues._fields))
+        (t, step, ss, dw, batch, loss_scale, mem_allocated, mem_reserved, max_mem_allocated,
+         _loss, skipped, first, first_wait, micro, pid, rank, gpu) = s
         self.steps += 1
-        self.t = max(self.t, s.t)
-        begin = s.t - (s.step_seconds or 0.0)
-        self.begin_t = begin if self.begin_t is None else min(self.begin_t, begin)
-        self.first_step = s.step if self.first_step is None else min(self.first_step, s.step)
-        self.last_step = s.step if self.last_step is None else max(self.last_step, s.step)
-        if s.skipped is not None:
-            self.skipped = (self.skipped or 0) + (1 if s.skipped else 0)
-        ss, dw = s.step_seconds, s.data_wait_seconds
+        if t > self.t:
+            self.t = t
+        begin = t - (ss or 0.0)
+        if self.begin_t is None or begin < self.begin_t:
+            self.begin_t = begin
+        if self.first_step is None or step < self.first_step:
+            self.first_step = step
+        if self.last_step is None or step > self.last_step:
+            self.last_step = step
+        if skipped is not None:
+            self.skipped = (self.skipped or 0) + (1 if skipped else 0)
         if ss is not None:
             self.timed += 1
             self.step_seconds += ss
             if dw is not None:
                 self.data_wait_seconds = (self.data_wait_seconds or 0.0) + dw
-            if s.batch_size is not None:
-                self.samples = (self.samples or 0) + s.batch_size
+            if batch is not None:
+                self.samples = (self.samples or 0) + batch
                 self.sample_seconds += ss
             self._duration(ss, rng)
-        if s.batch_size is not None:
-            self.batch_size = s.batch_size
-        if s.micro_batches is not None:
-            self.micro_batches = (self.micro_batches or 0) + s.micro_batches
+        if batch is not None:
+            self.batch_size = batch
+        if micro is not None:
+            self.micro_batches = (self.micro_batches or 0) + micro
             self.micro_counted = (self.micro_counted or 0) + 1
-        if s.first_batch is not None:
-            self.first_batch = (self.first_batch or 0) + (1 if s.first_batch else 0)
-            if s.first_batch:
-                self.first_batch_wait_seconds += s.first_batch_wait_seconds or 0.0
+        if first is not None:
+            self.first_batch = (self.first_batch or 0) + (1 if first else 0)
+            if first:
+                self.first_batch_wait_seconds += first_wait or 0.0
                 self.first_batch_data_wait_seconds += dw or 0.0
-        for name in ("loss_scale", "mem_allocated_bytes", "mem_reserved_bytes",
-                     "max_mem_allocated_bytes", "pid", "rank", "gpu"):
-            v = getattr(s, name)
-            if v is not None:
-                setattr(self, name, v)
+        # the newest known value of each (the hook sends these with a report's last step)
+        if loss_scale is not None:
+            self.loss_scale = loss_scale
+        if mem_allocated is not None:
+            self.mem_allocated_bytes = mem_allocated
+        if mem_reserved is not None:
+            self.mem_reserved_bytes = mem_reserved
+        if max_mem_allocated is not None:
+            self.max_mem_allocated_bytes = max_mem_allocated
+        if pid is not None:
+            self.pid = pid
+        if rank is not None:
+            self.rank = rank
+        if gpu is not None:
+            self.gpu = gpu
 
     def add_unseen(self, u: StepsSample) -> None:
         """Steps known only by their sums (those a hook datagram had no room for)."""
@@ -203,10 +229,11 @@ class StepThinner:
     def key(s: StepSample | StepsSample) -> JobKey:
         return (s.pid, s.rank, s.gpu)
 
-    def add(self, s: StepSample | StepsSample, out: list[StepSample | StepsSample]) -> None:
-        """Take one step (or ``unseen`` steps known only by their sums: those a hook
-        datagram had no room to list); append what is ready to ``out``. A ``StepsSample``
-        otherwise is a summary already (a recording's) and passes as it is."""
+    def add(self, s: StepSample | StepValues | StepsSample,
+            out: list[StepSample | StepsSample]) -> None:
+        """Take one step (a ``StepValues`` becomes a ``StepSample`` if it is kept as a
+        line); append what is ready to ``out``. A ``StepsSample`` is a summary already (a
+        recording's) and passes as it is."""
         if isinstance(s, StepsSample):
             out.append(s)
             return
@@ -217,7 +244,8 @@ class StepThinner:
         open interval's sums."""
         self._take(s, out)
 
-    def _take(self, s: StepSample | StepsSample, out: list[StepSample | StepsSample]) -> None:
+    def _take(self, s: StepSample | StepValues | StepsSample,
+              out: list[StepSample | StepsSample]) -> None:
         key = self.key(s)
         index = math.floor(s.t / self.interval)
         o = self._open.get(key)
@@ -236,11 +264,11 @@ class StepThinner:
             self._sums(o, s.t).add_unseen(s)
         elif o.sums is None and not o.fast and o.lines < self.limit:
             o.lines += 1
-            out.append(s)
+            out.append(s if type(s) is StepSample else StepSample(*s))
         elif s.loss is not None:
             # the hook reads the loss of one step per report (at most two a second): that
             # step keeps its line, or a fast job's loss would never reach a recording
-            out.append(s)
+            out.append(s if type(s) is StepSample else StepSample(*s))
         else:
             self._sums(o, s.t).add(s, self._rng)
 
@@ -378,10 +406,11 @@ class Store:
             for s in steps:
                 fn(s)
 
-    def add_steps(self, steps: Iterable[StepSample | StepsSample],
+    def add_steps(self, steps: Iterable[StepSample | StepValues | StepsSample],
                   unseen: StepsSample | None = None) -> None:
         """Training steps, thinned per job (``StepThinner``) on their way into the history
-        and to the listeners; ``unseen``: steps before them known only by their sums."""
+        and to the listeners, where each is a ``StepSample`` (or, summed, a
+        ``StepsSample``); ``unseen``: steps before them known only by their sums."""
         out: list[StepSample | StepsSample] = []
         with self._lock:
             if unseen is not None:

@@ -110,6 +110,65 @@ def test_decode_takes_a_report_or_refuses_with_a_reason_never_anything_else(data
     _decoded_or_refused(data)
 
 
+# what a step column may hold: the hook's own values (floats, small ints, booleans, null)
+# beside the hostile ones, so that most columns are plain and some are not; JSON has no
+# NaN, and an infinity only as a number too large (1e999, which parses as inf)
+INF = "<inf>"
+STEP_VALUES = [None, None, 0.0, 0.25, 1.7e9, 3, 64, True, False, INF, "1"] + [
+    x for x in HOSTILE_NUMBERS if not isinstance(x, float) or math.isfinite(x)]
+
+
+@st.composite
+def step_columns(draw: st.DrawFn) -> bytes:
+    n = draw(st.integers(1, 6))
+    cols: dict = {}
+    for key in protocol.STEP_FIELDS:
+        how = draw(st.integers(0, 5))
+        if how == 0 and key not in ("step", "t"):
+            continue  # the column left out
+        if how == 2:  # the types the hook writes, any value (negative, huge)
+            kind = st.integers() if key in ("step", "batch_size", "micro_batches") else \
+                st.booleans() if key in ("skipped", "first_batch") else \
+                st.floats(allow_nan=False, allow_infinity=False)
+            cols[key] = [draw(st.one_of(st.none(), kind) if key not in ("step", "t")
+                              else kind) for _ in range(n)]
+        elif how <= 1:  # as the hook writes it
+            good = {"step": st.integers(0, 2**40), "t": st.floats(0, 4e9),
+                    "batch_size": st.one_of(st.none(), st.integers(0, 4096)),
+                    "micro_batches": st.one_of(st.none(), st.integers(0, 64)),
+                    "skipped": st.one_of(st.none(), st.booleans()),
+                    "first_batch": st.one_of(st.none(), st.booleans()),
+                    "loss": st.one_of(st.none(), st.floats(-1e300, 1e300))}.get(
+                        key, st.one_of(st.none(), st.floats(0, 1e6)))
+            cols[key] = [draw(good) for _ in range(n)]
+        else:
+            cols[key] = [draw(st.sampled_from(STEP_VALUES)) for _ in range(n)]
+    msg = {"v": 1, "kind": "report", "pid": 7, "t": 1.7e9, "steps": cols}
+    return json.dumps(msg, allow_nan=False).replace(f'"{INF}"', "1e999").encode()
+
+
+@fuzz(600)
+@given(step_columns())
+def test_steps_checked_a_column_at_a_time_are_what_value_by_value_checks_give(data) -> None:
+    """decode() takes the hook's plain columns a column at a time; whatever it accepts so,
+    the value-by-value checks (which name the first bad value) accept as the same records,
+    and what it refuses they refuse with the same message."""
+    value = json.loads(data)["steps"]
+    n = len(value["step"])
+    cols = {k: value.get(k) or [None] * n for k in protocol.STEP_FIELDS}
+    try:
+        reference: tuple | str = protocol._checked_steps(cols, n)
+    except protocol.ProtocolError as err:
+        reference = str(err)
+    try:
+        got: tuple | str = protocol.decode(data).steps
+    except protocol.ProtocolError as err:
+        got = str(err)
+    assert got == reference
+    if isinstance(got, tuple):  # the same values and the same types (1 is not 1.0)
+        assert [list(map(type, r)) for r in got] == [list(map(type, r)) for r in reference]
+
+
 def test_decode_survives_twenty_thousand_byte_mutations_of_a_real_report() -> None:
     """Cheap cases in bulk: a report as the hook writes it, mutated byte by byte."""
     steps = [protocol.StepRecord(step=i, t=1.7e9 + i, step_seconds=0.01, batch_size=32)

@@ -32,8 +32,8 @@ import psutil
 from gpuwatch import logs
 from gpuwatch.errors import UserError
 from gpuwatch.job import protocol
-from gpuwatch.samples import ConfigSample, HookProblem, JobEnd, JobStats, PhaseSample, StepSample
-from gpuwatch.store import Store, unseen_steps
+from gpuwatch.samples import ConfigSample, HookProblem, JobEnd, JobStats, PhaseSample
+from gpuwatch.store import StepValues, Store, unseen_steps
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,21 @@ PHASE_EVERY = 5.0  # seconds
 # series, so this caps what senders can add to a scrape; a new one past it is dropped and
 # counted (gpuwatch_hook_messages_dropped_total{reason="too_many_jobs"})
 MAX_JOBS = 1024
+
+# _apply() builds each step's StepValues positionally, in this order (checked at import)
+_STEP_FIELDS = ("t", "step", "step_seconds", "data_wait_seconds", "batch_size",
+                "loss_scale", "mem_allocated_bytes", "mem_reserved_bytes",
+                "max_mem_allocated_bytes", "loss", "skipped", "first_batch",
+                "first_batch_wait_seconds", "micro_batches", "pid", "rank", "gpu")
+if StepValues._fields != _STEP_FIELDS:
+    raise ImportError("gpuwatch.samples.StepSample's fields changed: update "
+                      "gpuwatch/job/receiver.py's _STEP_FIELDS and _apply()")
+# and unpacks each protocol.StepRecord in this order
+_RECORD_FIELDS = ("step", "t", "step_seconds", "data_wait_seconds", "batch_size", "skipped",
+                  "first_batch", "first_batch_wait_seconds", "loss", "micro_batches")
+if protocol.StepRecord._fields != _RECORD_FIELDS:
+    raise ImportError("gpuwatch.job.protocol.StepRecord's fields changed: update "
+                      "gpuwatch/job/receiver.py's _apply()")
 
 SOCKET_MODE = 0o660
 SOCKET_GROUP = "gpuwatch"  # the systemd service's group (systemd/gpuwatch.sysusers)
@@ -409,22 +424,29 @@ class HookReceiver:
         # the hook stamps steps with this host's clock; one stamped far ahead (a wrong
         # clock, a forged datagram) would make the store's time trim drop the history
         latest = time.time() + MAX_CLOCK_AHEAD
-        steps = [StepSample(t=min(s.t, latest), step=s.step, step_seconds=s.step_seconds,
-                            data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
-                            skipped=s.skipped, first_batch=s.first_batch,
-                            first_batch_wait_seconds=s.first_batch_wait_seconds, loss=s.loss,
-                            micro_batches=s.micro_batches, pid=pid,
-                            rank=r.rank, gpu=gpu)
-                 for s in r.steps]
+        rank = r.rank
+        records = r.steps
+        # positional, in StepSample's field order (_STEP_FIELDS): thousands a second
+        steps = [StepValues(t if t <= latest else latest, step, step_seconds, wait, batch,
+                            None, None, None, None, loss, skipped, first, first_wait, micro,
+                            pid, rank, gpu)
+                 for step, t, step_seconds, wait, batch, skipped, first, first_wait, loss, micro
+                 in records[:-1]]
+        if records:
+            # the scale and the allocator are read once per report: they belong to its end
+            s = records[-1]
+            steps.append(StepValues(
+                t=min(s.t, latest), step=s.step, step_seconds=s.step_seconds,
+                data_wait_seconds=s.data_wait_seconds, batch_size=s.batch_size,
+                loss_scale=r.loss_scale, mem_allocated_bytes=r.mem_allocated_bytes,
+                mem_reserved_bytes=r.mem_reserved_bytes,
+                max_mem_allocated_bytes=r.max_mem_allocated_bytes, loss=s.loss,
+                skipped=s.skipped, first_batch=s.first_batch,
+                first_batch_wait_seconds=s.first_batch_wait_seconds,
+                micro_batches=s.micro_batches, pid=pid, rank=rank, gpu=gpu))
         # steps the datagram had no room to list still count (their sums, in the window)
         unseen = unseen_steps(r.window, steps, t=steps[0].t if steps else min(r.t, latest),
-                              pid=pid, rank=r.rank, gpu=gpu) if r.steps_omitted else None
-        if steps:
-            # the scale and the allocator are read once per report: they belong to its end
-            steps[-1] = replace(steps[-1], loss_scale=r.loss_scale,
-                                mem_allocated_bytes=r.mem_allocated_bytes,
-                                mem_reserved_bytes=r.mem_reserved_bytes,
-                                max_mem_allocated_bytes=r.max_mem_allocated_bytes)
+                              pid=pid, rank=rank, gpu=gpu) if r.steps_omitted else None
         if steps or unseen is not None:
             self.store.add_steps(steps, unseen=unseen)
         if r.config is not None:

@@ -140,6 +140,26 @@ class _Flags:
 class _Hook:
     """All state of the hook in one process. Hot-path methods are kept tiny."""
 
+    # Every attribute _reset() sets, and no other. Slots, not an instance dict: with some
+    # eighty attributes a dict is read through a hint on each access, a slot at a fixed
+    # offset, and the wrappers of each training step read and write a few dozen of them.
+    __slots__ = ("paths", "pid", "off", "n", "skipped_known", "iter_start", "wait",
+                 "samples", "firsts", "first_wait", "loader", "loader_seen", "loader_made",
+                 "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
+                 "uses_conv", "scaler_mode", "in_scaler_step", "opt_stepped", "found_inf",
+                 "primary", "clock", "scaler", "stream", "amp_iter", "autocast_dtype",
+                 "autocast_seen", "checkpointing", "backwards", "phase", "phase_t0",
+                 "phase_seconds", "phase_stack", "iter_excl", "train_loaders", "last_info",
+                 "backward_seen", "opt_params", "eval_batches", "eval_samples",
+                 "eval_batch_size", "eval_wait", "infer_batches", "infer_t0",
+                 "infer_compile0", "infer_samples", "infer_batch_size", "generate_calls",
+                 "compiles", "saving", "framework", "framework_patched", "problems",
+                 "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
+                 "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
+                 "last_config", "last_config_time", "last_status", "dropped", "errors",
+                 "exit_reason", "error", "finished", "device", "gpu_ids", "sock", "thread",
+                 "role", "stop", "report_lock")
+
     def __init__(self, paths: list[str]) -> None:
         self.paths = paths
         self._reset()
@@ -173,6 +193,10 @@ class _Hook:
         self.opt_stepped = False
         self.found_inf: list[Any] = []  # fused optimizers: skip flags still on the device
         self.primary: weakref.ref | None = None  # the optimizer that clocks iterations
+        # the same, once its steps may take the short way (_on_optimizer_step): set while
+        # the hook is on, no GradScaler clocks iterations and steps do (source OPTIMIZER);
+        # whatever ends one of those sets it back to None
+        self.clock: weakref.ref | None = None
         self.scaler: weakref.ref | None = None
         self.stream: Any = None  # the training thread's CUDA stream, for ordered reads
         # autocast in force during training: the dtype of an enabled autocast entered
@@ -251,7 +275,7 @@ class _Hook:
         # skip flags, copy buffers), and freeing one in a forked child calls into a CUDA
         # context the child cannot use, which aborts it ("CUDA error: initialization
         # error" in ~TensorImpl: a DataLoader worker of a CUDA job, killed by SIGABRT)
-        _inherited.append(dict(self.__dict__))
+        _inherited.append({name: getattr(self, name, None) for name in _Hook.__slots__})
         sock = self.sock
         self._reset()
         if sock is not None:
@@ -278,6 +302,7 @@ class _Hook:
             pass
         if self.errors >= MAX_HOOK_ERRORS and not self.off:
             self.off = True
+            self.clock = None
             self.problems.add("hook.off", f"stopped measuring after {self.errors} errors of "
                               f"its own; steps, data wait and settings are no longer sent")
 
@@ -397,16 +422,17 @@ class _Hook:
             now = _perf()
         if self.phase is not TRAIN:
             self._training_again(now)
+        n = self.n
         start = self.iter_start
         first = None
         if self.firsts:
             first = (self.firsts, self.first_wait)
             self.firsts, self.first_wait = 0, 0.0
-        self.pending.append([self.n, now, None if start is None else now - start - self.iter_excl,
+        self.pending.append([n, now, None if start is None else now - start - self.iter_excl,
                              self.wait, self.samples, skipped, first, None,
                              self.backwards or None])
-        self.loss_of = (self.n, self.loss_tensor)
-        self.n += 1
+        self.loss_of = (n, self.loss_tensor)
+        self.n = n + 1
         if skipped is True:
             self.skipped_known += 1
         self.iter_start = now
@@ -414,8 +440,8 @@ class _Hook:
         self.wait = 0.0
         self.samples = None
         self.backwards = 0
-        self.opt_stepped = False
-        self.autocast_dtype, self.amp_iter = self.amp_iter, None
+        self.autocast_dtype = self.amp_iter
+        self.amp_iter = None
         if self.thread is None:
             self.start_reporting()
 
@@ -440,7 +466,11 @@ class _Hook:
             skipped, self.found_inf = self.found_inf, []
         else:
             skipped = not self.opt_stepped
-        self.step_end(skipped)
+        self.opt_stepped = False  # for the next iteration (only the scaler's path reads it)
+        if self.source is OPTIMIZER:
+            self.end_iteration(skipped)
+        else:
+            self.step_end(skipped)
 
     # -- reporting ---------------------------------------------------------------------------
     def start_reporting(self) -> None:
@@ -893,9 +923,18 @@ class _Hook:
 
 def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
     h = _hook
-    if h is None or h.off:
+    if h is None:
         return
     try:
+        clock = h.clock
+        if clock is not None and clock() is optimizer:
+            # every step after the first, in a loop without a GradScaler: one check for
+            # what the way below decides (the hook is on, no scaler clocks, this optimizer
+            # does, and steps, not backward(), end iterations)
+            h.end_iteration(False)
+            return
+        if h.off:
+            return
         if h.in_scaler_step:
             h.opt_stepped = True
             # a fused optimizer steps even when the scaler found inf/NaN: its kernel
@@ -919,6 +958,8 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
             h.end_iteration(False)
         else:
             h.step_end(False)
+        if h.source is OPTIMIZER and not h.off:
+            h.clock = h.primary  # its next steps take the short way
     except Exception:
         h.fault()
 
@@ -930,6 +971,7 @@ def _wrap_scaler_step(orig: Callable[..., Any]) -> Callable[..., Any]:
         if h is None or h.off or not self.is_enabled():
             return orig(self, optimizer, *args, **kwargs)
         h.scaler_mode = True
+        h.clock = None  # the scaler clocks iterations now, not the optimizer's steps
         h.in_scaler_step += 1
         try:
             return orig(self, optimizer, *args, **kwargs)
@@ -961,9 +1003,13 @@ def _wrap_scaler_update(orig: Callable[..., Any]) -> Callable[..., Any]:
     def update(self: Any, new_scale: Any = None) -> Any:
         result = orig(self, new_scale)
         h = _hook
-        if h is not None and not h.off and self.is_enabled():
+        if h is not None and not h.off:
             try:
-                h.scaler_update(self)
+                ref = h.scaler
+                # the scaler seen before was enabled (scaler_update() saw no other), and a
+                # GradScaler is enabled or not for life: no need to ask it again
+                if (ref is not None and ref() is self) or self.is_enabled():
+                    h.scaler_update(self)
             except Exception:
                 h.fault()
         return result
@@ -977,40 +1023,68 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
         if h is None or h.off:
             return orig(self)
         t0 = _perf()
-        got = False  # a batch came (not StopIteration at the end of the data)
         try:
             batch = orig(self)
-            got = True
-            return batch
-        finally:
-            t1 = _perf()
-            try:
-                info = self.__dict__.get("_gpuwatch")
+        except BaseException:
+            # StopIteration at the end of the data (or the loader's own error): waited too
+            _fetched(h, self, t0, _perf(), False)
+            raise
+        t1 = _perf()
+        try:
+            info = self._gpuwatch  # set by _wrap_iter_init
+            if info is h.loader and info is not None and h.phase is TRAIN \
+                    and info[5] is True:
+                # the training loader's next batch while training (what nearly every
+                # call is): what _fetched() would do then, checked at once. This iterator
+                # gave a batch already (h.loader), so it is past its first one, and a
+                # backward() followed its batches (info[5]), so the process trains
                 h.last_info = info
-                # once training began, a loader whose batches no backward() followed
-                # evaluates (info[5]: True once one did)
-                if h.n and info is not None and info[5] is not True:
-                    h.other_batch(info if got else None, t0, t1)
-                else:
-                    if h.phase is EVAL:
-                        h.switch(TRAIN, t0)  # the training loader again: evaluation is over
-                    h.wait += t1 - t0
-                    if h.iter_start is None:
-                        h.iter_start = t0
-                    if info is not None and got:
-                        h.loader = info
-                        if info[0] is not None:
-                            h.samples = (h.samples or 0) + info[0]
-                        if info[2] is not None:  # this iterator's first batch
-                            h.firsts += 1
-                            h.first_wait += info[2] + (t1 - t0)
-                            info[2] = None
-                    h.loader_seen = True
-                    if got and not h.backward_seen:
-                        h.inference_work(info[0] if info is not None else None, t1)
-            except Exception:
-                h.fault()
+                h.wait += t1 - t0
+                size = info[0]
+                if size is not None:
+                    h.samples = (h.samples or 0) + size
+                return batch
+        except AttributeError:
+            pass  # an iterator made before the hook attached: _fetched() says so
+        except Exception:
+            h.fault()
+            return batch
+        _fetched(h, self, t0, t1, True)
+        return batch
     return __next__
+
+
+def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
+    """A DataLoader iterator's ``__next__`` waited from ``t0`` to ``t1``; ``got``: a batch
+    came (not StopIteration at the end of the data)."""
+    try:
+        info = it.__dict__.get("_gpuwatch")
+        if info is None and got:
+            it._gpuwatch = None  # made before the hook attached: no facts (and no lookup)
+        h.last_info = info
+        # once training began, a loader whose batches no backward() followed evaluates
+        # (info[5]: True once one did)
+        if h.n and info is not None and info[5] is not True:
+            h.other_batch(info if got else None, t0, t1)
+            return
+        if h.phase is EVAL:
+            h.switch(TRAIN, t0)  # the training loader again: evaluation is over
+        h.wait += t1 - t0
+        if h.iter_start is None:
+            h.iter_start = t0
+        if info is not None and got:
+            h.loader = info
+            if info[0] is not None:
+                h.samples = (h.samples or 0) + info[0]
+            if info[2] is not None:  # this iterator's first batch
+                h.firsts += 1
+                h.first_wait += info[2] + (t1 - t0)
+                info[2] = None
+        h.loader_seen = True
+        if got and not h.backward_seen:
+            h.inference_work(info[0] if info is not None else None, t1)
+    except Exception:
+        h.fault()
 
 
 def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -1054,26 +1128,30 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
         h = _hook
         if h is None or h.off:
             return orig(*args, **kwargs)
-        if not h.depth:
-            t = args[0] if args else kwargs.get("tensors")
-            scaled = h.scaled
-            if scaled is not None:  # a GradScaler is in use: the loss is what scale() got
-                t = scaled[1] if scaled[0] is t else None
-            h.loss_tensor = t
-            h.backwards += 1
-            h.backward_seen = True
-            if h.phase is EVAL:
-                h.switch(TRAIN, _perf())
-            info = h.last_info
-            if info is not None and info[5] is not True:
-                info[5] = True  # its batches are what trains (and its loader's next ones)
-                h.train_loaders.add(info[4])
-        h.depth += 1
+        depth = h.depth
+        if not depth:
+            try:
+                t = args[0] if args else kwargs.get("tensors")
+                scaled = h.scaled
+                if scaled is not None:  # a GradScaler is in use: the loss is what scale() got
+                    t = scaled[1] if scaled[0] is t else None
+                h.loss_tensor = t
+                h.backwards += 1
+                h.backward_seen = True
+                if h.phase is EVAL:
+                    h.switch(TRAIN, _perf())
+                info = h.last_info
+                if info is not None and info[5] is not True:
+                    info[5] = True  # its batches are what trains (and its loader's next ones)
+                    h.train_loaders.add(info[4])
+            except Exception:
+                h.fault()
+        h.depth = depth + 1
         try:
             result = orig(*args, **kwargs)
         finally:
-            h.depth -= 1
-        if not h.depth and h.source is not OPTIMIZER:
+            h.depth = depth
+        if not depth and h.source is not OPTIMIZER:
             try:
                 if h.source is BACKWARD:
                     h.end_iteration(False)
@@ -1643,6 +1721,7 @@ def detach() -> None:
         if h is None:
             return
         h.off = True
+        h.clock = None
         h.stop.set()
         _undo_patches()
         if sys.excepthook is _excepthook:
