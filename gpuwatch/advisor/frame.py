@@ -96,32 +96,49 @@ class _Acc:
 class Table:
     """The history of one subject's signals of one kind (a GPU's, the host's, a job's)."""
 
+    __slots__ = ("acc", "ever", "frame", "keep", "rings")
+
     def __init__(self, frame: Frame) -> None:
         self.frame = frame
+        self.keep = frame.keep  # buckets the longest window reads (fixed per frame)
         self.acc = _Acc()
         self.rings: dict[str, Ring] = {}
         self.ever: bool = False  # any sample seen (a hook that never reported stays unknown)
 
     def push(self, idx: int, name: str, value: float | None, weight: float = 1.0) -> None:
+        # the frame calls this for every signal of every subject at every bucket: Ring.push
+        # and Ring.trim's test are written out here rather than called
         ring = self.rings.get(name)
         if ring is None:
             if value is None:
                 return
             ring = self.rings[name] = Ring(idx)
+        vals = ring.vals
+        n = len(vals)
+        gap = idx - ring.base - n
+        if gap > 0:  # a gap: skip ahead, keeping at most what windows use
+            if gap > self.keep:
+                vals.clear()
+                ring.psum[:] = [0.0]
+                ring.pw[:] = [0.0]
+                ring.base = idx
+                n = 0
+            else:
+                for _ in range(gap):
+                    ring.push(None)
+                n += gap
+        vals.append(value)
+        psum, pw = ring.psum, ring.pw
+        if value is None or weight <= 0:
+            if value is None:
+                ring.last_none = ring.base + n
+            psum.append(psum[-1])
+            pw.append(pw[-1])
         else:
-            gap = idx - ring.base - len(ring.vals)
-            if gap > 0:  # a gap: skip ahead, keeping at most what windows use
-                if gap > self.frame.keep:
-                    ring.vals.clear()
-                    ring.psum[:] = [0.0]
-                    ring.pw[:] = [0.0]
-                    ring.base = idx
-                else:
-                    for _ in range(gap):
-                        ring.push(None)
-        ring.push(value, weight)
-        if len(ring.vals) > 2 * self.frame.keep:  # Ring.trim's test, without the call
-            ring.trim(self.frame.keep)
+            psum.append(psum[-1] + value * weight)
+            pw.append(pw[-1] + weight)
+        if n >= 2 * self.keep:  # len(vals) > 2 * keep: Ring.trim's own test
+            ring.trim(self.keep)
 
 
 class Subject:
@@ -206,6 +223,12 @@ class Frame:
         self.pid_gpu: dict[int, int] = {}
         self.rank_seen: set[int] = set()
         self._gpu_raw = [f for f in _GPU_RAW if f in self.needed]
+        # what a GPU's bucket keeps when it closes, in order: (signal, its mean or else
+        # its last value)
+        self._gpu_close = [(f, VOCABULARY[f].agg == "mean") for f in self._gpu_raw] + [
+            (f, True) for f in ("clock_power_capped", "clock_thermal", "clock_hw_slowdown",
+                                "gpu_processes", "gpu_process_mem_bytes") if f in self.needed
+        ] + [(f, False) for f in ("gpu_lost", "xid_errors_total") if f in self.needed]
         self._gpm_needed = "gpm" in self.needed or any(f in self.needed for f in _GPM_FIELDS)
         self._bucket_pids: set[int] = set()
         self.t_first: float | None = None
@@ -797,17 +820,12 @@ class Frame:
             if not acc.n:
                 continue
             tab = subj.gpu_table
-            for name in self._gpu_raw:
-                if name in acc.n:
-                    agg = VOCABULARY[name].agg
-                    tab.push(idx, name, acc.last[name] if agg != "mean" else acc.mean(name))
-            for name in ("clock_power_capped", "clock_thermal", "clock_hw_slowdown",
-                         "gpu_processes", "gpu_process_mem_bytes"):
-                if name in need and name in acc.n:
-                    tab.push(idx, name, acc.mean(name))
-            for name in ("gpu_lost", "xid_errors_total"):
-                if name in need and name in acc.n:
-                    tab.push(idx, name, acc.last[name])
+            push = tab.push
+            sums, counts, lasts = acc.s, acc.n, acc.last
+            for name, mean in self._gpu_close:  # acc.mean and acc.last, written out
+                n = counts.get(name)
+                if n is not None:
+                    push(idx, name, (sums[name] / n if n else None) if mean else lasts[name])
             used, total = acc.mean("mem_used_bytes"), acc.last.get("mem_total_bytes")
             if used is not None and total:
                 tab.push(idx, "mem_used_ratio", used / total)
