@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from gpuwatch.advisor.attribution import (
@@ -996,9 +995,16 @@ class Frame:
             util = ring_mean(gt.get("util"), start, end)
             if busy is None:
                 busy = util
-        main = ring_mean(self._cpu_ring(subj, "main_busy_ratio"), start, end)
-        wb = ring_mean(self._cpu_ring(subj, "workers_busy_ratio"), start, end)
-        workers = ring_mean(self._cpu_ring(subj, "job_workers"), start, end)
+        # _cpu_ring's choice, made once for the three: the GPU's own job trees, else the host
+        own = subj.cpu.rings if subj.cpu.ever else None
+        host = self.host_tables.rings
+        ring = own.get("main_busy_ratio") if own is not None else None
+        main = ring_mean(ring if ring is not None else host.get("main_busy_ratio"), start, end)
+        ring = own.get("workers_busy_ratio") if own is not None else None
+        wb = ring_mean(ring if ring is not None else host.get("workers_busy_ratio"), start,
+                       end)
+        ring = own.get("job_workers") if own is not None else None
+        workers = ring_mean(ring if ring is not None else host.get("job_workers"), start, end)
         wall = (end - start) * self.res
         phases = self.phase_owner(subj)
         if phases is not None:
@@ -1090,7 +1096,7 @@ class Frame:
         # (less what its phases spent meanwhile evaluating, saving or compiling)
         wall = subj.job_t1 - subj.span_t0 - max(0.0, subj.nontrain_t1 - subj.nontrain_t0)
         wall = max(wall, 1e-3)
-        return replace(w, wall=wall, step_total=min(w.step_total, wall))
+        return w._replace(wall=wall, step_total=min(w.step_total, wall))
 
     def _nontrain(self, subj: Subject) -> float:
         """Seconds the job's phases spent evaluating, saving and compiling, so far."""
