@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
 from gpuwatch.advisor.expr import compile_condition, condition_parts
-from gpuwatch.advisor.frame import Frame, Subject
+from gpuwatch.advisor.frame import PER_GPU_CPU, Frame, Subject
 from gpuwatch.advisor.knobs import knob as knob_text
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
 from gpuwatch.advisor.vocabulary import VOCABULARY
@@ -56,7 +56,7 @@ class _Ctx:
     whichever and however many rules read it.
     """
 
-    __slots__ = ("end", "engine", "frame", "locals", "subj", "vals", "warm")
+    __slots__ = ("end", "engine", "frame", "job_table", "locals", "subj", "vals", "warm")
 
     def __init__(self, engine: Engine, subj: Subject) -> None:
         self.engine = engine
@@ -66,11 +66,13 @@ class _Ctx:
         self.vals: list[Any] = []
         self.locals: dict[str, Any] = {}
         self.warm: Any = _MISSING  # frame.train_start(subj), once per bucket
+        self.job_table: Any = _MISSING  # the table of its job's step signals, likewise
 
     def at(self, end: int) -> None:
         self.end = end
         self.vals = self.engine._blank.copy()
         self.warm = _MISSING
+        self.job_table = _MISSING
 
     def train_start(self) -> int | None:
         warm = self.warm
@@ -180,6 +182,8 @@ class Engine:
         self._blank: list[Any] = []
         self._ctxs: dict[int | None, _Ctx] = {}
         self._stale = max(1, math.ceil(STALE_SECONDS / res))
+        # this bucket's memory fits, by ring and window: a ring may serve several subjects
+        self._fits: dict[tuple[Any, int], Any] = {}
         # each rule's when and unless, compiled to read the slots directly
         self._compiled: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
         for rule in self.rules:
@@ -236,12 +240,22 @@ class Engine:
         return self._compile_window(*key)
 
     def _compile_growth(self, n: int) -> Leaf:
-        frame, res = self.frame, self.res
+        res = self.res
+        find = self._table_finder("mem_allocated_bytes")
+        fits = self._fits
 
         def fit(ctx: _Ctx) -> Any:
-            table = frame.lookup_table(ctx.subj, "mem_allocated_bytes")
+            table = find(ctx)
             ring = table.rings.get("mem_allocated_bytes") if table is not None else None
-            return growth(ring, ctx.end, n, res)
+            if ring is None:
+                return None
+            # GPUs that share one job's steps (steps no GPU was named for) share its ring:
+            # the fit is made once per bucket for all of them
+            key = (ring, n)
+            got = fits.get(key, _MISSING)
+            if got is _MISSING:
+                got = fits[key] = growth(ring, ctx.end, n, res)
+            return got
         return fit
 
     def _compile_window(self, fn: str, name: str, seconds: float) -> Leaf:
@@ -274,18 +288,18 @@ class Engine:
             return lambda ctx: frame.config_value(ctx.subj, name)
         if table_kind == "fact":
             return lambda ctx: frame.fact(ctx.subj, name)
-        lookup = frame.lookup_table
+        find = self._table_finder(name)
         if fn in _PARTIAL_OK:
             # counters' increases and the newest value need no full window
             if fn == "last":
                 def newest(ctx: _Ctx) -> Any:
-                    table = lookup(ctx.subj, name)
+                    table = find(ctx)
                     ring = table.rings.get(name) if table is not None else None
                     return ring.last(ctx.end, n) if ring is not None else None
                 return newest
 
             def partial(ctx: _Ctx) -> Any:
-                table = lookup(ctx.subj, name)
+                table = find(ctx)
                 ring = table.rings.get(name) if table is not None else None
                 return window_stat(ring, fn, ctx.end, n, res) if ring is not None else None
             return partial
@@ -299,7 +313,7 @@ class Engine:
             if gpu:  # frame.lookup_table's first case, without the call
                 table = subj.gpu_table if subj.gpu is not None else None
             else:
-                table = lookup(subj, name)
+                table = find(ctx)
             if table is None:
                 return None
             ring = table.rings.get(name)
@@ -349,15 +363,39 @@ class Engine:
             return lambda ctx: frame.config_value(ctx.subj, name)
         if table_kind == "fact":
             return lambda ctx: frame.fact(ctx.subj, name)
-        lookup = frame.lookup_table
+        find = self._table_finder(name)
         # step signals arrive as often as steps do: allow them a longer look back
         stale = self._stale * (10 if table_kind == "job" else 1)
 
         def newest(ctx: _Ctx) -> Any:
-            table = lookup(ctx.subj, name)
+            table = find(ctx)
             ring = table.rings.get(name) if table is not None else None
             return ring.last(ctx.end, stale) if ring is not None else None
         return newest
+
+    def _table_finder(self, name: str) -> Leaf:
+        """``frame.lookup_table(subj, name)`` as a function of the context. What a bucket
+        cannot change is not asked again: a host signal's table, and a subject's job
+        table, found once per subject and bucket for all its step signals."""
+        frame = self.frame
+        kind = _TABLE_OF[name]
+        if kind == "gpu":
+            def gpu_table(ctx: _Ctx) -> Any:
+                subj = ctx.subj
+                return subj.gpu_table if subj.gpu is not None else None
+            return gpu_table
+        if kind == "host" and name not in PER_GPU_CPU:
+            host = frame.host_tables
+            return lambda ctx: host
+        lookup = frame.lookup_table
+        if kind == "job":
+            def job_table(ctx: _Ctx) -> Any:
+                table = ctx.job_table
+                if table is _MISSING:
+                    table = ctx.job_table = lookup(ctx.subj, name)
+                return table
+            return job_table
+        return lambda ctx: lookup(ctx.subj, name)
 
     def _plan(self, scope: str, cc: float | None) -> list[tuple[Any, ...]]:
         """The rules a subject of this scope (``gpu``, ``host``, or ``cpu_job``: a job the
@@ -395,6 +433,7 @@ class Engine:
         t = (idx + 1) * self.res
         self.evaluated_until = t
         self.ticks += 1
+        self._fits.clear()
         frame = self.frame
         plans = self._plans
         stated = self._stated

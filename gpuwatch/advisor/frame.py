@@ -1231,7 +1231,7 @@ class Frame:
         if table == "gpu":
             return subj.gpu_table if subj.gpu is not None else None
         if table == "host":
-            if subj.cpu.ever and name in _PER_GPU_CPU and name in subj.cpu.rings:
+            if subj.cpu.ever and name in PER_GPU_CPU and name in subj.cpu.rings:
                 return subj.cpu
             return self.host_tables
         if table == "job":
@@ -1320,7 +1320,7 @@ _DEPENDS: dict[str, set[str]] = {
 
 
 # host signals a GPU also has of its own, from the job trees on it (``Subject.cpu``)
-_PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
+PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
                           "main_busy_ratio", "workers_cpu_cores", "workers_busy_ratio"})
 
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
