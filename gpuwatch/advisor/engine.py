@@ -179,6 +179,7 @@ class Engine:
         # the values rules read: slot numbers, what computes each, a bucket's empty row
         self._slots: dict[Any, int] = {}
         self._computes: list[Leaf] = []
+        self._readers: list[Leaf] = []  # what a condition calls to read each slot
         self._blank: list[Any] = []
         self._ctxs: dict[int | None, _Ctx] = {}
         self._stale = max(1, math.ceil(STALE_SECONDS / res))
@@ -214,30 +215,30 @@ class Engine:
         value) or ``("growth", n)`` (the memory fit both growth signals read)."""
         i = self._slots.get(key)
         if i is None:
-            compute = self._compile(key)
+            # numbered first: compiling may make the slots it reads (the memory fit)
             i = self._slots[key] = len(self._computes)
-            self._computes.append(compute)
+            self._computes.append(None)  # type: ignore[arg-type]
+            self._readers.append(None)  # type: ignore[arg-type]
             self._blank.append(_MISSING)
+            compute = self._computes[i] = self._compile(key, i)
+            # the windows and newest values keep their own value in the slot (one call a
+            # read, not two: the most read values); the rest are kept by a reader
+            self._readers[i] = compute if getattr(compute, "keeps_slot", False) \
+                else _keeping(i, compute)
         return i
 
     def _reader(self, fn: str, name: str, seconds: float) -> Leaf:
-        """expr.LeafFactory: a value of a condition read straight from its slot."""
-        i = self._slot(name if fn == "last" and seconds == 0.0 else (fn, name, seconds))
-        compute = self._computes[i]
+        """expr.LeafFactory: a value of a condition read straight from its slot, computed
+        at most once per bucket."""
+        return self._readers[self._slot(name if fn == "last" and seconds == 0.0
+                                        else (fn, name, seconds))]
 
-        def read(ctx: _Ctx) -> Any:
-            v = ctx.vals[i]
-            if v is _MISSING:
-                v = ctx.vals[i] = compute(ctx)
-            return v
-        return read
-
-    def _compile(self, key: Any) -> Leaf:
+    def _compile(self, key: Any, i: int) -> Leaf:
         if isinstance(key, str):
-            return self._compile_last(key)
+            return self._compile_last(key, i)
         if key[0] == "growth":
             return self._compile_growth(key[1])
-        return self._compile_window(*key)
+        return self._compile_window(*key, i)
 
     def _compile_growth(self, n: int) -> Leaf:
         res = self.res
@@ -258,7 +259,7 @@ class Engine:
             return got
         return fit
 
-    def _compile_window(self, fn: str, name: str, seconds: float) -> Leaf:
+    def _compile_window(self, fn: str, name: str, seconds: float, i: int) -> Leaf:
         frame, res = self.frame, self.res
         n = max(1, round(seconds / res))
         if name in ATTRIBUTION_SIGNALS:
@@ -293,15 +294,26 @@ class Engine:
             # counters' increases and the newest value need no full window
             if fn == "last":
                 def newest(ctx: _Ctx) -> Any:
-                    table = find(ctx)
-                    ring = table.rings.get(name) if table is not None else None
-                    return ring.last(ctx.end, n) if ring is not None else None
+                    vals = ctx.vals
+                    v = vals[i]
+                    if v is _MISSING:
+                        table = find(ctx)
+                        ring = table.rings.get(name) if table is not None else None
+                        v = vals[i] = ring.last(ctx.end, n) if ring is not None else None
+                    return v
+                newest.keeps_slot = True  # type: ignore[attr-defined]
                 return newest
 
             def partial(ctx: _Ctx) -> Any:
-                table = find(ctx)
-                ring = table.rings.get(name) if table is not None else None
-                return window_stat(ring, fn, ctx.end, n, res) if ring is not None else None
+                vals = ctx.vals
+                v = vals[i]
+                if v is _MISSING:
+                    table = find(ctx)
+                    ring = table.rings.get(name) if table is not None else None
+                    v = vals[i] = window_stat(ring, fn, ctx.end, n, res) \
+                        if ring is not None else None
+                return v
+            partial.keeps_slot = True  # type: ignore[attr-defined]
             return partial
         least = min(MIN_TRAIN_BUCKETS, round(seconds / res))
         job = table_kind == "job"
@@ -309,50 +321,55 @@ class Engine:
         mean = fn == "mean"
 
         def full(ctx: _Ctx) -> Any:
+            vals = ctx.vals
+            v = vals[i]
+            if v is not _MISSING:  # read before in this bucket
+                return v
+            v = None
             subj = ctx.subj
             if gpu:  # frame.lookup_table's first case, without the call
                 table = subj.gpu_table if subj.gpu is not None else None
             else:
                 table = find(ctx)
-            if table is None:
-                return None
-            ring = table.rings.get(name)
-            if ring is None:
-                return None
-            end = ctx.end
-            if job:
-                warm = None
-            else:
-                warm = ctx.warm
-                if warm is _MISSING:
-                    warm = ctx.train_start()
-            if warm is not None and end - warm < n:
-                # a job the hook reports: its GPU and host are judged from its first step
-                # on, so a window reaching back into start-up reads only training time;
-                # a few seconds of it already count (warnings within 20 s of the start)
-                m = end - warm
-                if m < least:
-                    return None
-                return scan_stat(ring, fn, end, m, res)  # shortened: no view kept for it
-            # a window reaching back before the GPU was first seen is incomplete: say
-            # nothing rather than judge a few seconds as if they were the whole window
-            if end - subj.first < n:
-                return None
-            if mean:  # most windows: straight to the prefix sums (Ring.mean, inlined)
-                base = ring.base
-                e = min(end, base + len(ring.vals)) - base
-                s = e - n if e > n else 0
-                if e < s:
-                    e = s
-                pw = ring.pw
-                w = pw[e] - pw[s]
-                if w <= 0:
-                    return None
-                return (ring.psum[e] - ring.psum[s]) / w
-            return window_stat(ring, fn, end, n, res)
+            ring = table.rings.get(name) if table is not None else None
+            if ring is not None:
+                end = ctx.end
+                if job:
+                    warm = None
+                else:
+                    warm = ctx.warm
+                    if warm is _MISSING:
+                        warm = ctx.train_start()
+                if warm is not None and end - warm < n:
+                    # a job the hook reports: its GPU and host are judged from its first
+                    # step on, so a window reaching back into start-up reads only training
+                    # time; a few seconds of it already count (warnings within 20 s of
+                    # the start)
+                    m = end - warm
+                    if m >= least:
+                        v = scan_stat(ring, fn, end, m, res)  # shortened: no view for it
+                elif end - subj.first >= n:
+                    # (a window reaching back before the GPU was first seen is incomplete:
+                    # it says nothing rather than judge a few seconds as the whole window)
+                    if mean:  # most windows: straight to the prefix sums (Ring.mean)
+                        base = ring.base
+                        e = base + len(ring.vals)
+                        e = (end if end < e else e) - base  # min(), without the call
+                        s = e - n if e > n else 0
+                        if e < s:
+                            e = s
+                        pw = ring.pw
+                        w = pw[e] - pw[s]
+                        if w > 0:
+                            v = (ring.psum[e] - ring.psum[s]) / w
+                    else:
+                        v = window_stat(ring, fn, end, n, res)
+            vals[i] = v
+            return v
+        full.keeps_slot = True  # type: ignore[attr-defined]
         return full
 
-    def _compile_last(self, name: str) -> Leaf:
+    def _compile_last(self, name: str, i: int) -> Leaf:
         """``last(name)``: the newest value, within how long a source may be silent."""
         frame = self.frame
         if name in ATTRIBUTION_SIGNALS or name in GROWTH_SIGNALS:
@@ -368,9 +385,14 @@ class Engine:
         stale = self._stale * (10 if table_kind == "job" else 1)
 
         def newest(ctx: _Ctx) -> Any:
-            table = find(ctx)
-            ring = table.rings.get(name) if table is not None else None
-            return ring.last(ctx.end, stale) if ring is not None else None
+            vals = ctx.vals
+            v = vals[i]
+            if v is _MISSING:
+                table = find(ctx)
+                ring = table.rings.get(name) if table is not None else None
+                v = vals[i] = ring.last(ctx.end, stale) if ring is not None else None
+            return v
+        newest.keeps_slot = True  # type: ignore[attr-defined]
         return newest
 
     def _table_finder(self, name: str) -> Leaf:
@@ -654,6 +676,16 @@ class Engine:
         for key, f in best.items():
             f.held_seconds = max(f.held_seconds, total[key] - f.rule.for_s)
         return list(best.values())
+
+
+def _keeping(i: int, compute: Leaf) -> Leaf:
+    """A reader of slot ``i`` that computes it at most once per bucket."""
+    def read(ctx: _Ctx) -> Any:
+        v = ctx.vals[i]
+        if v is _MISSING:
+            v = ctx.vals[i] = compute(ctx)
+        return v
+    return read
 
 
 def _round(v: float) -> float:

@@ -95,11 +95,12 @@ class _Acc:
 class Table:
     """The history of one subject's signals of one kind (a GPU's, the host's, a job's)."""
 
-    __slots__ = ("acc", "ever", "frame", "keep", "rings")
+    __slots__ = ("acc", "ever", "frame", "keep", "rings", "trim_at")
 
     def __init__(self, frame: Frame) -> None:
         self.frame = frame
         self.keep = frame.keep  # buckets the longest window reads (fixed per frame)
+        self.trim_at = 2 * self.keep
         self.acc = _Acc()
         self.rings: dict[str, Ring] = {}
         self.ever: bool = False  # any sample seen (a hook that never reported stays unknown)
@@ -136,7 +137,7 @@ class Table:
         else:
             psum.append(psum[-1] + value * weight)
             pw.append(pw[-1] + weight)
-        if n >= 2 * self.keep:  # len(vals) > 2 * keep: Ring.trim's own test
+        if n >= self.trim_at:  # len(vals) > 2 * keep: Ring.trim's own test
             ring.trim(self.keep)
 
 
