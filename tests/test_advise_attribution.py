@@ -231,3 +231,87 @@ def test_without_the_hook_a_launch_groups_its_ranks_while_it_lasts():
     e.advance_to(t0 + 60)
     jobs = {j["gpu"]: j for j in e.jobs()}
     assert "ranks" not in jobs[0] and jobs[0]["time_share"]["sync"] == 0.0
+
+
+# -- the attribution as it was written before (dicts, frozen dataclasses), to hold the
+# faster one to the same numbers ----------------------------------------------------------
+def _claim_before(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
+    if w.wall <= 0 or w.busy is None:
+        return None
+    busy = min(1.0, max(0.0, w.busy))
+    if w.hook:
+        in_step = min(1.0, w.step_total / w.wall)
+        data = min(in_step, (w.data_total or 0.0) / w.wall)
+        sync = min(max(0.0, sync), in_step - data)
+        gpu = min(busy, 1.0 - data - sync)
+        room = max(0.0, in_step - data - sync - gpu)
+        host = min(room, w.main) if w.main is not None else room
+    else:
+        sync = min(1.0, max(0.0, sync))
+        gpu = min(busy, 1.0 - sync)
+        rest = 1.0 - gpu - sync
+        if w.workers_pegged:
+            data, host = rest, 0.0
+        else:
+            data = 0.0
+            host = min(rest, w.main) if w.main is not None else 0.0
+    shares = {"data": data, "sync": sync, "gpu": gpu, "host": host}
+    shares = {k: max(0.0, v) for k, v in shares.items()}
+    total = sum(shares.values())
+    if total > 1.0:
+        shares = {k: v / total for k, v in shares.items()}
+        total = 1.0
+    shares["other"] = 1.0 - total
+    return shares
+
+
+def _group_before(windows: dict) -> dict:
+    needs = {k: w.need() for k, (w, _) in windows.items()}
+    multi = len(windows) >= 2
+    top = max(needs.values(), default=0.0)
+    syncs = {k: (top - n if multi else 0.0) for k, n in needs.items()}
+    own = {k: max(1e-6, 1.0 - s) for k, s in syncs.items()}
+    best = min(own.values(), default=1.0)
+    slowest = max(own, key=lambda k: own[k]) if multi else None
+    slow_rank = windows[slowest][1] if slowest is not None else None
+    shares_of = {k: _claim_before(w, syncs[k]) for k, (w, _) in windows.items()}
+    others = sorted(v for k, v in own.items() if k != slowest)
+    gain = 1.0
+    if others and slowest is not None:
+        mid = len(others) // 2
+        pace = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+        sh = shares_of[slowest]
+        if sh is not None and max(sh["data"], sh["host"]) >= sh["gpu"]:
+            pace = max(pace, own[slowest] * (1.0 - max(sh["data"], sh["host"])))
+        gain = own[slowest] / pace
+    slow_score = best / own[slowest] if slowest is not None else 1.0
+    out = {}
+    for k, (w, rank) in windows.items():
+        shares = shares_of[k]
+        if shares is None:
+            continue
+        out[k] = dict(shares=shares, window=w, rank=rank, ranks=len(windows),
+                      score=best / own[k], slowest_rank=slow_rank,
+                      peer_straggler=(multi and k != slowest and slow_score < 0.75),
+                      straggler_gain=max(1.0, gain) if multi else 1.0)
+    return out
+
+
+window_st = st.builds(
+    JobWindow, wall=st.floats(0.001, 60), hook=st.booleans(), steps=st.floats(0, 100),
+    step_total=st.floats(0, 80), data_total=st.one_of(st.none(), st.floats(0, 80)),
+    busy=ratio, util=ratio, main=ratio, workers_busy=ratio,
+    workers=st.one_of(st.none(), st.floats(0, 8)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(windows=st.lists(window_st, min_size=1, max_size=5),
+       ranks=st.lists(st.one_of(st.none(), st.integers(0, 7)), min_size=5, max_size=5))
+def test_the_attribution_gives_the_numbers_it_gave_before(windows, ranks):
+    """A job of one process takes a short way (no ranking), the shares are summed
+    without dicts: the same shares, scores and gains as before, float for float."""
+    group = {g: (w, ranks[g]) for g, w in enumerate(windows)}
+    got = {k: a._asdict() for k, a in attribute_group(group).items()}
+    assert got == _group_before(group)
+    for w in windows:
+        assert claim_shares(w, 0.3) == _claim_before(w, 0.3)

@@ -361,3 +361,44 @@ def test_growth_matches_the_least_squares_pass():
             ring.push(rng.uniform(0, 1e9))  # noise, not whole numbers
         for n in (5, 20, 60):
             assert growth(ring, i + 1, n, 1.0) == reference_growth(ring, i + 1, n, 1.0)
+
+
+def test_table_push_writes_the_ring_as_ring_push_does():
+    """The frame's Table.push writes its ring straight (Ring.push inlined); here against the
+    ring written push by push as before, the gaps filled or dropped and the ring trimmed
+    the same way, on values with gaps, None, zero and fractional weights."""
+    from gpuwatch.advisor.frame import Frame, Table
+
+    rng = random.Random(11)
+    frame = Frame(1.0, ["util"], keep_seconds=40)
+    table = Table(frame)
+    keep = frame.keep
+    ref: Ring | None = None
+    idx = 500
+    for _ in range(5000):
+        idx += 1 if rng.random() < 0.9 else rng.choice([2, 3, keep, keep + 1, keep + 30])
+        value = None if rng.random() < 0.1 else rng.choice([0.0, -0.0, 1.5, rng.random()])
+        weight = rng.choice([1.0, 1.0, 0.0, 2.5])
+        table.push(idx, "util", value, weight)
+        # the reference: Table.push as it was, calling Ring.push and Ring.trim
+        if ref is None:
+            if value is None:
+                continue
+            ref = Ring(idx)
+        else:
+            gap = idx - ref.base - len(ref.vals)
+            if gap > keep:
+                ref.vals.clear()
+                ref.psum[:] = [0.0]
+                ref.pw[:] = [0.0]
+                ref.base = idx
+            else:
+                for _ in range(max(0, gap)):
+                    ref.push(None)
+        ref.push(value, weight)
+        if len(ref.vals) > 2 * keep:
+            ref.trim(keep)
+        got = table.rings["util"]
+        assert (got.base, got.last_none) == (ref.base, ref.last_none)
+        assert all(_same(a, b) for a, b in zip(got.vals, ref.vals, strict=True))
+        assert got.psum == ref.psum and got.pw == ref.pw

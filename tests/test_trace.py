@@ -294,3 +294,27 @@ def test_cli_names_the_bad_line(tmp_path: Path) -> None:
                           tmp_path)
     assert result.returncode == 2, result.stderr
     assert f"{bad}:{at + 1}: field 'util' must be a number 0-1, got 'abc'" in result.stderr
+
+
+def test_odd_lines_read_as_json_loads_reads_them(tmp_path: Path) -> None:
+    """The reader decodes the usual line itself (one C scan, no json.loads call); a line
+    that is blank, starts with whitespace or a byte-order mark, ends in CRLF or spaces,
+    is read as json.loads reads it, and what it refuses is told in json.loads' words."""
+    good = json.dumps({"t": 1.0, "kind": "gpu", "gpu": 0, "util": 0.5})
+    path = tmp_path / "odd.jsonl"
+    body = [json.dumps(META), "", "   ", "  " + good, good + "\r", good + "   ",
+            "\t" + good + " \t", "\ufeff" + good]
+    path.write_bytes(("\n".join(body) + "\n").encode())
+    utils = [s.util for s in read_trace(str(path)).samples]
+    assert utils == [json.loads(x.encode())["util"] for x in body[3:]]  # a BOM too
+    bad = tmp_path / "bad.jsonl"
+    lines = [json.dumps(META).encode(), b"  " + good.encode(), good.encode() + b" x",
+             b"\xff" + good.encode(), good.encode() + b"{}"]
+    bad.write_bytes(b"\n".join(lines) + b"\n")
+    got = problems_of(bad)
+    want = []
+    for n, raw in enumerate(lines[2:], 3):
+        with pytest.raises(ValueError) as err:
+            json.loads(raw)
+        want.append(f"{bad}:{n}: not JSON: {err.value}")
+    assert got == want

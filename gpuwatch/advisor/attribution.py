@@ -3,8 +3,7 @@ host and other (docs/advice.md), and each rank's standing among the job's ranks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # categories in the order they claim wall time (docs/advice.md): each takes only what the
 # ones before it left, so the five always sum to 1 (the PyTorch profiler TensorBoard
@@ -20,9 +19,11 @@ STRAGGLER_SCORE = 0.75
 _WORKERS_PEGGED = 0.8
 
 
-@dataclass(frozen=True, slots=True)
-class JobWindow:
-    """What the attribution reads of one job over a stretch of wall time (``wall`` s)."""
+class JobWindow(NamedTuple):
+    """What the attribution reads of one job over a stretch of wall time (``wall`` s).
+
+    A named tuple (immutable, like a frozen dataclass, but made several times faster: the
+    frame makes one per subject at every bucket a rule reads the attribution)."""
 
     wall: float
     hook: bool  # step times measured by the hook (else NVML and psutil alone)
@@ -93,8 +94,7 @@ class SpanTotals:
                          workers_busy=mean("workers_busy"), workers=mean("workers"))
 
 
-@dataclass(frozen=True, slots=True)
-class Attribution:
+class Attribution(NamedTuple):
     """One job's (one rank's) wall time split into the five categories, and its rank's
     standing among the job's ranks."""
 
@@ -165,14 +165,12 @@ def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
         else:
             data = 0.0
             host = min(rest, w.main) if w.main is not None else 0.0
-    shares = {"data": data, "sync": sync, "gpu": gpu, "host": host}
-    shares = {k: max(0.0, v) for k, v in shares.items()}
-    total = sum(shares.values())
+    data, sync, gpu, host = max(0.0, data), max(0.0, sync), max(0.0, gpu), max(0.0, host)
+    total = sum((data, sync, gpu, host))
     if total > 1.0:
-        shares = {k: v / total for k, v in shares.items()}
+        data, sync, gpu, host = data / total, sync / total, gpu / total, host / total
         total = 1.0
-    shares["other"] = 1.0 - total
-    return shares
+    return {"data": data, "sync": sync, "gpu": gpu, "host": host, "other": 1.0 - total}
 
 
 def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
@@ -182,6 +180,12 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
     A rank whose own pipeline needs less of each step than the slowest rank's waits for it
     in the collectives: that difference is its ``sync`` share, claimed before GPU work
     (NCCL kernels spinning on a peer keep NVML util high but do no work)."""
+    if len(windows) == 1:
+        # a job of one process (the usual case): no peer to wait for, no standing to rank
+        ((k, (w, rank)),) = windows.items()
+        if w.wall > 0:  # need() divides by it: a zero wall takes the long way, as before
+            shares = claim_shares(w, 0.0)
+            return {} if shares is None else {k: Attribution(shares, w, rank)}
     needs = {k: w.need() for k, (w, _) in windows.items()}
     multi = len(windows) >= 2
     top = max(needs.values(), default=0.0)

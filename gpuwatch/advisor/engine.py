@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
 from gpuwatch.advisor.expr import compile_condition, condition_parts
-from gpuwatch.advisor.frame import Frame, Subject
+from gpuwatch.advisor.frame import PER_GPU_CPU, Frame, Subject
 from gpuwatch.advisor.knobs import knob as knob_text
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
 from gpuwatch.advisor.vocabulary import VOCABULARY
@@ -56,7 +56,7 @@ class _Ctx:
     whichever and however many rules read it.
     """
 
-    __slots__ = ("end", "engine", "frame", "locals", "subj", "vals", "warm")
+    __slots__ = ("end", "engine", "frame", "job_table", "locals", "subj", "vals", "warm")
 
     def __init__(self, engine: Engine, subj: Subject) -> None:
         self.engine = engine
@@ -66,11 +66,13 @@ class _Ctx:
         self.vals: list[Any] = []
         self.locals: dict[str, Any] = {}
         self.warm: Any = _MISSING  # frame.train_start(subj), once per bucket
+        self.job_table: Any = _MISSING  # the table of its job's step signals, likewise
 
     def at(self, end: int) -> None:
         self.end = end
         self.vals = self.engine._blank.copy()
         self.warm = _MISSING
+        self.job_table = _MISSING
 
     def train_start(self) -> int | None:
         warm = self.warm
@@ -177,9 +179,12 @@ class Engine:
         # the values rules read: slot numbers, what computes each, a bucket's empty row
         self._slots: dict[Any, int] = {}
         self._computes: list[Leaf] = []
+        self._readers: list[Leaf] = []  # what a condition calls to read each slot
         self._blank: list[Any] = []
         self._ctxs: dict[int | None, _Ctx] = {}
         self._stale = max(1, math.ceil(STALE_SECONDS / res))
+        # this bucket's memory fits, by ring and window: a ring may serve several subjects
+        self._fits: dict[tuple[Any, int], Any] = {}
         # each rule's when and unless, compiled to read the slots directly
         self._compiled: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
         for rule in self.rules:
@@ -210,41 +215,51 @@ class Engine:
         value) or ``("growth", n)`` (the memory fit both growth signals read)."""
         i = self._slots.get(key)
         if i is None:
-            compute = self._compile(key)
+            # numbered first: compiling may make the slots it reads (the memory fit)
             i = self._slots[key] = len(self._computes)
-            self._computes.append(compute)
+            self._computes.append(None)  # type: ignore[arg-type]
+            self._readers.append(None)  # type: ignore[arg-type]
             self._blank.append(_MISSING)
+            compute = self._computes[i] = self._compile(key, i)
+            # the windows and newest values keep their own value in the slot (one call a
+            # read, not two: the most read values); the rest are kept by a reader
+            self._readers[i] = compute if getattr(compute, "keeps_slot", False) \
+                else _keeping(i, compute)
         return i
 
     def _reader(self, fn: str, name: str, seconds: float) -> Leaf:
-        """expr.LeafFactory: a value of a condition read straight from its slot."""
-        i = self._slot(name if fn == "last" and seconds == 0.0 else (fn, name, seconds))
-        compute = self._computes[i]
+        """expr.LeafFactory: a value of a condition read straight from its slot, computed
+        at most once per bucket."""
+        return self._readers[self._slot(name if fn == "last" and seconds == 0.0
+                                        else (fn, name, seconds))]
 
-        def read(ctx: _Ctx) -> Any:
-            v = ctx.vals[i]
-            if v is _MISSING:
-                v = ctx.vals[i] = compute(ctx)
-            return v
-        return read
-
-    def _compile(self, key: Any) -> Leaf:
+    def _compile(self, key: Any, i: int) -> Leaf:
         if isinstance(key, str):
-            return self._compile_last(key)
+            return self._compile_last(key, i)
         if key[0] == "growth":
             return self._compile_growth(key[1])
-        return self._compile_window(*key)
+        return self._compile_window(*key, i)
 
     def _compile_growth(self, n: int) -> Leaf:
-        frame, res = self.frame, self.res
+        res = self.res
+        find = self._table_finder("mem_allocated_bytes")
+        fits = self._fits
 
         def fit(ctx: _Ctx) -> Any:
-            table = frame.lookup_table(ctx.subj, "mem_allocated_bytes")
+            table = find(ctx)
             ring = table.rings.get("mem_allocated_bytes") if table is not None else None
-            return growth(ring, ctx.end, n, res)
+            if ring is None:
+                return None
+            # GPUs that share one job's steps (steps no GPU was named for) share its ring:
+            # the fit is made once per bucket for all of them
+            key = (ring, n)
+            got = fits.get(key, _MISSING)
+            if got is _MISSING:
+                got = fits[key] = growth(ring, ctx.end, n, res)
+            return got
         return fit
 
-    def _compile_window(self, fn: str, name: str, seconds: float) -> Leaf:
+    def _compile_window(self, fn: str, name: str, seconds: float, i: int) -> Leaf:
         frame, res = self.frame, self.res
         n = max(1, round(seconds / res))
         if name in ATTRIBUTION_SIGNALS:
@@ -274,20 +289,31 @@ class Engine:
             return lambda ctx: frame.config_value(ctx.subj, name)
         if table_kind == "fact":
             return lambda ctx: frame.fact(ctx.subj, name)
-        lookup = frame.lookup_table
+        find = self._table_finder(name)
         if fn in _PARTIAL_OK:
             # counters' increases and the newest value need no full window
             if fn == "last":
                 def newest(ctx: _Ctx) -> Any:
-                    table = lookup(ctx.subj, name)
-                    ring = table.rings.get(name) if table is not None else None
-                    return ring.last(ctx.end, n) if ring is not None else None
+                    vals = ctx.vals
+                    v = vals[i]
+                    if v is _MISSING:
+                        table = find(ctx)
+                        ring = table.rings.get(name) if table is not None else None
+                        v = vals[i] = ring.last(ctx.end, n) if ring is not None else None
+                    return v
+                newest.keeps_slot = True  # type: ignore[attr-defined]
                 return newest
 
             def partial(ctx: _Ctx) -> Any:
-                table = lookup(ctx.subj, name)
-                ring = table.rings.get(name) if table is not None else None
-                return window_stat(ring, fn, ctx.end, n, res) if ring is not None else None
+                vals = ctx.vals
+                v = vals[i]
+                if v is _MISSING:
+                    table = find(ctx)
+                    ring = table.rings.get(name) if table is not None else None
+                    v = vals[i] = window_stat(ring, fn, ctx.end, n, res) \
+                        if ring is not None else None
+                return v
+            partial.keeps_slot = True  # type: ignore[attr-defined]
             return partial
         least = min(MIN_TRAIN_BUCKETS, round(seconds / res))
         job = table_kind == "job"
@@ -295,50 +321,55 @@ class Engine:
         mean = fn == "mean"
 
         def full(ctx: _Ctx) -> Any:
+            vals = ctx.vals
+            v = vals[i]
+            if v is not _MISSING:  # read before in this bucket
+                return v
+            v = None
             subj = ctx.subj
             if gpu:  # frame.lookup_table's first case, without the call
                 table = subj.gpu_table if subj.gpu is not None else None
             else:
-                table = lookup(subj, name)
-            if table is None:
-                return None
-            ring = table.rings.get(name)
-            if ring is None:
-                return None
-            end = ctx.end
-            if job:
-                warm = None
-            else:
-                warm = ctx.warm
-                if warm is _MISSING:
-                    warm = ctx.train_start()
-            if warm is not None and end - warm < n:
-                # a job the hook reports: its GPU and host are judged from its first step
-                # on, so a window reaching back into start-up reads only training time;
-                # a few seconds of it already count (warnings within 20 s of the start)
-                m = end - warm
-                if m < least:
-                    return None
-                return scan_stat(ring, fn, end, m, res)  # shortened: no view kept for it
-            # a window reaching back before the GPU was first seen is incomplete: say
-            # nothing rather than judge a few seconds as if they were the whole window
-            if end - subj.first < n:
-                return None
-            if mean:  # most windows: straight to the prefix sums (Ring.mean, inlined)
-                base = ring.base
-                e = min(end, base + len(ring.vals)) - base
-                s = e - n if e > n else 0
-                if e < s:
-                    e = s
-                pw = ring.pw
-                w = pw[e] - pw[s]
-                if w <= 0:
-                    return None
-                return (ring.psum[e] - ring.psum[s]) / w
-            return window_stat(ring, fn, end, n, res)
+                table = find(ctx)
+            ring = table.rings.get(name) if table is not None else None
+            if ring is not None:
+                end = ctx.end
+                if job:
+                    warm = None
+                else:
+                    warm = ctx.warm
+                    if warm is _MISSING:
+                        warm = ctx.train_start()
+                if warm is not None and end - warm < n:
+                    # a job the hook reports: its GPU and host are judged from its first
+                    # step on, so a window reaching back into start-up reads only training
+                    # time; a few seconds of it already count (warnings within 20 s of
+                    # the start)
+                    m = end - warm
+                    if m >= least:
+                        v = scan_stat(ring, fn, end, m, res)  # shortened: no view for it
+                elif end - subj.first >= n:
+                    # (a window reaching back before the GPU was first seen is incomplete:
+                    # it says nothing rather than judge a few seconds as the whole window)
+                    if mean:  # most windows: straight to the prefix sums (Ring.mean)
+                        base = ring.base
+                        e = base + len(ring.vals)
+                        e = (end if end < e else e) - base  # min(), without the call
+                        s = e - n if e > n else 0
+                        if e < s:
+                            e = s
+                        pw = ring.pw
+                        w = pw[e] - pw[s]
+                        if w > 0:
+                            v = (ring.psum[e] - ring.psum[s]) / w
+                    else:
+                        v = window_stat(ring, fn, end, n, res)
+            vals[i] = v
+            return v
+        full.keeps_slot = True  # type: ignore[attr-defined]
         return full
 
-    def _compile_last(self, name: str) -> Leaf:
+    def _compile_last(self, name: str, i: int) -> Leaf:
         """``last(name)``: the newest value, within how long a source may be silent."""
         frame = self.frame
         if name in ATTRIBUTION_SIGNALS or name in GROWTH_SIGNALS:
@@ -349,15 +380,44 @@ class Engine:
             return lambda ctx: frame.config_value(ctx.subj, name)
         if table_kind == "fact":
             return lambda ctx: frame.fact(ctx.subj, name)
-        lookup = frame.lookup_table
+        find = self._table_finder(name)
         # step signals arrive as often as steps do: allow them a longer look back
         stale = self._stale * (10 if table_kind == "job" else 1)
 
         def newest(ctx: _Ctx) -> Any:
-            table = lookup(ctx.subj, name)
-            ring = table.rings.get(name) if table is not None else None
-            return ring.last(ctx.end, stale) if ring is not None else None
+            vals = ctx.vals
+            v = vals[i]
+            if v is _MISSING:
+                table = find(ctx)
+                ring = table.rings.get(name) if table is not None else None
+                v = vals[i] = ring.last(ctx.end, stale) if ring is not None else None
+            return v
+        newest.keeps_slot = True  # type: ignore[attr-defined]
         return newest
+
+    def _table_finder(self, name: str) -> Leaf:
+        """``frame.lookup_table(subj, name)`` as a function of the context. What a bucket
+        cannot change is not asked again: a host signal's table, and a subject's job
+        table, found once per subject and bucket for all its step signals."""
+        frame = self.frame
+        kind = _TABLE_OF[name]
+        if kind == "gpu":
+            def gpu_table(ctx: _Ctx) -> Any:
+                subj = ctx.subj
+                return subj.gpu_table if subj.gpu is not None else None
+            return gpu_table
+        if kind == "host" and name not in PER_GPU_CPU:
+            host = frame.host_tables
+            return lambda ctx: host
+        lookup = frame.lookup_table
+        if kind == "job":
+            def job_table(ctx: _Ctx) -> Any:
+                table = ctx.job_table
+                if table is _MISSING:
+                    table = ctx.job_table = lookup(ctx.subj, name)
+                return table
+            return job_table
+        return lambda ctx: lookup(ctx.subj, name)
 
     def _plan(self, scope: str, cc: float | None) -> list[tuple[Any, ...]]:
         """The rules a subject of this scope (``gpu``, ``host``, or ``cpu_job``: a job the
@@ -395,6 +455,7 @@ class Engine:
         t = (idx + 1) * self.res
         self.evaluated_until = t
         self.ticks += 1
+        self._fits.clear()
         frame = self.frame
         plans = self._plans
         stated = self._stated
@@ -615,6 +676,16 @@ class Engine:
         for key, f in best.items():
             f.held_seconds = max(f.held_seconds, total[key] - f.rule.for_s)
         return list(best.values())
+
+
+def _keeping(i: int, compute: Leaf) -> Leaf:
+    """A reader of slot ``i`` that computes it at most once per bucket."""
+    def read(ctx: _Ctx) -> Any:
+        v = ctx.vals[i]
+        if v is _MISSING:
+            v = ctx.vals[i] = compute(ctx)
+        return v
+    return read
 
 
 def _round(v: float) -> float:

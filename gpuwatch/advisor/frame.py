@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from gpuwatch.advisor.attribution import (
@@ -96,32 +95,50 @@ class _Acc:
 class Table:
     """The history of one subject's signals of one kind (a GPU's, the host's, a job's)."""
 
+    __slots__ = ("acc", "ever", "frame", "keep", "rings", "trim_at")
+
     def __init__(self, frame: Frame) -> None:
         self.frame = frame
+        self.keep = frame.keep  # buckets the longest window reads (fixed per frame)
+        self.trim_at = 2 * self.keep
         self.acc = _Acc()
         self.rings: dict[str, Ring] = {}
         self.ever: bool = False  # any sample seen (a hook that never reported stays unknown)
 
     def push(self, idx: int, name: str, value: float | None, weight: float = 1.0) -> None:
+        # the frame calls this for every signal of every subject at every bucket: Ring.push
+        # and Ring.trim's test are written out here rather than called
         ring = self.rings.get(name)
         if ring is None:
             if value is None:
                 return
             ring = self.rings[name] = Ring(idx)
+        vals = ring.vals
+        n = len(vals)
+        gap = idx - ring.base - n
+        if gap > 0:  # a gap: skip ahead, keeping at most what windows use
+            if gap > self.keep:
+                vals.clear()
+                ring.psum[:] = [0.0]
+                ring.pw[:] = [0.0]
+                ring.base = idx
+                n = 0
+            else:
+                for _ in range(gap):
+                    ring.push(None)
+                n += gap
+        vals.append(value)
+        psum, pw = ring.psum, ring.pw
+        if value is None or weight <= 0:
+            if value is None:
+                ring.last_none = ring.base + n
+            psum.append(psum[-1])
+            pw.append(pw[-1])
         else:
-            gap = idx - ring.base - len(ring.vals)
-            if gap > 0:  # a gap: skip ahead, keeping at most what windows use
-                if gap > self.frame.keep:
-                    ring.vals.clear()
-                    ring.psum[:] = [0.0]
-                    ring.pw[:] = [0.0]
-                    ring.base = idx
-                else:
-                    for _ in range(gap):
-                        ring.push(None)
-        ring.push(value, weight)
-        if len(ring.vals) > 2 * self.frame.keep:  # Ring.trim's test, without the call
-            ring.trim(self.frame.keep)
+            psum.append(psum[-1] + value * weight)
+            pw.append(pw[-1] + weight)
+        if n >= self.trim_at:  # len(vals) > 2 * keep: Ring.trim's own test
+            ring.trim(self.keep)
 
 
 class Subject:
@@ -206,6 +223,12 @@ class Frame:
         self.pid_gpu: dict[int, int] = {}
         self.rank_seen: set[int] = set()
         self._gpu_raw = [f for f in _GPU_RAW if f in self.needed]
+        # what a GPU's bucket keeps when it closes, in order: (signal, its mean or else
+        # its last value)
+        self._gpu_close = [(f, VOCABULARY[f].agg == "mean") for f in self._gpu_raw] + [
+            (f, True) for f in ("clock_power_capped", "clock_thermal", "clock_hw_slowdown",
+                                "gpu_processes", "gpu_process_mem_bytes") if f in self.needed
+        ] + [(f, False) for f in ("gpu_lost", "xid_errors_total") if f in self.needed]
         self._gpm_needed = "gpm" in self.needed or any(f in self.needed for f in _GPM_FIELDS)
         self._bucket_pids: set[int] = set()
         self.t_first: float | None = None
@@ -797,17 +820,12 @@ class Frame:
             if not acc.n:
                 continue
             tab = subj.gpu_table
-            for name in self._gpu_raw:
-                if name in acc.n:
-                    agg = VOCABULARY[name].agg
-                    tab.push(idx, name, acc.last[name] if agg != "mean" else acc.mean(name))
-            for name in ("clock_power_capped", "clock_thermal", "clock_hw_slowdown",
-                         "gpu_processes", "gpu_process_mem_bytes"):
-                if name in need and name in acc.n:
-                    tab.push(idx, name, acc.mean(name))
-            for name in ("gpu_lost", "xid_errors_total"):
-                if name in need and name in acc.n:
-                    tab.push(idx, name, acc.last[name])
+            push = tab.push
+            sums, counts, lasts = acc.s, acc.n, acc.last
+            for name, mean in self._gpu_close:  # acc.mean and acc.last, written out
+                n = counts.get(name)
+                if n is not None:
+                    push(idx, name, (sums[name] / n if n else None) if mean else lasts[name])
             used, total = acc.mean("mem_used_bytes"), acc.last.get("mem_total_bytes")
             if used is not None and total:
                 tab.push(idx, "mem_used_ratio", used / total)
@@ -978,9 +996,16 @@ class Frame:
             util = ring_mean(gt.get("util"), start, end)
             if busy is None:
                 busy = util
-        main = ring_mean(self._cpu_ring(subj, "main_busy_ratio"), start, end)
-        wb = ring_mean(self._cpu_ring(subj, "workers_busy_ratio"), start, end)
-        workers = ring_mean(self._cpu_ring(subj, "job_workers"), start, end)
+        # _cpu_ring's choice, made once for the three: the GPU's own job trees, else the host
+        own = subj.cpu.rings if subj.cpu.ever else None
+        host = self.host_tables.rings
+        ring = own.get("main_busy_ratio") if own is not None else None
+        main = ring_mean(ring if ring is not None else host.get("main_busy_ratio"), start, end)
+        ring = own.get("workers_busy_ratio") if own is not None else None
+        wb = ring_mean(ring if ring is not None else host.get("workers_busy_ratio"), start,
+                       end)
+        ring = own.get("job_workers") if own is not None else None
+        workers = ring_mean(ring if ring is not None else host.get("job_workers"), start, end)
         wall = (end - start) * self.res
         phases = self.phase_owner(subj)
         if phases is not None:
@@ -1072,7 +1097,7 @@ class Frame:
         # (less what its phases spent meanwhile evaluating, saving or compiling)
         wall = subj.job_t1 - subj.span_t0 - max(0.0, subj.nontrain_t1 - subj.nontrain_t0)
         wall = max(wall, 1e-3)
-        return replace(w, wall=wall, step_total=min(w.step_total, wall))
+        return w._replace(wall=wall, step_total=min(w.step_total, wall))
 
     def _nontrain(self, subj: Subject) -> float:
         """Seconds the job's phases spent evaluating, saving and compiling, so far."""
@@ -1214,7 +1239,7 @@ class Frame:
         if table == "gpu":
             return subj.gpu_table if subj.gpu is not None else None
         if table == "host":
-            if subj.cpu.ever and name in _PER_GPU_CPU and name in subj.cpu.rings:
+            if subj.cpu.ever and name in PER_GPU_CPU and name in subj.cpu.rings:
                 return subj.cpu
             return self.host_tables
         if table == "job":
@@ -1303,7 +1328,7 @@ _DEPENDS: dict[str, set[str]] = {
 
 
 # host signals a GPU also has of its own, from the job trees on it (``Subject.cpu``)
-_PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
+PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
                           "main_busy_ratio", "workers_cpu_cores", "workers_busy_ratio"})
 
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",

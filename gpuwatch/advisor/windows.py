@@ -170,7 +170,9 @@ _SCAN = object()
 def _bounds(ring: Ring, end: int, n: int) -> tuple[int, int]:
     """Absolute [s, e) of the ``n`` buckets before ``end`` that the ring holds."""
     base = ring.base
-    e = min(end, base + len(ring.vals))
+    e = base + len(ring.vals)
+    if end < e:  # min(), without the call: every view's read starts here
+        e = end
     s = e - n
     if s < base:
         s = base
@@ -405,7 +407,9 @@ def ring_mean(ring: Ring | None, s: int, e: int) -> float | None:
         return None
     base = ring.base
     a = s - base if s > base else 0
-    b = min(e - base, len(ring.vals))
+    b = e - base
+    if b > len(ring.vals):
+        b = len(ring.vals)
     if b <= a:
         return None
     pw = ring.pw
