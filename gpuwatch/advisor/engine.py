@@ -529,8 +529,10 @@ class Engine:
                 return True  # the hook's steps, without phases (an older hook)
             if frame.hook_attached(subj) and not frame.hook_dead(subj):
                 return False  # its hook reports no step yet: starting up
-            # NVML and psutil alone: once its GPU has begun to work for its process
-            return subj.gpu is None or not subj.proc_pids or frame.started_work(
+            # NVML and psutil alone: once its GPU has begun to work for its process (where
+            # NVML lists no process on it, once it has begun to work at all: a rank whose
+            # DataLoader workers prefetch before it touched its GPU is starting up)
+            return subj.gpu is None or frame.started_work(
                 subj, end, round(self._train_window / self.res))
         now = owner.phase
         if phase == "train":

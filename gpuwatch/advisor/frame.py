@@ -191,6 +191,9 @@ class Subject:
         # without the hook: the first bucket its GPU ran kernels for its process (before
         # it, a job is starting up: workers prefetching while the GPU idles is no training)
         self.first_busy: int | None = None
+        # the first bucket its GPU worked at all, whichever processes NVML listed (where
+        # it lists none: a container that hides them, or a rank not on its GPU yet)
+        self.first_util: int | None = None
         self.micro_sum = 0.0  # backward() calls summed over the steps that counted them
         # seconds of evaluation, checkpoints and compiling when the span began and at its
         # newest step: the whole run's training time leaves them out
@@ -838,9 +841,11 @@ class Frame:
             tab.push(idx, "busy_ratio", busy if busy is not None else util)
             if used is not None and total:
                 tab.push(idx, "mem_headroom_bytes", max(0.0, 0.85 * total - used))
-            if subj.first_busy is None and util is not None and util >= FIRST_WORK_UTIL \
-                    and subj.proc_pids:
-                subj.first_busy = idx
+            if util is not None and util >= FIRST_WORK_UTIL:
+                if subj.first_util is None:
+                    subj.first_util = idx
+                if subj.first_busy is None and subj.proc_pids:
+                    subj.first_busy = idx
             acc.clear()
         no_hook = not self.hook_steps
         for subj in self.subjects.values():
@@ -1045,7 +1050,7 @@ class Frame:
         """Without the hook: whether ``subj``'s GPU has run kernels for its process for at
         least ``buckets`` buckets before ``end`` (before that, DataLoader workers
         prefetching while the GPU idles are start-up, not training)."""
-        first = subj.first_busy
+        first = subj.first_busy if subj.proc_pids else subj.first_util
         return first is not None and end - first >= buckets
 
     def _group_key(self, subj: Subject) -> Any:
