@@ -293,16 +293,7 @@ class Engine:
         if fn in _PARTIAL_OK:
             # counters' increases and the newest value need no full window
             if fn == "last":
-                def newest(ctx: _Ctx) -> Any:
-                    vals = ctx.vals
-                    v = vals[i]
-                    if v is _MISSING:
-                        table = find(ctx)
-                        ring = table.rings.get(name) if table is not None else None
-                        v = vals[i] = ring.last(ctx.end, n) if ring is not None else None
-                    return v
-                newest.keeps_slot = True  # type: ignore[attr-defined]
-                return newest
+                return _newest(i, find, name, n)
 
             def partial(ctx: _Ctx) -> Any:
                 vals = ctx.vals
@@ -383,17 +374,7 @@ class Engine:
         find = self._table_finder(name)
         # step signals arrive as often as steps do: allow them a longer look back
         stale = self._stale * (10 if table_kind == "job" else 1)
-
-        def newest(ctx: _Ctx) -> Any:
-            vals = ctx.vals
-            v = vals[i]
-            if v is _MISSING:
-                table = find(ctx)
-                ring = table.rings.get(name) if table is not None else None
-                v = vals[i] = ring.last(ctx.end, stale) if ring is not None else None
-            return v
-        newest.keeps_slot = True  # type: ignore[attr-defined]
-        return newest
+        return _newest(i, find, name, stale)
 
     def _table_finder(self, name: str) -> Leaf:
         """``frame.lookup_table(subj, name)`` as a function of the context. What a bucket
@@ -678,6 +659,21 @@ class Engine:
         for key, f in best.items():
             f.held_seconds = max(f.held_seconds, total[key] - f.rule.for_s)
         return list(best.values())
+
+
+def _newest(i: int, find: Leaf, name: str, look_back: int) -> Leaf:
+    """The newest value of ``name`` within ``look_back`` buckets, kept in slot ``i`` for
+    the rest of the bucket (``find`` gives the subject's table)."""
+    def newest(ctx: _Ctx) -> Any:
+        vals = ctx.vals
+        v = vals[i]
+        if v is _MISSING:
+            table = find(ctx)
+            ring = table.rings.get(name) if table is not None else None
+            v = vals[i] = ring.last(ctx.end, look_back) if ring is not None else None
+        return v
+    newest.keeps_slot = True  # type: ignore[attr-defined]
+    return newest
 
 
 def _keeping(i: int, compute: Leaf) -> Leaf:

@@ -1294,7 +1294,8 @@ def _checkpointed(h: _Hook) -> None:
 
 
 def _wrap_save(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.save`` during training: a checkpoint, left out of the iteration."""
+    """A call that writes a checkpoint during training (``torch.save``, a framework's own
+    save method): left out of the iteration."""
     @functools.wraps(orig)
     def save(*args: Any, **kwargs: Any) -> Any:
         h = _hook
@@ -1314,15 +1315,7 @@ def _wrap_method_as_checkpoint(obj: Any, name: str) -> None:
     if orig is None or getattr(orig, "_gpuwatch", False):
         return
 
-    @functools.wraps(orig)
-    def method(*args: Any, **kwargs: Any) -> Any:
-        h = _hook
-        if h is None or not _checkpointing(h):
-            return orig(*args, **kwargs)
-        try:
-            return orig(*args, **kwargs)
-        finally:
-            _checkpointed(h)
+    method = _wrap_save(orig)
     method._gpuwatch = True  # type: ignore[attr-defined]
     setattr(obj, name, method)
 
