@@ -14,6 +14,7 @@ import pynvml
 import pytest
 from conftest import wait_for
 
+from gpuwatch.collect import sampler as sampler_mod
 from gpuwatch.collect.sampler import Sampler
 from gpuwatch.samples import HostSample, Snapshot
 from gpuwatch.store import Store
@@ -48,6 +49,13 @@ class SimClock:
     def __call__(self) -> float:
         return self.now
 
+
+
+def _has_timerfd() -> bool:
+    a = sampler_mod.make_alarm()
+    if a is not None:
+        a.close()
+    return a is not None
 
 
 @pytest.fixture
@@ -229,13 +237,18 @@ def test_hung_call_stalls_only_its_gpu_and_the_tick_publishes(make_sampler, hung
     assert [g.util for g in sampler.tick().gpus] == [0.75] * 3
 
 
+@pytest.mark.parametrize("alarm", [True, False], ids=["alarm", "no-timerfd"])
 @pytest.mark.parametrize("hung", [0, 1])
-def test_started_loop_a_hung_gpu_stalls_only_itself_and_ticks_go_on(make_sampler,
-                                                                      hung) -> None:
+def test_started_loop_a_hung_gpu_stalls_only_itself_and_ticks_go_on(make_sampler, monkeypatch,
+                                                                      hung, alarm) -> None:
+    if not alarm:  # a system without timerfd: the loop looks at every tick
+        monkeypatch.setattr(sampler_mod, "make_alarm", lambda: None)
     stub = NvmlStub([StubGpu(0), StubGpu(1)])
     other = 1 - hung
     sampler, store = make_sampler(stub, interval=0.1)
     sampler.start()
+    # (the alarm is there wherever the system has a timerfd)
+    assert (sampler._alarm is None) == (not alarm or not _has_timerfd())
     wait_for(lambda: store.latest().health.ticks_total >= 3, "three ticks")
     snap = store.latest()
     assert [g.util for g in snap.gpus] == [0.75, 0.75]
@@ -456,6 +469,41 @@ def test_default_host_layer_is_used_when_none_given() -> None:
         assert snap.host is not None and snap.host.mem_total_bytes
     finally:
         sampler.stop()
+
+
+@pytest.mark.parametrize("alarm", [True, False], ids=["alarm", "no-timerfd"])
+def test_the_loop_looks_only_at_ticks_the_reader_did_not_publish(make_sampler, monkeypatch,
+                                                                 alarm) -> None:
+    """The reader publishes each tick itself; the loop thread wakes at a tick only to
+    publish one that is late. With the alarm it sleeps through the reader's ticks; without
+    a timerfd it looks at every one."""
+    if not alarm:
+        monkeypatch.setattr(sampler_mod, "make_alarm", lambda: None)
+    elif not _has_timerfd():
+        pytest.skip("no timerfd on this system")
+    stub = NvmlStub([StubGpu(0), StubGpu(1)])
+    sampler, store = make_sampler(stub, interval=0.1)
+    looks: list[int] = []
+    tick_slot = sampler._tick_slot
+
+    def counted(slot: int) -> None:
+        looks.append(slot)
+        tick_slot(slot)
+
+    sampler._tick_slot = counted  # the loop calls it through the instance
+    sampler.start()
+    wait_for(lambda: store.latest() is not None
+             and store.latest().health.ticks_total >= 20, "twenty ticks", timeout=30)
+    sampler.stop()
+    ticks = store.latest().health.ticks_total
+    assert sampler._by_reader >= 15  # the reader published (nearly) all of them
+    if alarm:
+        # slot 0 before the reader keeps the grid, then only a tick the reader was late
+        # for (a busy test machine): far fewer than the ticks
+        assert len(looks) < ticks / 2, (len(looks), ticks)
+    else:
+        assert len(looks) >= ticks - 2, (len(looks), ticks)
+    assert sampler.skipped_slots < ticks / 4  # counted where slots are published
 
 
 def test_start_ticks_in_background_and_stop_ends_every_thread(make_sampler) -> None:

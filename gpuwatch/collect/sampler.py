@@ -13,10 +13,14 @@ Threads, and why each exists:
   rest of that tick's included. The stuck GPU gets no fresh fields while it is held
   (counted as ``gpu<N>_stalled``), nothing asks it anything more, and it rejoins the reads
   when its call returns. So a hung call costs its own GPU's fields and nothing else.
-- the **loop thread** (``start()``) publishes at ``start + k * interval``: it takes the
-  fresh slots (waiting up to ``read_deadline`` only for reads that are late, never for a
-  GPU that is stuck), samples the host, publishes the Snapshot. A tick that overruns skips
-  the slots it missed instead of bunching ticks to catch up; so does the reader.
+- the **loop thread** (``start()``) publishes at ``start + k * interval`` what the reader
+  did not: it takes the fresh slots (waiting up to ``read_deadline`` only for reads that
+  are late, never for a GPU that is stuck), samples the host, publishes the Snapshot. A
+  tick that overruns skips the slots it missed instead of bunching ticks to catch up; so
+  does the reader. While the reader publishes every tick itself, the loop does not wake at
+  each tick to see that it did: it sleeps on an alarm (:mod:`gpuwatch.collect.alarm`, a
+  timerfd) that each publication moves to the next tick's check time, so it wakes only
+  when a tick is late. Where there is no timerfd it wakes at every tick.
 - one **slow worker per GPU** runs the slow tier (PCIe throughput takes ~20 ms a
   direction, energy ~4 ms) every ``slow_interval``, triggered by the tick when due, so
   those calls never delay a tick; the newest slow values ride along in each tick's sample.
@@ -45,6 +49,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from gpuwatch.collect.alarm import Alarm, make_alarm
 from gpuwatch.collect.nvml import GpuLost, Nvml, NvmlGone, NvmlGpu, XidWatcher
 from gpuwatch.samples import GpuInfo, GpuProcess, GpuSample, Health, HostSample, Snapshot
 from gpuwatch.store import Store
@@ -419,6 +424,10 @@ class Sampler:
         self._collected = _Bell()  # rung by the reader when answers or a late read are in
         self._collecting = False  # the loop is waiting for late reads
         self._published = -1  # the newest grid slot published
+        self._by_reader = -1  # the newest grid slot the reader published itself
+        # while the loop runs on the real clock: the reader moves it to the next tick's check
+        # time as it publishes, and the loop sleeps on it (the module docstring)
+        self._alarm: Alarm | None = None
         # the reader publishes a tick itself once every GPU's read is in, so the loop only
         # looks after it (a tick whose reads are late or stuck); off, the loop publishes
         # every tick (tests that drive the loop's clock)
@@ -466,6 +475,8 @@ class Sampler:
         """Tick in the background until stop()."""
         if self._loop is not None:
             return
+        if self._clock is time.monotonic and self._wait == self._sleep:
+            self._alarm = make_alarm()  # (a simulated clock or wait: the loop wakes every tick)
         self._loop = threading.Thread(target=self._run, name="gpuwatch-sampler", daemon=True)
         self._loop.start()
 
@@ -473,6 +484,12 @@ class Sampler:
         """Stop every thread (promptly: none sleeps longer than a wait timeout) and NVML."""
         self._stop.set()
         self._stop_bell.ring()
+        alarm = self._alarm
+        if alarm is not None:
+            try:
+                alarm.fire_now()
+            except OSError:
+                pass
         self._xid_stop.set()
         self._grid = None
         if self._reader is not None:
@@ -499,6 +516,9 @@ class Sampler:
                         ", ".join(stuck))
         else:
             self._nvml.close()
+        if alarm is not None and not (self._loop is not None and self._loop.is_alive()):
+            self._alarm = None  # (a stuck reader that publishes still finds None)
+            alarm.close()
 
     def tick(self) -> Snapshot:
         """One tick now: read every GPU and the host, publish the Snapshot, return it.
@@ -523,9 +543,11 @@ class Sampler:
 
     def _run(self) -> None:
         start = self._clock()
-        self._grid = (start, self.interval, READ_LEAD)
+        interval = self.interval
+        self._grid = (start, interval, READ_LEAD)
         if self._reader is not None:
             self._reader.bell.ring()  # from now on it keeps the grid itself
+        alarm = self._alarm
         slot = 0
         try:
             while not self._stop.is_set():
@@ -537,13 +559,27 @@ class Sampler:
                     log.exception("tick failed")
                 now = self._clock()
                 # the next slot on the grid that is still ahead: overrun slots are skipped
-                due = max(slot + 1, math.floor((now - start) / self.interval) + 1)
-                self.skipped_slots += due - slot - 1
-                slot = due
+                due = max(slot + 1, math.floor((now - start) / interval) + 1)
                 # the reader publishes a slot whose reads are all in before its time is
                 # up: the loop looks a little after, only to see that it did
                 after = READ_LEAD if self.reader_publishes and self._reader is not None else 0.0
-                if self._wait(start + slot * self.interval + after - now):
+                if alarm is not None and after and self._by_reader >= slot:
+                    # the reader published this tick itself, and with it set the alarm to
+                    # the next tick's check time: sleep until a tick is late, not to each
+                    try:
+                        alarm.wait()
+                    except OSError:  # never left without a clock: back to waking each tick
+                        self._count("tick")
+                        log.exception("the sampler's alarm failed; waking at every tick")
+                        alarm = self._alarm = None
+                    if self._stop.is_set():
+                        return
+                    now = self._clock()
+                    # the newest slot whose check time has passed: the reader published the
+                    # ones before it (an early expiry leaves the next slot to wait for)
+                    due = max(due, math.floor((now - start - after) / interval))
+                slot = due
+                if self._wait(start + slot * interval + after - now):
                     return
         finally:
             self._grid = None  # no loop, no grid: the reader waits for requests again
@@ -563,8 +599,7 @@ class Sampler:
             if self._fast and not self._stop.is_set():
                 gpus, read_seconds = self._gather(slot, t)
             self._publish(t, gpus, started, read_seconds)
-            self._published = slot
-            self._forget_slots(slot)
+            self._published_slot(slot)
 
     def _publish_read(self, slot: int) -> None:
         """The reader's publish, right after its sweep: only when every present GPU's read
@@ -593,10 +628,27 @@ class Sampler:
             self._trigger_slow()
             t = self._slot_time(slot)
             self._publish(t, self._assemble(t, results), started, read_ns / 1e9)
-            self._published = slot
-            self._forget_slots(slot)
+            self._published_slot(slot)
+            self._by_reader = slot
+            alarm = self._alarm
+            if alarm is not None:
+                # the loop's next look: the next tick's check time, unless this moves it again
+                grid = self._grid
+                if grid is not None:
+                    try:
+                        alarm.set_at(grid[0] + (slot + 1) * grid[1] + grid[2])
+                    except OSError:  # (closed by stop()) else it fires when last set
+                        if not self._stop.is_set():
+                            self._count("tick")
         finally:
             self._tick_lock.release()
+
+    def _published_slot(self, slot: int) -> None:
+        # slots between two published ones were skipped (a tick or a read overran)
+        if self._published >= 0 and slot > self._published + 1:
+            self.skipped_slots += slot - self._published - 1
+        self._published = slot
+        self._forget_slots(slot)
 
     def _forget_slots(self, slot: int) -> None:
         # this slot's time and any a late reader set after an earlier tick
