@@ -311,7 +311,16 @@ def test_the_attribution_gives_the_numbers_it_gave_before(windows, ranks):
     """A job of one process takes a short way (no ranking), the shares are summed
     without dicts: the same shares, scores and gains as before, float for float."""
     group = {g: (w, ranks[g]) for g, w in enumerate(windows)}
-    got = {k: a._asdict() for k, a in attribute_group(group).items()}
+    attrs = attribute_group(group)
+    got = {k: a._asdict() for k, a in attrs.items()}
+    job_busy = {k: d.pop("job_busy") for k, d in got.items()}  # new since: checked below
     assert got == _group_before(group)
+    # every rank reads the same job-wide busy: the highest of the ranks' own
+    own = [b for a in attrs.values() if (b := a.value("busy_in_steps")) is not None]
+    for k, a in attrs.items():
+        if a.ranks > 1:
+            assert job_busy[k] == (max(own) if own else None)
+        assert a.value("job_busy_in_steps") == (job_busy[k] if a.ranks > 1
+                                                else a.value("busy_in_steps"))
     for w in windows:
         assert claim_shares(w, 0.3) == _claim_before(w, 0.3)

@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 SHARE_CATEGORIES = ("data", "sync", "gpu", "host", "other")
 SHARE_SIGNALS = {f"share_{c}": c for c in SHARE_CATEGORIES}
 RANK_SIGNALS = frozenset({"gpu_busy", "job_rank", "job_ranks", "rank_score", "slowest_rank",
-                          "peer_straggler", "straggler_gain", "busy_in_steps"})
+                          "peer_straggler", "straggler_gain", "busy_in_steps",
+                          "job_busy_in_steps"})
 ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
 # nvidia-resiliency-ext flags a rank whose score (best rank's time / its own) is below this
 STRAGGLER_SCORE = 0.75
@@ -106,6 +107,9 @@ class Attribution(NamedTuple):
     slowest_rank: int | None = None
     peer_straggler: bool = False
     straggler_gain: float = 1.0
+    # the highest busy_in_steps among the job's ranks (its own, for a single process): the
+    # ranks of one job share one batch size, and the busiest of them fills up first
+    job_busy: float | None = None
 
     def value(self, name: str) -> float | None:
         if name in SHARE_SIGNALS:
@@ -113,12 +117,9 @@ class Attribution(NamedTuple):
         if name == "gpu_busy":
             return self.window.busy
         if name == "busy_in_steps":
-            # the GPU's share of the time inside training steps (pauses between them, an
-            # evaluation the hook did not tell apart, left out); without the hook, all of
-            # the time counts as steps
-            w = self.window
-            in_step = min(1.0, w.step_total / w.wall) if w.hook and w.wall > 0 else 1.0
-            return min(1.0, self.shares["gpu"] / in_step) if in_step > 0.05 else None
+            return busy_in_steps(self.shares, self.window)
+        if name == "job_busy_in_steps":
+            return self.job_busy if self.ranks > 1 else busy_in_steps(self.shares, self.window)
         if name == "job_rank":
             return float(self.rank) if self.rank is not None else 0.0
         if name == "job_ranks":
@@ -137,6 +138,14 @@ class Attribution(NamedTuple):
         """The largest slice: the bottleneck ("gpu": the GPU itself, which is as it
         should be)."""
         return max(SHARE_CATEGORIES, key=lambda c: self.shares[c])
+
+
+def busy_in_steps(shares: dict[str, float], w: JobWindow) -> float | None:
+    """The GPU's share of the time inside training steps (pauses between them, an
+    evaluation the hook did not tell apart, left out); without the hook, all of the time
+    counts as steps."""
+    in_step = min(1.0, w.step_total / w.wall) if w.hook and w.wall > 0 else 1.0
+    return min(1.0, shares["gpu"] / in_step) if in_step > 0.05 else None
 
 
 def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
@@ -207,6 +216,9 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
             pace = max(pace, own[slowest] * (1.0 - max(sh["data"], sh["host"])))
         gain = own[slowest] / pace
     slow_score = best / own[slowest] if slowest is not None else 1.0
+    busies = [b for k, (w, _) in windows.items() if shares_of[k] is not None
+              and (b := busy_in_steps(shares_of[k], w)) is not None]
+    job_busy = max(busies) if busies else None
     out = {}
     for k, (w, rank) in windows.items():
         shares = shares_of[k]
@@ -216,5 +228,6 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
                              score=best / own[k], slowest_rank=slow_rank,
                              peer_straggler=(multi and k != slowest
                                              and slow_score < STRAGGLER_SCORE),
-                             straggler_gain=max(1.0, gain) if multi else 1.0)
+                             straggler_gain=max(1.0, gain) if multi else 1.0,
+                             job_busy=job_busy)
     return out

@@ -556,10 +556,13 @@ class Engine:
             else:
                 f.last_seen = t
                 f.held_seconds += self.res
-                # once the job's steps have stopped (it ended; its windows now reach into
-                # the teardown), the evidence read while it trained stands
-                if t - f.detail_t >= REFRESH_SECONDS and not self.frame.steps_stopped(
-                        subj, ctx.end - 1):
+                # refreshed at the first bucket of each REFRESH_SECONDS of the clock, not
+                # of the finding's own: the findings of one rule on the ranks of a job read
+                # their job-wide values (job_busy_in_steps) at the same moment, so they say
+                # the same number. Once the job's steps have stopped (it ended; its windows
+                # now reach into the teardown), the evidence read while it trained stands
+                if t // REFRESH_SECONDS > f.detail_t // REFRESH_SECONDS \
+                        and not self.frame.steps_stopped(subj, ctx.end - 1):
                     self._details(f, ctx, t)
         else:
             st.since = None

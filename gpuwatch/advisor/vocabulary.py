@@ -243,6 +243,9 @@ def _defs() -> dict[str, SignalDef]:
         ("busy_in_steps", "job", "ratio", "mean", ("how busy the GPU is while training steps "
          "run: the GPU's share of the time inside steps (the hook's step times), else "
          "busy_ratio's; batch advice's measure of a step too small for the GPU"), True),
+        ("job_busy_in_steps", "job", "ratio", "mean", ("the highest busy_in_steps among the "
+         "ranks of this job (a single process: its own): its ranks share one batch size, and "
+         "the busiest of them fills its GPU first"), True),
         ("job_rank", "job", "rank", "last", "the job's rank (0 for a single process)", True),
         ("job_ranks", "job", "count", "last", ("ranks of this job on this host: those the hook "
          "reports, else those whose environment ties them to one launch (1: a single "
