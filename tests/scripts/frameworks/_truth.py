@@ -4,6 +4,7 @@ framework tests compare the hook's phases and steps with."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 
@@ -24,6 +25,8 @@ class Truth:
             self._eval_t0 = None
 
     def write(self, **extra: object) -> None:
+        if os.environ.get("RANK", "0") != "0":
+            return  # torchrun's ranks: rank 0 writes the truth for all
         self.data.update(extra)
         self.data["wall_seconds"] = time.time() - self.t0
         if self.path:

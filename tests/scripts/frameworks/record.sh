@@ -45,3 +45,10 @@ if want lightning_ddp; then
     --val-every 250 --val-batch 64 --val-samples 16384 --width 2048 --workers 6 \
     --warm-seconds 20 --precision bf16-mixed
 fi
+# 9. the Trainer under torchrun on every GPU (DDP): BERT-base at batch 8 per rank in fp32,
+#    evaluating every 300 steps; a step count, not a clock, ends it (every rank the same)
+if want hf_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec hf_ddp 300 torchrun --standalone --nproc_per_node "$n" hf_trainer.py $bert --steps 1200 \
+    --batch 8 --accum 1 --eval-every 300 --eval-batch 8 --eval-samples 2048 --workers 2
+fi
