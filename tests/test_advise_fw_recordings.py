@@ -32,6 +32,9 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "timm_fp16": ({"use-bf16-not-fp16"}, {"enable-mixed-precision"}),
     "lightning_ddp": (set(), {"add-dataloader-workers", "straggler-rank"}),
     "lightning_ddp4": (set(), {"add-dataloader-workers", "straggler-rank"}),
+    # the Trainer under torchrun on 4 H100s: BERT-base at batch 8 per rank, host-bound
+    "hf_ddp": ({"raise-batch-size"}, {"add-dataloader-workers", "straggler-rank",
+                                      "reduce-launch-overhead"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -166,7 +169,25 @@ def test_lightning_ddp_validation_and_start_up(name, ranks):
         assert j["steps"] == t["steps"]
 
 
-@pytest.mark.parametrize(("name", "ranks"), [("lightning_ddp", 2), ("lightning_ddp4", 4)])
+def test_the_trainer_under_torchrun_every_rank_its_steps_and_evaluations():
+    """The Trainer's DDP on 4 H100s (torchrun): every rank a job of its own GPU, in the
+    Trainer's words, with the exact step count and the evaluation time of the script's own
+    callback (rank 0's)."""
+    report = advise_json(path_of("hf_ddp"))
+    t = truth("hf_ddp")
+    jobs = {j["rank"]: j for j in report["jobs"]}
+    assert set(jobs) == set(range(4))
+    assert sorted(j["gpu"] for j in jobs.values()) == list(range(4))
+    for j in jobs.values():
+        assert j["framework"] == "transformers" and j["ranks"] == 4
+        assert j["steps"] == t["steps"]
+        assert (abs(j["phases"]["eval"] - t["eval_seconds"])
+                <= EVAL_TOLERANCE * t["eval_seconds"] + TEARDOWN_SECONDS), j["phases"]
+    assert "per_device_train_batch_size=8 → " in action(report, "raise-batch-size")
+
+
+@pytest.mark.parametrize(("name", "ranks"), [("lightning_ddp", 2), ("lightning_ddp4", 4),
+                                             ("hf_ddp", 4)])
 def test_the_ranks_of_one_ddp_job_are_told_one_batch_size(name, ranks):
     """The ranks of a DDP job share one batch size (one line of the script): every rank
     told to raise it is told the same number, sized by the busiest rank (each rank's own
