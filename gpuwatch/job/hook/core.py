@@ -1205,7 +1205,7 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     return __init__
 
 
-# torch.autograd.backward's parameters and their defaults (torch 1.9 to 2.13 at least).
+# torch.autograd.backward's parameters and their defaults (as in torch 2.13).
 # Where the function has exactly these, its wrapper takes them by name: a call then packs
 # no *args tuple and no **kwargs dict (Tensor.backward passes `inputs=` by keyword, which
 # cost two dicts a call). Any other signature gets the wrapper that forwards *args.
