@@ -141,12 +141,18 @@ def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
         def raw(_self: Any, *_args: Any) -> Any:
             return None
 
+        # torch.autograd.backward's own parameters, as the hook's wrapper passes them on
+        def raw_backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None,
+                         create_graph: Any = False, grad_variables: Any = None,
+                         inputs: Any = None) -> Any:
+            return None
+
         class It:
             pass
 
         it = It()
         wrapped_next = hook._wrap_next(raw)
-        backward = hook._wrap_backward(raw)
+        backward = hook._wrap_backward(raw_backward)
         scale = hook._wrap_scaler_scale(raw)
         update = hook._wrap_scaler_update(raw)
         times: dict[str, list[float]] = {}
@@ -167,6 +173,7 @@ def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
             it._gpuwatch = [16, {}, None, 0.0, 1, True]  # type: ignore[attr-defined]
             base = timed("raw", raw, it)
             timed("dataloader_next_wrapper_us", wrapped_next, it, base=base)
+            base = timed("raw", raw_backward, p)
             h.source = hook.OPTIMIZER  # what every loop with an optimizer pays
             timed("backward_wrapper_us", backward, p, base=base)
             h.source = hook.BACKWARD  # a loop without an optimizer: backward() ends iterations

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-HOOK_PATHS = ["raw1", "raw2", "optimizer_step_hook", "dataloader_next_wrapper",
+HOOK_PATHS = ["raw1", "raw2", "raw3", "optimizer_step_hook", "dataloader_next_wrapper",
               "backward_wrapper", "backward_iteration", "scaler_scale_wrapper",
               "scaler_update"]
 # which stand-in's count each wrapper's is taken less
-BASE = {"dataloader_next_wrapper": "raw1", "backward_wrapper": "raw1",
-        "backward_iteration": "raw1", "scaler_scale_wrapper": "raw2", "scaler_update": "raw2"}
+BASE = {"dataloader_next_wrapper": "raw1", "backward_wrapper": "raw3",
+        "backward_iteration": "raw3", "scaler_scale_wrapper": "raw2", "scaler_update": "raw2"}
 
 
 def inside_hook(calls: int) -> None:
@@ -59,6 +59,12 @@ def inside_hook(calls: int) -> None:
     def raw(_self: Any, *_args: Any) -> None:
         return None
 
+    # torch.autograd.backward's own parameters, as the hook's wrapper passes them on
+    def raw_backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None,
+                     create_graph: Any = False, grad_variables: Any = None,
+                     inputs: Any = None) -> None:
+        return None
+
     class It:
         pass
 
@@ -66,7 +72,7 @@ def inside_hook(calls: int) -> None:
     it._gpuwatch = [16, {}, None, 0.0, 1, True]  # type: ignore[attr-defined]
     for _ in range(300):  # the first step ends start-up
         hook._on_optimizer_step(opt, (), {})
-    backward = hook._wrap_backward(raw)
+    backward = hook._wrap_backward(raw_backward)
 
     def source(value: str, scaler_mode: bool = False) -> Any:
         def setup() -> None:
@@ -76,6 +82,7 @@ def inside_hook(calls: int) -> None:
 
     optimizer, backward_clocked = source(hook.OPTIMIZER), source(hook.BACKWARD)
     paths = [(raw, (it,), optimizer), (raw, (scaler, loss), optimizer),
+             (raw_backward, (p,), optimizer),
              (hook._on_optimizer_step, (opt, (), {}), optimizer),
              (hook._wrap_next(raw), (it,), optimizer), (backward, (p,), optimizer),
              (backward, (p,), backward_clocked),
@@ -179,10 +186,19 @@ def main() -> int:
               "(64 ranks, 25 steps each)")
         return 0
     got = dict(zip(HOOK_PATHS, counts, strict=True))
+    per = {name: (got[name] - got.get(BASE.get(name, ""), 0)) / a.calls
+           for name in HOOK_PATHS if not name.startswith("raw")}
+    # the same sums as bench_hook.py's per-step rows
+    per["per_step_total"] = (per["optimizer_step_hook"] + per["dataloader_next_wrapper"]
+                             + per["backward_wrapper"])
+    per["per_step_total_with_scaler"] = (per["scaler_update"] + per["dataloader_next_wrapper"]
+                                         + per["backward_wrapper"]
+                                         + per["scaler_scale_wrapper"])
+    per["per_step_total_backward_clocked"] = (per["backward_iteration"]
+                                              + per["dataloader_next_wrapper"])
     print("| hook code path | instructions per call |")
     print("| --- | ---: |")
-    for name in HOOK_PATHS[2:]:
-        value = (got[name] - got.get(BASE.get(name, ""), 0)) / a.calls
+    for name, value in per.items():
         print(f"| {name.replace('_', ' ')} | {value:,.0f} |")
     return 0
 

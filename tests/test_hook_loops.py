@@ -9,6 +9,8 @@ truth. Iteration counts and first-batch flags must match exactly; first-batch wa
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import subprocess
 import sys
@@ -120,7 +122,7 @@ def test_an_optimizer_that_never_steps_falls_back_to_backward(
     time.sleep(0.35)
     (w * 2).sum().backward()
     assert attached.n == 6 and attached.source == hook.BACKWARD
-    durations = [rec[2] for rec in attached.pending]
+    durations = [rec[2] for rec in hook._step_lists(list(attached.pending), None)[0]]
     assert durations[0] is None and all(d is not None for d in durations[1:])
     assert durations[-1] >= 0.3  # the pause belongs to the iteration it was in
     opt.step()  # ends the iteration the backward() above already counted
@@ -205,6 +207,114 @@ def test_the_loss_is_the_unscaled_value_of_the_iterations_last_backward(
     assert [s.step for s in got] == [0, 1, 2]
     assert [s.loss for s in got] == [None, losses[1], losses[2]]  # one per report
     assert losses[2] != losses[1] and losses[2] < 1024  # unscaled
+
+
+def _backward_every_way(w: torch.Tensor) -> list[torch.Tensor]:
+    """Every form of calling backward() that torch allows, each on a fresh graph; the
+    gradient after each. Ten top-level backward() calls."""
+    grads = []
+
+    def loss() -> torch.Tensor:
+        return (w * w * torch.arange(1.0, 4.0)).sum()
+
+    calls = [
+        lambda: loss().backward(),
+        lambda: loss().backward(torch.tensor(2.0)),  # gradient, by position
+        lambda: loss().backward(inputs=[w]),  # Tensor.backward passes inputs= by keyword
+        lambda: torch.autograd.backward(loss()),
+        lambda: torch.autograd.backward(tensors=loss()),
+        lambda: torch.autograd.backward([loss()], [torch.tensor(0.5)]),
+        lambda: torch.autograd.backward(loss(), None, None, False, None, [w]),
+        lambda: torch.autograd.backward(loss(), grad_tensors=torch.tensor(3.0),
+                                        create_graph=False),
+    ]
+    for call in calls:
+        w.grad = None
+        call()
+        grads.append(w.grad.clone())
+    kept = loss()
+    torch.autograd.backward(kept, retain_graph=True)
+    torch.autograd.backward(kept)  # the graph was kept for this second pass
+    grads.append(w.grad.clone())
+    return grads
+
+
+def test_every_way_of_calling_backward_counts_and_changes_nothing(
+        attached: hook._Hook) -> None:
+    """The wrapper takes torch.autograd.backward's own parameters (no *args packing);
+    each form a script may use still reaches torch as it was given and counts once."""
+    assert "args" not in torch.autograd.backward.__code__.co_varnames  # the named one
+    w = torch.nn.Parameter(torch.ones(3))
+    attached.thread = object()  # no reporter thread: the records stay where they are
+    with_hook = _backward_every_way(w)
+    # no optimizer: each top-level backward() is an iteration, the first one ends start-up
+    assert attached.n == 10 and attached.source == hook.BACKWARD
+    assert [rec[8] for rec in hook._step_lists(list(attached.pending), None)[0]] == [1] * 10
+    hook.detach()
+    assert torch.equal(torch.stack(with_hook), torch.stack(_backward_every_way(w)))
+
+
+def test_a_backward_of_other_parameters_is_measured_through_the_general_wrapper(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose autograd.backward takes other parameters (one to come, say): the
+    wrapper that forwards *args and **kwargs, as they were given, is used instead."""
+    real = torch.autograd.backward
+    seen = []
+
+    def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
+                 grad_variables=None, inputs=None, *, future=None):  # noqa: ANN001, ANN202
+        seen.append(future)
+        return real(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
+
+    monkeypatch.setattr(torch.autograd, "backward", backward)
+    assert hook.attach(str(tmp_path / "nobody.sock"))
+    try:
+        assert "args" in torch.autograd.backward.__code__.co_varnames  # the general one
+        w = torch.nn.Parameter(torch.ones(3))
+        (w * 2).sum().backward()
+        torch.autograd.backward((w * 3).sum(), future="yes")
+        assert seen == [None, "yes"]
+        assert torch.equal(w.grad, torch.full((3,), 5.0))
+        assert hook._hook.n == 2 and hook._hook.source == hook.BACKWARD
+    finally:
+        hook.detach()
+    assert torch.autograd.backward is backward
+
+
+def test_steps_lost_to_a_stalled_reporter_leave_the_others_exact(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step records wait in a bounded queue: a reporter that stalls loses the oldest.
+    The wait and step time of each record are taken as differences of running totals, so
+    the first record kept after a loss has no step time; the others keep theirs."""
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    loader = torch.utils.data.DataLoader(list(range(40)), batch_size=4)
+    attached.thread = object()  # no reporter thread: this test reports by hand
+    sent: list[bytes] = []
+    monkeypatch.setattr(hook._Hook, "_send", lambda _self, data: sent.append(data))
+
+    def train(batches: int) -> None:
+        for batch in itertools.islice(loader, batches):  # a new iterator each time
+            (w * batch.float().mean()).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    train(4)
+    attached.report()
+    attached.pending = collections.deque(maxlen=3)  # the reporter stalls: 3 records kept
+    train(10)
+    attached.report()
+    reports = [protocol.decode(data) for data in sent]
+    steps = [s for r in reports for s in r.steps]
+    assert [s.step for s in steps] == [0, 1, 2, 3, 11, 12, 13]
+    assert reports[-1].steps_total == 14
+    assert steps[0].step_seconds is not None  # from the first batch on
+    assert all(s.step_seconds is not None and s.step_seconds > 0 for s in steps[1:4])
+    assert steps[4].step_seconds is None and steps[4].data_wait_seconds is None
+    assert all(s.step_seconds > 0 and s.data_wait_seconds > 0 for s in steps[5:])
+    assert all(s.batch_size == 4 and s.micro_batches == 1 for s in steps)
+    assert [s.first_batch for s in steps] == [True] + [False] * 6
+    assert reports[-1].window.timed == 2
 
 
 _FORK_CHILD = r"""

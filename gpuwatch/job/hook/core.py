@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import inspect
 import multiprocessing.process
 import os
 import socket
@@ -125,6 +126,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 _PENDING = object()  # a step's loss while its copy from the device is under way
+_NOT_STEADY = object()  # _Hook.train_info when no iterator's batches take the short way
 
 
 class _Flags:
@@ -144,12 +146,13 @@ class _Hook:
     # eighty attributes a dict is read through a hint on each access, a slot at a fixed
     # offset, and the wrappers of each training step read and write a few dozen of them.
     __slots__ = ("paths", "pid", "off", "n", "skipped_known", "iter_start", "wait",
-                 "samples", "firsts", "first_wait", "loader", "loader_seen", "loader_made",
+                 "samples", "first", "loader", "loader_seen", "loader_made", "train_info",
                  "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
                  "uses_conv", "scaler_mode", "in_scaler_step", "opt_stepped", "found_inf",
-                 "primary", "clock", "scaler", "stream", "amp_iter", "autocast_dtype",
-                 "autocast_seen", "checkpointing", "backwards", "phase", "phase_t0",
-                 "phase_seconds", "phase_stack", "iter_excl", "train_loaders", "last_info",
+                 "primary", "clock", "scaler", "stream", "amp_iter", "amp_n",
+                 "autocast_seen", "checkpointing", "backwards", "bw_plain", "phase",
+                 "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
+                 "last_info", "prev_step",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "generate_calls",
@@ -171,21 +174,32 @@ class _Hook:
         # -- written by the training thread (hot path) --
         self.n = 0  # iterations finished
         self.skipped_known = 0  # skips known at step time
+        # Each iteration's end appends one record to `pending` (_step_lists() says what it
+        # holds). To keep that cheap, the data wait, the excluded seconds and the first
+        # batches are running totals, never reset: the reporting thread takes each
+        # iteration's share as the difference from the record before. Samples and
+        # backward() calls stay per iteration (small ints: Python keeps those, a growing
+        # total would be a new int object at every batch).
         self.iter_start: float | None = None  # perf_counter at the end of the last iteration
-        self.wait = 0.0  # data wait in the current iteration
-        self.samples: int | None = None  # samples fetched in the current iteration
-        self.firsts = 0  # new DataLoader iterators whose first batch came in this iteration
-        self.first_wait = 0.0  # their data wait (creating them included)
+        self.wait = 0.0  # data wait while training, seconds, since attach
+        self.samples = 0  # samples fetched in the current iteration (0: none, or unknown)
+        # new DataLoader iterators whose first batch came in training, and their data wait
+        # (creating them included), since attach: replaced, never changed in place
+        self.first: tuple[int, float] = (0, 0.0)
         self.loader: tuple[int | None, dict[str, Any]] | None = None  # last loader used
+        # the iterator facts (_wrap_iter_init) whose next batch takes the short way in
+        # __next__: the training loader's, while training; anything that could change
+        # what _fetched() decides (the phase, the loader, the hook off) sets it back
+        self.train_info: Any = _NOT_STEADY
         self.loader_seen = False
         self.loader_made = False  # a DataLoader iterator was created in this process
         self.active = False  # built a model, an optimizer or a loader: a process that trains
         self.source: str | None = None  # what ends an iteration: OPTIMIZER or BACKWARD
         self.optimizer_made = False
         self.depth = 0  # nested backward() calls (reentrant checkpointing runs one inside)
-        # backward() ends held while undecided: (end, and the iteration's wait, samples,
-        # firsts and first_wait so far)
-        self.held_backwards: list[tuple[float, float, int | None, int, float]] = []
+        # backward() ends held while undecided: (end, and the totals wait, samples,
+        # first and excluded then)
+        self.held_backwards: list[tuple[float, float, int, tuple[int, float], float]] = []
         self.convs: list[weakref.ref] = []  # a few conv modules, for channels_last
         self.uses_conv = False
         self.scaler_mode = False  # an enabled GradScaler clocks iterations (at update())
@@ -199,21 +213,25 @@ class _Hook:
         self.clock: weakref.ref | None = None
         self.scaler: weakref.ref | None = None
         self.stream: Any = None  # the training thread's CUDA stream, for ordered reads
-        # autocast in force during training: the dtype of an enabled autocast entered
-        # since the last iteration ended (amp_iter), and that of the last iteration that
-        # finished (autocast_dtype), so a setting changed after start-up is what is judged
+        # autocast in force during training: the dtype of the last enabled autocast
+        # entered, and in which iteration (`n` then), so a setting changed after start-up
+        # is what is judged (_config() reads it)
         self.amp_iter: str | None = None
-        self.autocast_dtype: str | None = None
+        self.amp_n = -2
         self.autocast_seen: str | None = None  # before the first iteration: any enabled one
         self.checkpointing = False
         self.backwards = 0  # top-level backward() calls in the current iteration
+        # backward() may take the short way (_wrap_backward): it was seen, the process is
+        # not evaluating, the batch before was a training loader's. Any phase change, and
+        # a batch of a loader not known to train, set it back to False
+        self.bw_plain = False
         # phases: the one in force, since when (perf_counter), the seconds of those that
         # ended, and what an interruption (checkpoint, compile) returns to
         self.phase = STARTUP
         self.phase_t0 = _perf()
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.phase_stack: list[str] = []
-        self.iter_excl = 0.0  # seconds of evaluation, checkpoints, compiling in this iteration
+        self.excluded = 0.0  # seconds of evaluation, checkpoints, compiling, since attach
         # the DataLoaders (by id) whose batches a backward() followed: they train; any
         # other one, once training began, evaluates
         self.train_loaders: set[int] = set()
@@ -244,6 +262,7 @@ class _Hook:
         self.scaled: tuple[Any, Any] | None = None  # GradScaler.scale()'s (result, input)
         self.pending: collections.deque = collections.deque(maxlen=MAX_PENDING_STEPS)
         # -- the reporter's --
+        self.prev_step: tuple[Any, ...] | None = None  # the last record taken from pending
         self.held: list[list[Any]] = []  # steps whose skip flag is still on the device
         # event, buffer, the steps whose flags it holds, whether it ends with the scale,
         # and the step whose loss ends it (None: no loss in it)
@@ -302,9 +321,16 @@ class _Hook:
             pass
         if self.errors >= MAX_HOOK_ERRORS and not self.off:
             self.off = True
-            self.clock = None
+            self.no_short_ways()
             self.problems.add("hook.off", f"stopped measuring after {self.errors} errors of "
                               f"its own; steps, data wait and settings are no longer sent")
+
+    def no_short_ways(self) -> None:
+        """The per-step wrappers go the long way again, where every check is made (the
+        hook stopped measuring, or detached)."""
+        self.clock = None
+        self.train_info = _NOT_STEADY
+        self.bw_plain = False
 
     # -- phases -------------------------------------------------------------------------
     def switch(self, phase: str, now: float) -> None:
@@ -314,9 +340,14 @@ class _Hook:
         spent = now - self.phase_t0
         self.phase_seconds[old] += spent
         if old is EVAL or old is CHECKPOINT or old is COMPILE:
-            self.iter_excl += spent
+            self.excluded += spent
         self.phase = phase
         self.phase_t0 = now
+        # the short ways of the per-step wrappers hold only while training
+        self.bw_plain = False
+        if phase is not TRAIN:
+            self.clock = None
+            self.train_info = _NOT_STEADY
 
     def interrupt(self, phase: str) -> None:
         """A checkpoint or a compilation begins (they nest: a save inside an evaluation)."""
@@ -397,51 +428,44 @@ class _Hook:
         if self.optimizer_made:
             now = _perf()
             held = self.held_backwards
-            held.append((now, self.wait, self.samples, self.firsts, self.first_wait))
+            held.append((now, self.wait, self.samples, self.first, self.excluded))
             if now - held[0][0] < BACKWARD_GRACE and len(held) < MAX_HELD_BACKWARDS:
                 return  # an optimizer exists: its first step may be on the way
             # it never stepped (an optimizer built only for its learning rate?): count
-            # the held backward() ends as the iterations they were
+            # the held backward() ends as the iterations they were, each with the totals
+            # it ended with (samples: this iteration's, so far)
             self.held_backwards = []
-            base = (0.0, 0, 0, 0.0)
-            amp = self.amp_iter
-            for end, wait, samples, firsts, first_wait in held:
-                self.wait, self.firsts = wait - base[0], firsts - base[2]
-                self.samples = None if samples is None else samples - base[1]
-                self.first_wait = first_wait - base[3]
-                self.backwards, self.amp_iter = 1, amp
-                self.end_iteration(False, end)
-                base = (wait, samples or 0, firsts, first_wait)
+            base = 0
+            for end, wait, samples, first, excluded in held:
+                self.samples, self.backwards = samples - base, 1
+                self.end_iteration(False, end, (wait, first, excluded))
+                base = samples
             self.source = BACKWARD
             return
         self.source = BACKWARD
         self.end_iteration(False)
 
-    def end_iteration(self, skipped: Any, now: float | None = None) -> None:
+    def end_iteration(self, skipped: Any, now: float | None = None,
+                      totals: tuple[float, tuple[int, float], float] | None = None) -> None:
+        """An iteration ended (at ``now``; ``totals``: the wait, first batches and excluded
+        seconds it ended with, when not the current ones). The optimizer step hook's
+        short way (_on_optimizer_step) records the same, without skip flags and start."""
         if now is None:
             now = _perf()
         if self.phase is not TRAIN:
             self._training_again(now)
         n = self.n
-        start = self.iter_start
-        first = None
-        if self.firsts:
-            first = (self.firsts, self.first_wait)
-            self.firsts, self.first_wait = 0, 0.0
-        self.pending.append([n, now, None if start is None else now - start - self.iter_excl,
-                             self.wait, self.samples, skipped, first, None,
-                             self.backwards or None])
+        wait, first, excluded = (self.wait, self.first, self.excluded) if totals is None \
+            else totals
+        self.pending.append((n, now, wait, self.samples, self.backwards, excluded, first,
+                             skipped, self.iter_start))
         self.loss_of = (n, self.loss_tensor)
         self.n = n + 1
         if skipped is True:
             self.skipped_known += 1
         self.iter_start = now
-        self.iter_excl = 0.0
-        self.wait = 0.0
-        self.samples = None
+        self.samples = 0
         self.backwards = 0
-        self.autocast_dtype = self.amp_iter
-        self.amp_iter = None
         if self.thread is None:
             self.start_reporting()
 
@@ -509,11 +533,14 @@ class _Hook:
         # is appended first), so that its record is among those held below
         self.loss_taken = self.loss_of
         pending = self.pending
+        taken = []
         while pending:
             try:
-                rec = pending.popleft()
+                taken.append(pending.popleft())
             except IndexError:
                 break
+        steps, self.prev_step = _step_lists(taken, self.prev_step)
+        for rec in steps:
             if isinstance(rec[5], list):
                 rec[5] = _Flags(rec[5])
             self.held.append(rec)
@@ -828,8 +855,11 @@ class _Hook:
         if loader is not None:
             cfg.update(loader[1])
         cfg["in_training"] = self.n > 0
-        # autocast in the last iteration that finished; before the first, any seen
-        amp = self.autocast_dtype if self.n else self.autocast_seen
+        # autocast in the last iteration that finished (or the one under way: the
+        # iteration it was entered in is kept, not what each iteration entered); before
+        # the first, any seen
+        amp = (self.amp_iter if self.amp_n >= self.n - 1 else None) if self.n \
+            else self.autocast_seen
         cfg["autocast"] = amp is not None
         cfg["autocast_dtype"] = amp
         read(cfg, "tf32", facts.matmul_tf32, p)
@@ -919,6 +949,44 @@ class _Hook:
             self._guarded_report(final=True)
 
 
+def _step_lists(records: list[tuple[Any, ...]], prev: tuple[Any, ...] | None
+                ) -> tuple[list[list[Any]], tuple[Any, ...] | None]:
+    """Each iteration's record as the reporter keeps it, from those the training thread
+    appended to ``pending``, in order; ``prev``: the record before the first (None: none
+    taken yet). Returns the lists and the new ``prev``.
+
+    A record is ``(n, end, wait, samples, backwards, excluded, first)``, plus ``(skipped,
+    start)`` where ``end_iteration()`` made it (the optimizer step hook's short way
+    leaves them out: not skipped, and started where the iteration before ended).
+    ``wait``, ``excluded`` (seconds) and ``first`` (iterators, seconds) are running
+    totals: the iteration's share is the difference from the record before (from zero
+    for the first one). After records lost to an overflowing ``pending`` (the reporting
+    thread stalled), the first one kept has no record before it: its step time, data
+    wait and first batches are unknown.
+
+    The list: ``[n, end, step seconds, data wait, samples, skipped, (iterators, their
+    wait) or None, loss, micro-batches]``, skipped and loss as the reporter resolves
+    them."""
+    out = []
+    for rec in records:
+        n, end, wait, samples, backwards, excluded, first = rec[:7]
+        skipped, start = (rec[7], rec[8]) if len(rec) > 7 else (False, None)
+        if prev is not None and prev[0] == n - 1:
+            start = prev[1]
+            base_wait, base_excluded, base_first = prev[2], prev[5], prev[6]
+        elif n == 0:
+            base_wait, base_excluded, base_first = 0.0, 0.0, (0, 0.0)
+        else:
+            start, base_wait, base_excluded, base_first = None, wait, excluded, first
+        fresh = None
+        if first is not base_first and first[0] != base_first[0]:
+            fresh = (first[0] - base_first[0], first[1] - base_first[1])
+        out.append([n, end, None if start is None else end - start - (excluded - base_excluded),
+                    wait - base_wait, samples or None, skipped, fresh, None, backwards or None])
+        prev = rec
+    return out, prev
+
+
 # -- the wrappers (module level, so detach() can find and restore them) --------------------
 
 def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
@@ -930,8 +998,16 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if clock is not None and clock() is optimizer:
             # every step after the first, in a loop without a GradScaler: one check for
             # what the way below decides (the hook is on, no scaler clocks, this optimizer
-            # does, and steps, not backward(), end iterations)
-            h.end_iteration(False)
+            # does, steps, not backward(), end iterations, the process trains and
+            # reports). What end_iteration() does then, in place: the record without
+            # skip flags and start (_step_lists() reads both kinds)
+            n = h.n
+            h.pending.append((n, _perf(), h.wait, h.samples, h.backwards, h.excluded,
+                              h.first))
+            h.loss_of = (n, h.loss_tensor)
+            h.n = n + 1
+            h.samples = 0
+            h.backwards = 0
             return
         if h.off:
             return
@@ -958,8 +1034,9 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
             h.end_iteration(False)
         else:
             h.step_end(False)
-        if h.source is OPTIMIZER and not h.off:
-            h.clock = h.primary  # its next steps take the short way
+        if h.source is OPTIMIZER and not h.off and h.phase is TRAIN \
+                and h.thread is not None:
+            h.clock = h.primary  # its next steps take the short way (switch() ends it)
     except Exception:
         h.fault()
 
@@ -1020,7 +1097,7 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def __next__(self: Any) -> Any:
         h = _hook
-        if h is None or h.off:
+        if h is None:
             return orig(self)
         t0 = _perf()
         try:
@@ -1031,18 +1108,14 @@ def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
             raise
         t1 = _perf()
         try:
-            info = self._gpuwatch  # set by _wrap_iter_init
-            if info is h.loader and info is not None and h.phase is TRAIN \
-                    and info[5] is True:
+            info = self._gpuwatch  # the facts _wrap_iter_init set
+            if info is h.train_info:
                 # the training loader's next batch while training (what nearly every
-                # call is): what _fetched() would do then, checked at once. This iterator
-                # gave a batch already (h.loader), so it is past its first one, and a
-                # backward() followed its batches (info[5]), so the process trains
-                h.last_info = info
+                # call is): what _fetched() would do then, decided there once. This
+                # iterator gave a batch already, a backward() followed its batches, its
+                # batch size is known, and the process trains with the hook on
                 h.wait += t1 - t0
-                size = info[0]
-                if size is not None:
-                    h.samples = (h.samples or 0) + size
+                h.samples += info[0]
                 return batch
         except AttributeError:
             pass  # an iterator made before the hook attached: _fetched() says so
@@ -1058,10 +1131,17 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
     """A DataLoader iterator's ``__next__`` waited from ``t0`` to ``t1``; ``got``: a batch
     came (not StopIteration at the end of the data)."""
     try:
-        info = it.__dict__.get("_gpuwatch")
+        if h.off:
+            return
+        # getattr, not __dict__: reading an instance's __dict__ makes Python keep its
+        # attributes in a real dict from then on, and __next__'s read of _gpuwatch then
+        # takes the slow way, every batch
+        info = getattr(it, "_gpuwatch", None)
         if info is None and got:
             it._gpuwatch = None  # made before the hook attached: no facts (and no lookup)
         h.last_info = info
+        if info is not None and info[5] is not True:
+            h.bw_plain = False  # a backward() now would say that this loader trains
         # once training began, a loader whose batches no backward() followed evaluates
         # (info[5]: True once one did)
         if h.n and info is not None and info[5] is not True:
@@ -1075,11 +1155,14 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
         if info is not None and got:
             h.loader = info
             if info[0] is not None:
-                h.samples = (h.samples or 0) + info[0]
+                h.samples += info[0]
             if info[2] is not None:  # this iterator's first batch
-                h.firsts += 1
-                h.first_wait += info[2] + (t1 - t0)
+                firsts, first_wait = h.first
+                h.first = (firsts + 1, first_wait + info[2] + (t1 - t0))
                 info[2] = None
+            # its next batches take the short way in __next__ while this holds
+            h.train_info = info if info[5] is True and info[0] is not None \
+                and h.phase is TRAIN else _NOT_STEADY
         h.loader_seen = True
         if got and not h.backward_seen:
             h.inference_work(info[0] if info is not None else None, t1)
@@ -1122,28 +1205,111 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     return __init__
 
 
+# torch.autograd.backward's parameters and their defaults (as in torch 2.13).
+# Where the function has exactly these, its wrapper takes them by name: a call then packs
+# no *args tuple and no **kwargs dict (Tensor.backward passes `inputs=` by keyword, which
+# cost two dicts a call). Any other signature gets the wrapper that forwards *args.
+_BACKWARD_PARAMETERS = (("tensors", inspect.Parameter.empty), ("grad_tensors", None),
+                        ("retain_graph", None), ("create_graph", False),
+                        ("grad_variables", None), ("inputs", None))
+
+
+def _has_parameters(fn: Callable[..., Any],
+                    expected: tuple[tuple[str, Any], ...]) -> bool:
+    """Whether ``fn`` takes exactly ``expected`` (name, default), all positional or
+    keyword: then a wrapper with the same parameters can pass them all on, by position."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if len(params) != len(expected):
+        return False
+    for i, (name, default) in enumerate(expected):  # (the hook runs on Python 3.8 too)
+        p = params[i]
+        if p.name != name or p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD \
+                or p.default is not default:
+            return False
+    return True
+
+
+def _backward_begins(h: _Hook, t: Any) -> None:
+    """A top-level ``backward()`` on ``t`` begins: what it says, every check made. Once
+    this ran, the next ones take the short way (``bw_plain``) until a phase changes or
+    a loader not known to train gives a batch."""
+    if h.off:
+        return
+    scaled = h.scaled
+    if scaled is not None:  # a GradScaler is in use: the loss is what scale() got
+        t = scaled[1] if scaled[0] is t else None
+    h.loss_tensor = t
+    h.backwards += 1
+    h.backward_seen = True
+    if h.phase is EVAL:
+        h.switch(TRAIN, _perf())
+    info = h.last_info
+    if info is not None and info[5] is not True:
+        info[5] = True  # its batches are what trains (and its loader's next ones)
+        h.train_loaders.add(info[4])
+    h.bw_plain = True
+
+
 def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.autograd.backward`` (which ``Tensor.backward`` calls): the loss, the
+    micro-batches, what trains; the iteration's end where no optimizer clocks. Its depth
+    tells a backward() run inside another (reentrant checkpointing) from a top-level one."""
+    if not _has_parameters(orig, _BACKWARD_PARAMETERS):
+        return _wrap_backward_any(orig)
+
+    @functools.wraps(orig)
+    def backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None,
+                 create_graph: Any = False, grad_variables: Any = None,
+                 inputs: Any = None) -> Any:
+        h = _hook
+        if h is None:
+            return orig(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
+                        inputs)
+        depth = h.depth
+        if not depth:
+            try:
+                if h.bw_plain:
+                    # what _backward_begins() does once nothing else can change
+                    scaled = h.scaled
+                    h.loss_tensor = tensors if scaled is None else \
+                        scaled[1] if scaled[0] is tensors else None
+                    h.backwards += 1
+                else:
+                    _backward_begins(h, tensors)
+            except Exception:
+                h.fault()
+        h.depth = depth + 1
+        try:
+            result = orig(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
+                          inputs)
+        finally:
+            h.depth = depth
+        if not depth and h.source is not OPTIMIZER and not h.off:
+            try:
+                if h.source is BACKWARD:
+                    h.end_iteration(False)
+                else:
+                    h.backward_end()
+            except Exception:
+                h.fault()
+        return result
+    return backward
+
+
+def _wrap_backward_any(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``_wrap_backward`` for a ``torch.autograd.backward`` of other parameters."""
     @functools.wraps(orig)
     def backward(*args: Any, **kwargs: Any) -> Any:
         h = _hook
-        if h is None or h.off:
+        if h is None:
             return orig(*args, **kwargs)
         depth = h.depth
         if not depth:
             try:
-                t = args[0] if args else kwargs.get("tensors")
-                scaled = h.scaled
-                if scaled is not None:  # a GradScaler is in use: the loss is what scale() got
-                    t = scaled[1] if scaled[0] is t else None
-                h.loss_tensor = t
-                h.backwards += 1
-                h.backward_seen = True
-                if h.phase is EVAL:
-                    h.switch(TRAIN, _perf())
-                info = h.last_info
-                if info is not None and info[5] is not True:
-                    info[5] = True  # its batches are what trains (and its loader's next ones)
-                    h.train_loaders.add(info[4])
+                _backward_begins(h, args[0] if args else kwargs.get("tensors"))
             except Exception:
                 h.fault()
         h.depth = depth + 1
@@ -1151,7 +1317,7 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             result = orig(*args, **kwargs)
         finally:
             h.depth = depth
-        if not depth and h.source is not OPTIMIZER:
+        if not depth and h.source is not OPTIMIZER and not h.off:
             try:
                 if h.source is BACKWARD:
                     h.end_iteration(False)
@@ -1215,7 +1381,7 @@ def _wrap_get_iterator(orig: Callable[..., Any]) -> Callable[..., Any]:
             return it
         try:
             total = _perf() - t0
-            info = it.__dict__.get("_gpuwatch")
+            info = getattr(it, "_gpuwatch", None)  # not __dict__: see _fetched()
             if info is not None and info[2] is not None:
                 h.wait += max(0.0, total - info[2])
                 info[2] = total
@@ -1236,6 +1402,7 @@ def _wrap_autocast_enter(orig: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 if getattr(self, "_enabled", False):
                     h.amp_iter = dtype = str(self.fast_dtype).replace("torch.", "")
+                    h.amp_n = h.n  # the iteration under way
                     if h.autocast_seen is None:
                         h.autocast_seen = dtype
             except Exception:
@@ -1714,7 +1881,7 @@ def detach() -> None:
         if h is None:
             return
         h.off = True
-        h.clock = None
+        h.no_short_ways()
         h.stop.set()
         _undo_patches()
         if sys.excepthook is _excepthook:
