@@ -216,3 +216,51 @@ def test_the_loss_is_read_without_a_device_sync(tmp_path: Path) -> None:
     assert errors == 0
     assert len(got) >= 3
     assert all(v == truth[k] for k, v in got.items())
+
+
+def test_memory_is_read_at_the_end_of_an_iteration(tmp_path: Path) -> None:
+    """The allocator's counters go out as an iteration's end left them, not as the report
+    found them: each step here holds 64 MiB of activations for 10 ms before its backward(),
+    where a reporting thread reading at its own moment lands most of the time. Every value
+    sent must be one the loop itself read right after an optimizer step."""
+    from gpuwatch.job.hook import core as hook
+    from gpuwatch.job.receiver import HookReceiver
+    from gpuwatch.samples import StepSample, StepsSample
+    from gpuwatch.store import Store
+
+    store = Store()
+    path = str(tmp_path / "hook.sock")
+    receiver = HookReceiver(store, path)
+    receiver.start()
+    assert hook.attach(path)
+    ends: set[int] = set()
+    try:
+        dev = torch.device("cuda")
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                    torch.nn.Linear(4096, 1)).to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        x, y = torch.randn(4096, 1024, device=dev), torch.randn(4096, 1, device=dev)
+        t_end = time.monotonic() + 3.0
+        while time.monotonic() < t_end:
+            loss = torch.nn.functional.mse_loss(model(x), y)  # 4096 x 4096 floats held
+            torch.cuda.synchronize()
+            time.sleep(0.01)  # most of the step: the activations are held
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            ends.add(torch.cuda.memory_allocated(dev))
+        h = hook._hook
+        assert h is not None
+        h.finish()
+    finally:
+        hook.detach()
+        receiver.flush()
+        receiver.stop()
+    sent = [(s.mem_allocated_bytes, s.max_mem_allocated_bytes) for s in store.timeline()
+            if isinstance(s, (StepSample, StepsSample))
+            and getattr(s, "mem_allocated_bytes", None) is not None]
+    print(f"the loop's step-end values {sorted(ends)}; sent {sorted(set(sent))}")
+    assert len(sent) >= 3
+    assert {a for a, _ in sent} <= ends
+    peak = torch.cuda.max_memory_allocated(dev)
+    assert all(a < p <= peak for a, p in sent)
