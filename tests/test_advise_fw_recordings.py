@@ -184,6 +184,11 @@ def test_the_trainer_under_torchrun_every_rank_its_steps_and_evaluations():
         assert (abs(j["phases"]["eval"] - t["eval_seconds"])
                 <= EVAL_TOLERANCE * t["eval_seconds"] + TEARDOWN_SECONDS), j["phases"]
     assert "per_device_train_batch_size=8 → " in action(report, "raise-batch-size")
+    # the hook reads the allocator at step ends: four identical ranks, one activation size
+    # (read by the reporting thread wherever it found the step, they were 3 to 60 MiB)
+    per = [a["evidence"]["act_mem_per_sample_bytes"] for a in report["advice"]
+           if a["id"] == "raise-batch-size"]
+    assert len(per) == 4 and max(per) <= 1.05 * min(per), per
 
 
 @pytest.mark.parametrize(("name", "ranks"), [("lightning_ddp", 2), ("lightning_ddp4", 4),
