@@ -1313,15 +1313,21 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             h.depth = depth
         if not depth and h.source is not OPTIMIZER and not h.off:
-            try:
-                if h.source is BACKWARD:
-                    h.end_iteration(False)
-                else:
-                    h.backward_end()
-            except Exception:
-                h.fault()
+            _backward_ended(h)
         return result
     return backward
+
+
+def _backward_ended(h: _Hook) -> None:
+    """A top-level backward() returned where no optimizer clocks the iterations: it ends
+    one (or is held while an optimizer may still step)."""
+    try:
+        if h.source is BACKWARD:
+            h.end_iteration(False)
+        else:
+            h.backward_end()
+    except Exception:
+        h.fault()
 
 
 def _wrap_backward_any(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -1343,13 +1349,7 @@ def _wrap_backward_any(orig: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             h.depth = depth
         if not depth and h.source is not OPTIMIZER and not h.off:
-            try:
-                if h.source is BACKWARD:
-                    h.end_iteration(False)
-                else:
-                    h.backward_end()
-            except Exception:
-                h.fault()
+            _backward_ended(h)
         return result
     return backward
 
