@@ -25,6 +25,14 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_eval_heavy": ({"speed-up-evaluation"}, {"raise-batch-size"}),
     "hf_compile_tf32": ({"long-compile"}, {"enable-mixed-precision"}),
     "hf_bert_b8": ({"raise-batch-size"}, {"reduce-launch-overhead"}),
+    # the Trainer's defaults: fp32, dataloader_num_workers=0, batch 8 (data wait 1 %)
+    "hf_default_b8": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                             "reduce-launch-overhead"}),
+    # Lightning's defaults (32-true, num_workers=0), a small MLP at batch 32: host 89 %,
+    # data wait 10 % (the main process loading its batches); Lightning's process tree
+    # holds a child that is no DataLoader worker
+    "lightning_default": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                                 "enable-persistent-workers"}),
     "hf_grad_ckpt": ({"disable-gradient-checkpointing"}, {"enable-gradient-checkpointing"}),
     "accelerate_accum": ({"reduce-gradient-accumulation"}, {"raise-batch-size"}),
     "generate": ({"batch-inference-requests"}, {"raise-batch-size", "gpu-underused",
@@ -241,3 +249,53 @@ def test_without_the_hook_nothing_is_said_the_data_cannot_support(tmp_path, name
     for a in report["advice"]:
         if a["gpu"] in first_work and a["severity"] == "warning":
             assert a["since"] >= first_work[a["gpu"]], (a["id"], a["gpu"])
+
+
+def test_a_small_data_wait_beside_the_host_time_is_not_the_lever():
+    """Lightning at num_workers=0: steps wait 10 % on the main process's own loading while
+    it keeps the GPU waiting 89 % of the time. The batch is the lever (the wait is small
+    beside the step's host time), and the one child process in its tree is no DataLoader
+    worker (the hook says num_workers=0): no worker count or worker busy is shown."""
+    report = advise_json(path_of("lightning_default"))
+    (a,) = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
+    assert "is small beside the main process's own time per step" in a["message"]
+    assert "DataLoader workers are" not in a["message"]
+    assert a["evidence"]["data_wait_ratio"] >= 0.1
+    assert a["evidence"]["share_host"] >= 3 * a["evidence"]["data_wait_ratio"]
+    children = [j["processes"] - 1 for d in lines(path_of("lightning_default"))
+                if d.get("kind") == "host" for j in d.get("jobs") or []]
+    assert children and max(children) >= 1  # a child the tree shows
+    for item in report["advice"]:
+        assert "job_workers" not in item["evidence"], item["id"]
+        assert "workers_busy_ratio" not in item["evidence"], item["id"]
+
+
+def test_children_beside_the_training_loaders_workers_do_not_dilute_their_busy(tmp_path):
+    """The Trainer with 2 DataLoader workers (the hook reports num_workers=2): four more
+    idle children in its tree (another loader's persistent workers, compile workers) leave
+    the workers' busy as it was; without the hook's count, the tree is all there is."""
+    def with_idle_children(src: Path, dst: Path, keep_hook: bool, extra: int = 4) -> Path:
+        out = []
+        for d in lines(src):
+            if not keep_hook and d.get("kind") in ("step", "steps", "config", "phase",
+                                                   "hook_problem", "job_end"):
+                continue
+            if d.get("kind") == "host":
+                for j in d.get("jobs") or []:
+                    j["processes"] += extra
+                if d.get("job_processes") is not None:
+                    d["job_processes"] += extra
+            out.append(d)
+        dst.write_text("".join(json.dumps(d) + "\n" for d in out))
+        return dst
+
+    def busy(path: Path) -> float:
+        (a,) = [a for a in advise_json(path)["advice"] if a["id"] == "raise-batch-size"]
+        return a["evidence"]["workers_busy_ratio"]
+
+    src = path_of("hf_bert_b8")
+    assert busy(with_idle_children(src, tmp_path / "more.jsonl", True)) == busy(src)
+    plain = tmp_path / "nohook.jsonl"
+    with_idle_children(src, plain, False, extra=0)
+    nohook = busy(with_idle_children(src, tmp_path / "nohook_more.jsonl", False))
+    assert nohook == pytest.approx(busy(plain) * 2 / 6, rel=0.05)

@@ -818,7 +818,7 @@ class Frame:
             if subj.gpu is None:
                 continue
             if subj.cpu.acc.n:
-                self._close_cpu(idx, subj.cpu)
+                self._close_cpu(idx, subj.cpu, subj.config.get("num_workers"))
             acc = subj.gpu_table.acc
             if not acc.n:
                 continue
@@ -1004,13 +1004,10 @@ class Frame:
         # _cpu_ring's choice, made once for the three: the GPU's own job trees, else the host
         own = subj.cpu.rings if subj.cpu.ever else None
         host = self.host_tables.rings
-        ring = own.get("main_busy_ratio") if own is not None else None
-        main = ring_mean(ring if ring is not None else host.get("main_busy_ratio"), start, end)
-        ring = own.get("workers_busy_ratio") if own is not None else None
-        wb = ring_mean(ring if ring is not None else host.get("workers_busy_ratio"), start,
-                       end)
-        ring = own.get("job_workers") if own is not None else None
-        workers = ring_mean(ring if ring is not None else host.get("job_workers"), start, end)
+        rings = own if own is not None else host
+        main = ring_mean(rings.get("main_busy_ratio"), start, end)
+        wb = ring_mean(rings.get("workers_busy_ratio"), start, end)
+        workers = ring_mean(rings.get("job_workers"), start, end)
         wall = (end - start) * self.res
         phases = self.phase_owner(subj)
         if phases is not None:
@@ -1218,7 +1215,9 @@ class Frame:
                     self._span_add(subj, self.idx - 1)
 
     # -- reading ---------------------------------------------------------------------------
-    def _close_cpu(self, idx: int, table: Table) -> None:
+    def _close_cpu(self, idx: int, table: Table, loader_workers: Any = None) -> None:
+        """A GPU's job CPU for bucket ``idx``; ``loader_workers``: the training
+        DataLoader's ``num_workers`` where the hook reported it."""
         a = table.acc
         table.ever = True
         mains, main, workers, nworkers = (a.mean(k) for k in ("mains", "main", "workers",
@@ -1226,6 +1225,14 @@ class Frame:
         a.clear()
         if not mains:
             return
+        if nworkers is not None and isinstance(loader_workers, (int, float)) \
+                and not isinstance(loader_workers, bool) and loader_workers >= 0:
+            # the tree's children beyond the training loader's workers are something else
+            # (another loader's persistent workers, torch.compile's compile workers, a
+            # framework's helper process): they do not feed the training steps, and
+            # counted as its workers they would read as idle loader workers. Their CPU
+            # stays in workers_cpu_cores (idle ones add nothing to the ratio below).
+            nworkers = min(nworkers, float(loader_workers) * mains)
         table.push(idx, "job_main_processes", mains)
         table.push(idx, "job_workers", nworkers)
         table.push(idx, "main_cpu_cores", main / mains)
@@ -1236,15 +1243,16 @@ class Frame:
 
     def _cpu_ring(self, subj: Subject, name: str) -> Ring | None:
         """A GPU's own job CPU where the trees say which GPU they are on, else the host's."""
-        ring = subj.cpu.rings.get(name) if subj.cpu.ever else None
-        return ring if ring is not None else self.host_tables.rings.get(name)
+        if subj.cpu.ever:  # (a signal it never had, as workers_busy_ratio without workers:
+            return subj.cpu.rings.get(name)  # none; the host's is every job's together)
+        return self.host_tables.rings.get(name)
 
     def lookup_table(self, subj: Subject, name: str) -> Table | None:
         table = VOCABULARY[name].table
         if table == "gpu":
             return subj.gpu_table if subj.gpu is not None else None
         if table == "host":
-            if subj.cpu.ever and name in PER_GPU_CPU and name in subj.cpu.rings:
+            if subj.cpu.ever and name in PER_GPU_CPU:
                 return subj.cpu
             return self.host_tables
         if table == "job":

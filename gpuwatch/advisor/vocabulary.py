@@ -98,7 +98,8 @@ def _defs() -> dict[str, SignalDef]:
         ("job_main_processes", "host", "count", "mean", ("processes using a GPU (the job "
          "roots: one per rank)"), True),
         ("job_workers", "host", "count", "mean", ("job processes that are not GPU users: "
-         "DataLoader workers (job_processes - job_main_processes)"), True),
+         "DataLoader workers (job_processes - job_main_processes; at most the training "
+         "loader's num_workers where the hook reports it)"), True),
         ("main_cpu_cores", "host", "cores", "mean", ("job_main_cpu_cores per main process; "
          "without the split, min(job_cpu_cores, mains) / mains"), True),
         ("workers_cpu_cores", "host", "cores", "mean", ("job_workers_cpu_cores; without the "

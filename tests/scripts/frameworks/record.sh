@@ -28,6 +28,9 @@ want hf_compile_tf32 && rec hf_compile_tf32 200 python3 hf_trainer.py $bert --st
 # 3. BERT-base in fp32 at batch 8, host-bound (issue: util 60 %, SM 47 %, 4 % of memory)
 want hf_bert_b8 && rec hf_bert_b8 150 python3 hf_trainer.py $bert --steps 100000 --seconds 55 --batch 8 \
   --accum 1 --eval-every 100000 --eval-samples 64 --workers 2
+# 3b. the Trainer's defaults: fp32, dataloader_num_workers=0, batch 8 (host-bound, no eval)
+want hf_default_b8 && rec hf_default_b8 120 python3 hf_trainer.py $bert --steps 100000 --seconds 45 \
+  --batch 8 --accum 1 --eval-every 100000 --eval-samples 64 --workers 0
 # 4. gradient checkpointing left on with memory to spare
 want hf_grad_ckpt && rec hf_grad_ckpt 150 python3 hf_trainer.py $bert --steps 100000 --seconds 50 --batch 32 \
   --accum 1 --eval-every 100000 --eval-samples 64 --grad-ckpt --bf16 --workers 2
@@ -45,6 +48,9 @@ if want lightning_ddp; then
     --val-every 250 --val-batch 64 --val-samples 16384 --width 2048 --workers 6 \
     --warm-seconds 20 --precision bf16-mixed
 fi
+# 8b. Lightning's defaults on one GPU: 32-true, num_workers=0, a small MLP at batch 32
+want lightning_default && rec lightning_default 120 python3 lightning_val.py --devices 1 \
+  --steps 100000 --seconds 45 --batch 32 --val-every 100000 --val-samples 256 --width 256 --workers 0
 # 9. the Trainer under torchrun on every GPU (DDP): BERT-base at batch 8 per rank in fp32,
 #    evaluating every 300 steps; a step count, not a clock, ends it (every rank the same)
 if want hf_ddp; then
