@@ -299,3 +299,29 @@ def test_children_beside_the_training_loaders_workers_do_not_dilute_their_busy(t
     with_idle_children(src, plain, False, extra=0)
     nohook = busy(with_idle_children(src, tmp_path / "nohook_more.jsonl", False))
     assert nohook == pytest.approx(busy(plain) * 2 / 6, rel=0.05)
+
+
+def test_without_the_hook_a_pegged_main_process_is_a_suspicion_with_its_check(tmp_path):
+    """The Trainer's defaults (no DataLoader workers, host-bound: the hook measured a 1 %
+    data wait) seen by the daemon alone: a pegged main process with no workers is all the
+    data shows, which loading and a loop's own host cost fit alike. The advice says it
+    may be the data, that the wait is not measured, and how the user tells the two apart;
+    with the hook, the measured wait gets no such advice."""
+    path = path_of("hf_default_b8")
+    assert "add-dataloader-workers" not in ids(advise_json(path))
+    hook = ("step", "steps", "config", "phase", "hook_problem", "job_end")
+    bare = tmp_path / "nohook.jsonl"
+    bare.write_text("".join(json.dumps(d) + "\n" for d in lines(path)
+                            if d.get("kind") not in hook))
+    (a,) = [a for a in advise_json(bare)["advice"] if a["id"] == "add-dataloader-workers"]
+    assert a["message"].startswith("The input pipeline may hold the training back")
+    assert "the wait for data is not measured" in a["message"]
+    assert a["evidence"]["job_workers"] == 0 and a["evidence"]["main_busy_ratio"] >= 0.85
+    assert "while the training process is pegged" in a["action"]
+    assert "raise the batch size instead" in a["action"]
+    assert a["confidence"] < 0.6
+    # measured by the hook (a hand-written loop waiting 87 % on its own loading): said as so
+    (m,) = [a for a in advise_json(DATA / "input_bound.jsonl")["advice"]
+            if a["id"] == "add-dataloader-workers"]
+    assert m["message"].startswith("The input pipeline holds the training back: steps spend")
+    assert "raise the batch size instead" not in m["action"]
