@@ -51,6 +51,13 @@ fi
 # 8b. Lightning's defaults on one GPU: 32-true, num_workers=0, a small MLP at batch 32
 want lightning_default && rec lightning_default 120 python3 lightning_val.py --devices 1 \
   --steps 100000 --seconds 45 --batch 32 --val-every 100000 --val-samples 256 --width 256 --workers 0
+# 8c. GPU-bound: BERT-large at sequence 512, batch 32, bf16; a wide MLP at batch 2048, bf16-mixed
+want hf_large_bf16 && rec hf_large_bf16 150 python3 hf_trainer.py --hidden 1024 --layers 24 --seq 512 \
+  --steps 100000 --seconds 50 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 \
+  --tf32-arg --workers 4
+want lightning_wide_bf16 && rec lightning_wide_bf16 150 python3 lightning_val.py --devices 1 --steps 2500 \
+  --seconds 50 --batch 2048 --val-every 100000 --val-samples 2048 --width 16384 --workers 4 \
+  --precision bf16-mixed
 # 9. the Trainer under torchrun on every GPU (DDP): BERT-base at batch 8 per rank in fp32,
 #    evaluating every 300 steps; a step count, not a clock, ends it (every rank the same)
 if want hf_ddp; then
