@@ -807,8 +807,8 @@ class Frame:
                     host.push(idx, "main_busy_ratio", min(1.0, jm / mains))
                     if jw is not None:
                         host.push(idx, "workers_cpu_cores", jw)
-                        if workers >= 1:
-                            host.push(idx, "workers_busy_ratio", min(1.0, jw / workers))
+                        host.push(idx, "workers_busy_ratio",
+                                  min(1.0, jw / workers) if workers >= 1 else None)
             a.clear()
         self._bucket_pids = set()
         for subj in self.subjects.values():
@@ -1238,8 +1238,10 @@ class Frame:
         table.push(idx, "main_cpu_cores", main / mains)
         table.push(idx, "main_busy_ratio", min(1.0, main / mains))
         table.push(idx, "workers_cpu_cores", workers)
-        if nworkers is not None and nworkers >= 1:
-            table.push(idx, "workers_busy_ratio", min(1.0, workers / nworkers))
+        # None where it has no workers now: a window must not read an earlier bucket's
+        # (start-up, when a launcher's tree held the other ranks) as this one's
+        table.push(idx, "workers_busy_ratio", min(1.0, workers / nworkers)
+                   if nworkers is not None and nworkers >= 1 else None)
 
     def _cpu_ring(self, subj: Subject, name: str) -> Ring | None:
         """A GPU's own job CPU where the trees say which GPU they are on, else the host's."""

@@ -58,6 +58,19 @@ want hf_large_bf16 && rec hf_large_bf16 150 python3 hf_trainer.py --hidden 1024 
 want lightning_wide_bf16 && rec lightning_wide_bf16 150 python3 lightning_val.py --devices 1 --steps 2500 \
   --seconds 50 --batch 2048 --val-every 100000 --val-samples 2048 --width 16384 --workers 4 \
   --precision bf16-mixed
+# 8d. Lightning DDP on every GPU with its defaults: num_workers=0, 32-true, an MLP at batch 32
+if want lightning_ddp_default; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec lightning_ddp_default 150 python3 lightning_val.py --devices "$n" --steps 100000 --seconds 45 \
+    --batch 32 --val-every 100000 --val-samples 256 --width 256 --workers 0
+fi
+# 8e. Accelerate DDP under torchrun on every GPU: micro-batch 64, no accumulation, no workers
+#     (a step count ends it: 60000 over 4 ranks' shards is 15000 steps each)
+if want accelerate_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec accelerate_ddp 150 torchrun --standalone --nproc_per_node "$n" accelerate_accum.py --micro 64 \
+    --accum 1 --steps 60000 --width 4096
+fi
 # 9. the Trainer under torchrun on every GPU (DDP): BERT-base at batch 8 per rank in fp32,
 #    evaluating every 300 steps; a step count, not a clock, ends it (every rank the same)
 if want hf_ddp; then
