@@ -142,17 +142,7 @@ def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
         h.pending = collections.deque(maxlen=1000)
         on_step = hook._on_optimizer_step
 
-        def raw(_self: Any, *_args: Any) -> Any:
-            return None
-
-        # torch.autograd.backward's own parameters, as the hook's wrapper passes them on
-        def raw_backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None,
-                         create_graph: Any = False, grad_variables: Any = None,
-                         inputs: Any = None) -> Any:
-            return None
-
-        class It:
-            pass
+        from hook_standins import It, raw, raw_backward  # (benchmarks/, beside this file)
 
         it = It()
         wrapped_next = hook._wrap_next(raw)
@@ -172,9 +162,7 @@ def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
         for _ in range(rounds):
             h.scaler_mode = False
             timed("optimizer_step_hook_us", on_step, opt, (), {})
-            # as a DataLoader iterator carries it once its first batch came, in a loader
-            # that trains: [batch size, facts, None, start, id(loader), True]
-            it._gpuwatch = [16, {}, None, 0.0, 1, True]  # type: ignore[attr-defined]
+            it._gpuwatch = [16, {}, None, 0.0, 1, True]  # (hook_standins.It) fresh each round
             base = timed("raw", raw, it)
             timed("dataloader_next_wrapper_us", wrapped_next, it, base=base)
             base = timed("raw", raw_backward, p)
