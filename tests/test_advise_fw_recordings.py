@@ -341,6 +341,7 @@ def test_without_the_hook_a_pegged_main_process_is_a_suspicion_with_its_check(tm
     assert "while the training process is pegged" in a["action"]
     assert "raise the batch size instead" in a["action"]
     assert a["confidence"] < 0.6
+    assert "CPU cores are free." in a["action"]  # one GPU: the host's free cores are its own
     # measured by the hook (a hand-written loop waiting 87 % on its own loading): said as so
     (m,) = [a for a in advise_json(DATA / "input_bound.jsonl")["advice"]
             if a["id"] == "add-dataloader-workers"]
@@ -363,3 +364,19 @@ def test_a_launchers_start_up_tree_is_not_read_as_its_loader_workers_later():
     for a in report["advice"]:
         assert "workers_busy_ratio" not in a["evidence"], (a["id"], a["gpu"])
         assert "job_workers" not in a["evidence"], (a["id"], a["gpu"])
+
+
+
+def test_free_cores_are_counted_per_gpu_where_gpus_share_the_host(tmp_path):
+    """Accelerate's DDP on 4 H100s seen without the hook (no workers, pegged mains): each
+    rank is told the cores free per GPU, and that they are per GPU, not the host's 60."""
+    hook = ("step", "steps", "config", "phase", "hook_problem", "job_end")
+    bare = tmp_path / "nohook.jsonl"
+    bare.write_text("".join(json.dumps(d) + "\n" for d in lines(path_of("accelerate_ddp"))
+                            if d.get("kind") not in hook))
+    items = [a for a in advise_json(bare)["advice"] if a["id"] == "add-dataloader-workers"]
+    assert sorted(a["gpu"] for a in items) == [0, 1, 2, 3]
+    for a in items:
+        m = re.search(r"(\d+) CPU cores are free per GPU \(of 4 on this host\)", a["action"])
+        assert m, a["action"]
+        assert int(m.group(1)) == int(a["evidence"]["cpu_free_cores"] // 4)
