@@ -262,3 +262,27 @@ def test_markdown_shows_where_each_ranks_time_went():
         assert sum(shares) == pytest.approx(100, abs=1.5)
     # rank 1 waits for its data; rank 0 waits for rank 1 in the collectives
     assert rows[0].endswith("| waiting on peers |") and rows[1].endswith("| data wait |")
+
+
+def test_the_same_advice_on_several_gpus_is_one_block():
+    """Accelerate's DDP on 4 H100s: each rank is told to fuse its optimizer in the same
+    words. The text and Markdown reports show that once, naming the four GPUs, and the
+    header counts both; each rank's own batch advice (its own numbers) keeps its block; the
+    JSON keeps one item per GPU."""
+    path = DATA / "fw_accelerate_ddp.jsonl"
+    rep = json.loads(advise(path, "json"))
+    fused = [a for a in rep["advice"] if a["id"] == "use-fused-optimizer"]
+    assert sorted(a["gpu"] for a in fused) == [0, 1, 2, 3]
+    n = len(rep["advice"])
+    blocks = n - 3
+    text = advise(path, "text")
+    heads = [ln for ln in text.splitlines() if re.match(r"^\d+\. \[", ln)]
+    assert len(heads) == blocks
+    assert [h for h in heads if "use-fused-optimizer" in h] == [
+        f"{blocks}. [INFO] use-fused-optimizer on GPUs 0, 1, 2, 3, confidence 0.60"]
+    assert len([h for h in heads if "raise-batch-size on GPU " in h]) == 4
+    assert f"{n} pieces of advice ({blocks} blocks: the same on several GPUs is one)" \
+        in " ".join(text.split())
+    md = advise(path, "markdown")
+    assert md.count("### ") == blocks
+    assert "`use-fused-optimizer` (info, GPUs 0, 1, 2, 3, confidence 0.60)" in md

@@ -8,6 +8,7 @@ show each with its unit at a precision a person reads (:func:`evidence_value`).
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import textwrap
@@ -651,6 +652,45 @@ def hook_text(report: dict[str, Any]) -> str:
     return ", ".join(seen) or "none"
 
 
+# what a text or Markdown block shows of a piece of advice, as it shows it: the same on
+# several GPUs (the ranks of one job told to fuse their optimizer) is one block naming them
+_SHOWN = ("id", "severity", "active", "instance", "title", "message", "action",
+          "expected_gain_text", "hook_would_add")
+
+
+def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int | None]]]:
+    """``advice`` in its order, each piece with the GPUs it reads the same on: a piece
+    whose every shown field equals an earlier one's joins that one's block."""
+    blocks: list[tuple[dict[str, Any], list[int | None]]] = []
+    seen: dict[str, int] = {}
+    for a in advice:
+        key = json.dumps([a.get(k) for k in _SHOWN]
+                         + [f"{a.get('confidence', 0):.2f}",
+                            _evidence_text(a.get("evidence") or {})], default=str)
+        i = seen.get(key)
+        if i is not None and a.get("gpu") is not None and blocks[i][1][0] is not None:
+            blocks[i][1].append(a["gpu"])
+            continue
+        seen.setdefault(key, len(blocks))
+        blocks.append((a, [a.get("gpu")]))
+    return blocks
+
+
+def _where(a: dict[str, Any], gpus: list[int | None]) -> str:
+    if gpus[0] is None:
+        where = "host"
+    elif len(gpus) == 1:
+        where = f"GPU {gpus[0]}"
+    else:
+        where = "GPUs " + ", ".join(str(g) for g in gpus)
+    return f"{a['instance']} {where}" if a.get("instance") else where
+
+
+def _same_on(n: int, blocks: int) -> str:
+    """The header's note where some blocks stand for several GPUs."""
+    return "" if n == blocks else f" ({blocks} blocks: the same on several GPUs is one)"
+
+
 def render_text(report: dict[str, Any], width: int | None = None) -> str:
     width = width or min(100, max(60, shutil.get_terminal_size((100, 24)).columns))
     hook_txt = hook_text(report)
@@ -677,12 +717,13 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
     else:
         if report.get("judged", {}).get("gpu") is False:
             lines += textwrap.wrap(not_judged_text(report), width=width) + [""]
-        lines.append(f"{_pieces(len(advice))}, {_order_text(advice)}:")
+    blocks = grouped(advice)
+    if advice:
+        lines += textwrap.wrap(f"{_pieces(len(advice))}{_same_on(len(advice), len(blocks))}"
+                               f", {_order_text(advice)}:", width=width)
     wrap = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="    ")
-    for i, a in enumerate(advice, 1):
-        where = "host" if a.get("gpu") is None else f"GPU {a['gpu']}"
-        if a.get("instance"):
-            where = f"{a['instance']} {where}"
+    for i, (a, gpus) in enumerate(blocks, 1):
+        where = _where(a, gpus)
         state = "" if a.get("active", True) else " (ended)"
         lines.append("")
         lines.append(f"{i}. [{a['severity'].upper()}] {a['id']} on {where}, confidence "
@@ -760,10 +801,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(no_advice_text(report))
     elif report.get("judged", {}).get("gpu") is False:
         lines += [not_judged_text(report), ""]
-    for i, a in enumerate(advice, 1):
-        where = "host" if a.get("gpu") is None else f"GPU {a['gpu']}"
-        if a.get("instance"):
-            where = f"{a['instance']} {where}"
+    blocks = grouped(advice)
+    if len(blocks) < len(advice):
+        lines += [f"{_pieces(len(advice))}{_same_on(len(advice), len(blocks))}.", ""]
+    for i, (a, gpus) in enumerate(blocks, 1):
+        where = _where(a, gpus)
         state = "" if a.get("active", True) else ", ended"
         lines += [(f"### {i}. `{a['id']}` ({a['severity']}, {where}, confidence "
                   f"{a['confidence']:.2f}{state})"), "", f"**{a['title']}**", "", a["message"], ""]
