@@ -142,7 +142,7 @@ def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
         h.pending = collections.deque(maxlen=1000)
         on_step = hook._on_optimizer_step
 
-        from hook_standins import It, raw, raw_backward  # (benchmarks/, beside this file)
+        from hook_standins import It, raw, raw_backward, training_facts  # (benchmarks/)
 
         it = It()
         wrapped_next = hook._wrap_next(raw)
@@ -162,7 +162,7 @@ def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
         for _ in range(rounds):
             h.scaler_mode = False
             timed("optimizer_step_hook_us", on_step, opt, (), {})
-            it._gpuwatch = [16, {}, None, 0.0, 1, True]  # (hook_standins.It) fresh each round
+            it._gpuwatch = training_facts()  # fresh each round
             base = timed("raw", raw, it)
             timed("dataloader_next_wrapper_us", wrapped_next, it, base=base)
             base = timed("raw", raw_backward, p)

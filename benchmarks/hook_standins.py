@@ -20,9 +20,14 @@ def raw_backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = Non
     return None
 
 
+def training_facts() -> list[Any]:
+    """What a DataLoader iterator carries once its first batch came in a loader that
+    trains: [batch size, facts, None, start, id(loader), True]."""
+    return [16, {}, None, 0.0, 1, True]
+
+
 class It:
-    """A DataLoader iterator as the hook sees it once its first batch came in a loader
-    that trains: ``_gpuwatch`` = [batch size, facts, None, start, id(loader), True]."""
+    """A DataLoader iterator as the hook sees it (``_gpuwatch``: :func:`training_facts`)."""
 
     def __init__(self) -> None:
-        self._gpuwatch = [16, {}, None, 0.0, 1, True]
+        self._gpuwatch = training_facts()

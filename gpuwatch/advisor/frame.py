@@ -1001,10 +1001,9 @@ class Frame:
             util = ring_mean(gt.get("util"), start, end)
             if busy is None:
                 busy = util
-        # _cpu_ring's choice, made once for the three: the GPU's own job trees, else the host
-        own = subj.cpu.rings if subj.cpu.ever else None
-        host = self.host_tables.rings
-        rings = own if own is not None else host
+        # lookup_table's choice for the three: the GPU's own job trees once it has any,
+        # else the host's
+        rings = subj.cpu.rings if subj.cpu.ever else self.host_tables.rings
         main = ring_mean(rings.get("main_busy_ratio"), start, end)
         wb = ring_mean(rings.get("workers_busy_ratio"), start, end)
         workers = ring_mean(rings.get("job_workers"), start, end)
@@ -1225,8 +1224,7 @@ class Frame:
         a.clear()
         if not mains:
             return
-        if nworkers is not None and isinstance(loader_workers, (int, float)) \
-                and not isinstance(loader_workers, bool) and loader_workers >= 0:
+        if nworkers is not None and isinstance(loader_workers, float) and loader_workers >= 0:
             # the tree's children beyond the training loader's workers are something else
             # (another loader's persistent workers, torch.compile's compile workers, a
             # framework's helper process): they do not feed the training steps, and
@@ -1243,18 +1241,14 @@ class Frame:
         table.push(idx, "workers_busy_ratio", min(1.0, workers / nworkers)
                    if nworkers is not None and nworkers >= 1 else None)
 
-    def _cpu_ring(self, subj: Subject, name: str) -> Ring | None:
-        """A GPU's own job CPU where the trees say which GPU they are on, else the host's."""
-        if subj.cpu.ever:  # (a signal it never had, as workers_busy_ratio without workers:
-            return subj.cpu.rings.get(name)  # none; the host's is every job's together)
-        return self.host_tables.rings.get(name)
-
     def lookup_table(self, subj: Subject, name: str) -> Table | None:
         table = VOCABULARY[name].table
         if table == "gpu":
             return subj.gpu_table if subj.gpu is not None else None
         if table == "host":
             if subj.cpu.ever and name in PER_GPU_CPU:
+                # its own trees' (a signal they never had, as workers_busy_ratio without
+                # workers, is none: the host's is every job's together)
                 return subj.cpu
             return self.host_tables
         if table == "job":
