@@ -95,6 +95,12 @@ class JobTree:
     workers_cpu_cores: float = 0.0  # its descendants
     processes: int = 1
     rss_bytes: int = 0  # summed RSS (forked pages count once per process)
+    # the descendants torch names as its DataLoader workers (the process name
+    # "pt_data_worker": torch 2.5 and newer), and their CPU cores; the tree's other
+    # children (a framework's helper, compile workers) are not. 0 where none is so named,
+    # which older torch also reads as; None in a recording from an older gpuwatch
+    loader_workers: int | None = None
+    loader_cpu_cores: float | None = None
     gpus: tuple[int, ...] = ()  # the GPUs NVML lists the root on (its rank's GPU)
     # what the root's environment says of a distributed launch (torchrun, accelerate,
     # deepspeed set them): its RANK, WORLD_SIZE, and a digest of the launch's identity
@@ -123,6 +129,8 @@ class HostSample:
     job_rss_bytes: int | None = None
     job_main_cpu_cores: float | None = None
     job_workers_cpu_cores: float | None = None
+    job_loader_workers: int | None = None  # the trees' named DataLoader workers (JobTree)
+    job_loader_cpu_cores: float | None = None
     jobs: tuple[JobTree, ...] = ()
 
 

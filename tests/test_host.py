@@ -255,3 +255,54 @@ def test_a_worker_born_between_ticks_is_counted_at_first_sight() -> None:
                     p.kill()
             except psutil.Error:
                 pass
+
+
+# a training job with a real torch DataLoader (2 workers that spin in __getitem__) and
+# an idle helper child beside them (a framework's helper process, a compile worker)
+HELPER = "import os, time\nppid = os.getppid()\nwhile os.getppid() == ppid:\n    time.sleep(0.2)\n"
+LOADER_JOB = (
+    "import subprocess, sys, time\n"
+    "import torch\n"
+    "helper = subprocess.Popen([sys.executable, '-c', sys.argv[1]])\n"
+    "print(helper.pid, flush=True)\n"
+    "class Spin(torch.utils.data.Dataset):\n"
+    "    def __len__(self):\n"
+    "        return 10**9\n"
+    "    def __getitem__(self, i):\n"
+    "        until = time.monotonic() + 0.05\n"
+    "        while time.monotonic() < until:\n"
+    "            pass\n"
+    "        return i\n"
+    "for _ in torch.utils.data.DataLoader(Spin(), batch_size=4, num_workers=2):\n"
+    "    pass\n"
+)
+
+
+def test_the_children_torch_names_as_its_dataloader_workers_are_told_apart() -> None:
+    pytest.importorskip("torch")
+    proc = subprocess.Popen([sys.executable, "-c", LOADER_JOB, HELPER], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        helper = int(proc.stdout.readline())
+        host = HostSampler()
+        s = sample_until(host, [proc.pid],
+                         lambda s: bool(s.jobs and s.jobs[0].loader_workers == 2
+                                        and (s.jobs[0].loader_cpu_cores or 0) > 0.3),
+                         "the DataLoader's two workers to be named and busy")
+        (tree,) = s.jobs
+        # the main process, the helper and the two workers; only the workers are loaders
+        assert tree.processes == 4
+        assert psutil.Process(helper).name() != "pt_data_worker"
+        assert tree.loader_cpu_cores <= tree.workers_cpu_cores + 0.01
+        assert (s.job_loader_workers, s.job_loader_cpu_cores) == (2, tree.loader_cpu_cores)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_tree_without_named_workers_reports_none() -> None:
+    host = HostSampler()
+    s = host.sample(time.time(), [os.getpid()])
+    (tree,) = s.jobs
+    assert tree.loader_workers == 0 and tree.loader_cpu_cores == 0.0

@@ -239,3 +239,49 @@ def test_per_rank_evidence_names_the_starved_ranks_own_workers(tmp_path: Path,
     jobs = {j["gpu"]: j for j in report["jobs"]}
     assert jobs[1]["bottleneck"] == "data" and jobs[0]["bottleneck"] != "data"
     assert jobs[1]["time_share"]["data"] > 0.5 > jobs[0]["time_share"]["data"]
+
+
+# Lightning's DDP launcher: the script's own process is rank 0 (it holds GPU 0) and starts
+# ranks 1..N-1 with LOCAL_RANK, NODE_RANK, WORLD_SIZE and the rendezvous in their
+# environment, no RANK; its own environment, read as it started, has none of them
+LIGHTNING = ("import os, subprocess, sys\nloop, n = sys.argv[1], int(sys.argv[2])\n"
+             "env = lambda i: dict(os.environ, LOCAL_RANK=str(i), NODE_RANK='0',\n"
+             "                     WORLD_SIZE=str(n), MASTER_ADDR='127.0.0.1',\n"
+             "                     MASTER_PORT='29556')\n"
+             "kids = [subprocess.Popen([sys.executable, '-c', loop, 'idle'], env=env(i))\n"
+             "        for i in range(1, n)]\n"
+             "print(*[k.pid for k in kids], flush=True)\n"
+             "exec(loop.replace('sys.argv[1]', repr('idle')))\n")
+
+
+def test_lightnings_rank_zero_and_the_ranks_it_started_are_one_launch() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", LIGHTNING, LOOP, "3"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        kids = [int(x) for x in proc.stdout.readline().split()]
+        on = {proc.pid: (0,), kids[0]: (1,), kids[1]: (2,)}
+        host = HostSampler()
+        jobs = {j.pid: j for j in host.sample(time.time(), on, mains=on).jobs}
+        assert sorted(jobs) == sorted(on)
+        assert {p: (j.rank, j.world_size) for p, j in jobs.items()} == {
+            proc.pid: (0, 3), kids[0]: (1, 3), kids[1]: (2, 3)}
+        assert len({j.dist_job for j in jobs.values()}) == 1
+        assert jobs[proc.pid].dist_job is not None
+        # each rank's tree is its own: rank 0's holds neither of the others
+        assert all(j.processes == 1 for j in jobs.values())
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_local_rank_is_the_rank_on_the_first_node_only() -> None:
+    """Without RANK (Lightning's launcher), LOCAL_RANK is the rank where NODE_RANK is 0;
+    on another node it is not (the ranks per node are not in the environment). A
+    launcher whose children are ranks 0..N-1 gets none: test_each_gpu_has_its_own_rank..."""
+    from gpuwatch.collect.host import parse_dist
+    env = b"\0".join([b"LOCAL_RANK=2", b"NODE_RANK=0", b"WORLD_SIZE=4", b"MASTER_PORT=1"])
+    assert parse_dist(env)[:2] == (2, 4)
+    # another node's local rank is not its rank: without RANK it is not read
+    other = env.replace(b"NODE_RANK=0", b"NODE_RANK=1")
+    assert parse_dist(other) == (None, None, None)

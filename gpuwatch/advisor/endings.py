@@ -44,7 +44,9 @@ def _how(e: Mapping[str, Any]) -> str:
     return f"ended ({reason})"
 
 
-def summary(e: Mapping[str, Any]) -> str:
+def summary(e: Mapping[str, Any], inference: Any = None) -> str:
+    """One sentence for an ending; ``inference``: the inference batches (or generate()
+    calls) the hook counted where the process ran inference and never trained."""
     who = [f"rank {e['rank']}" if e.get("rank") is not None else None,
            f"GPU {e['gpu']}" if e.get("gpu") is not None else None]
     who_text = ", ".join(w for w in who if w)
@@ -59,6 +61,8 @@ def summary(e: Mapping[str, Any]) -> str:
     first = e.get("first_step_t")
     if first is not None and t is not None:
         text += f", {max(0.0, t - first):.0f} s after its first step"
+    elif not e.get("steps_total") and inference:
+        text += f", having run inference only ({inference} batches or generate() calls)"
     elif not e.get("steps_total"):
         text += ", before its first step"
     if e.get("steps_total"):
@@ -73,13 +77,15 @@ def summary(e: Mapping[str, Any]) -> str:
     return text
 
 
-def entries(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The report's ``job_ends`` list, in time order; one per process (its first end)."""
+def entries(lines: Iterable[Mapping[str, Any]],
+            inference: Mapping[int, Any] | None = None) -> list[dict[str, Any]]:
+    """The report's ``job_ends`` list, in time order; one per process (its first end).
+    ``inference``: pid -> inference batches, for the processes that only ran inference."""
     out: dict[int, dict[str, Any]] = {}
     for line in lines:
         pid = line.get("pid")
         if isinstance(pid, int) and pid not in out:
             entry = {k: line.get(k) for k in _FIELDS}
-            entry["summary"] = summary(entry)
+            entry["summary"] = summary(entry, (inference or {}).get(pid))
             out[pid] = entry
     return sorted(out.values(), key=lambda e: e.get("t") or 0.0)

@@ -35,7 +35,9 @@ _HOST_RAW = {"cpu_util": "cpu_util", "load1": "load1", "load5": "load5",
              "swap_used_bytes": "swap_used_bytes", "job_cpu_cores": "job_cpu_cores",
              "job_processes": "job_processes", "job_rss_bytes": "job_rss_bytes",
              "job_main_cpu_cores": "job_main_cpu_cores",
-             "job_workers_cpu_cores": "job_workers_cpu_cores"}
+             "job_workers_cpu_cores": "job_workers_cpu_cores",
+             "job_loader_workers": "job_loader_workers",
+             "job_loader_cpu_cores": "job_loader_cpu_cores"}
 _AUTOCAST_ON = {"bfloat16", "bf16", "float16", "fp16", "half", "torch.bfloat16",
                 "torch.float16"}
 
@@ -405,17 +407,25 @@ class Frame:
             if main is None or workers is None:
                 continue
             procs = float(jg("processes") or 1)
+            # the children torch names as its DataLoader workers, where any is (torch
+            # 2.5+); else every child counts as one
+            loaders = jg("loader_workers")
+            if loaders:
+                nworkers, busy = float(loaders), float(jg("loader_cpu_cores") or 0.0)
+            else:
+                nworkers, busy = max(0.0, procs - 1.0), float(workers)
             for g in gpus:
-                t = per.setdefault(int(g), [0.0, 0.0, 0.0, 0.0])
+                t = per.setdefault(int(g), [0.0, 0.0, 0.0, 0.0, 0.0])
                 t[0] += 1.0
                 t[1] += float(main)
                 t[2] += float(workers)
-                t[3] += max(0.0, procs - 1.0)
+                t[3] += nworkers
+                t[4] += busy
         for g, dist in dists.items():  # each line says it anew: a job that ended has none
             subj = self.subjects.get(g)
             if subj is not None:
                 subj.dist = dist
-        for g, (mains, main, workers, nworkers) in per.items():
+        for g, (mains, main, workers, nworkers, busy) in per.items():
             subj = self.subjects.get(g)
             if subj is None:  # a GPU no gpu line described: nothing to judge it by
                 continue
@@ -424,6 +434,7 @@ class Frame:
             acc.add("main", main)
             acc.add("workers", workers)
             acc.add("nworkers", nworkers)
+            acc.add("loading", busy)
 
     def _hook_starts(self, subj: Subject) -> None:
         """``subj``'s job sent its first step: from the next bucket on it is judged by
@@ -794,9 +805,15 @@ class Frame:
                     pids = set().union(*(s.proc_pids for s in gpus)) if gpus else set()
                 mains = float(max(1, len(pids))) if jp >= 1 else 0.0
                 workers = max(0.0, jp - mains)
+                jm, jw = a.mean("job_main_cpu_cores"), a.mean("job_workers_cpu_cores")
+                # the children torch names as DataLoader workers, where any is: the
+                # others (a framework's helper, compile workers) feed no steps
+                jl = a.mean("job_loader_workers")
+                jb = a.mean("job_loader_cpu_cores") if jl else None
+                if jl:
+                    workers = jl
                 host.push(idx, "job_main_processes", mains)
                 host.push(idx, "job_workers", workers)
-                jm, jw = a.mean("job_main_cpu_cores"), a.mean("job_workers_cpu_cores")
                 if jc is not None and mains > 0:
                     if jm is None:
                         # without the split, the mains are taken to use the first cores: a
@@ -807,8 +824,9 @@ class Frame:
                     host.push(idx, "main_busy_ratio", min(1.0, jm / mains))
                     if jw is not None:
                         host.push(idx, "workers_cpu_cores", jw)
+                        busy = jb if jb is not None else jw
                         host.push(idx, "workers_busy_ratio",
-                                  min(1.0, jw / workers) if workers >= 1 else None)
+                                  min(1.0, busy / workers) if workers >= 1 else None)
             a.clear()
         self._bucket_pids = set()
         for subj in self.subjects.values():
@@ -1219,8 +1237,8 @@ class Frame:
         DataLoader's ``num_workers`` where the hook reported it."""
         a = table.acc
         table.ever = True
-        mains, main, workers, nworkers = (a.mean(k) for k in ("mains", "main", "workers",
-                                                              "nworkers"))
+        mains, main, workers, nworkers, loading = (
+            a.mean(k) for k in ("mains", "main", "workers", "nworkers", "loading"))
         a.clear()
         if not mains:
             return
@@ -1238,7 +1256,9 @@ class Frame:
         table.push(idx, "workers_cpu_cores", workers)
         # None where it has no workers now: a window must not read an earlier bucket's
         # (start-up, when a launcher's tree held the other ranks) as this one's
-        table.push(idx, "workers_busy_ratio", min(1.0, workers / nworkers)
+        if loading is None:
+            loading = workers
+        table.push(idx, "workers_busy_ratio", min(1.0, loading / nworkers)
                    if nworkers is not None and nworkers >= 1 else None)
 
     def lookup_table(self, subj: Subject, name: str) -> Table | None:

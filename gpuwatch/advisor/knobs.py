@@ -90,6 +90,15 @@ KNOBS: dict[str, dict[str, str]] = {
         TORCH: "model = torch.compile(model)",
         "transformers": "TrainingArguments(torch_compile=True)",
     },
+    # inference: the weights themselves in bf16 (no optimizer, no master weights to keep)
+    "bf16_inference": {
+        TORCH: "model.to(torch.bfloat16), or torch.autocast(\"cuda\", "
+               "dtype=torch.bfloat16) around the forward pass",
+        "transformers": "TrainingArguments(bf16_full_eval=True) for Trainer.predict and "
+                        "evaluate, or from_pretrained(..., dtype=torch.bfloat16)",
+        "lightning": 'Trainer(precision="bf16-true") for trainer.predict',
+        "accelerate": 'Accelerator(mixed_precision="bf16")',
+    },
 }
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from gpuwatch.advisor import endings
 from gpuwatch.advisor.engine import Engine, Finding
-from gpuwatch.advisor.report import HOOK_NOTE, RunTally, build_report
+from gpuwatch.advisor.report import HOOK_NOTE, RunTally, build_report, inference_batches
 from gpuwatch.advisor.rules import RuleSet, human_duration, human_percent, load_rules
 
 log = logging.getLogger(__name__)
@@ -312,7 +312,8 @@ class LiveAdvisor:
         ended = getattr(self.store, "job_ends", None)
         if ended is not None:
             report["job_ends"] = endings.entries(
-                [*report.get("job_ends", []), *(asdict(e) for e in ended())])
+                [*report.get("job_ends", []), *(asdict(e) for e in ended())],
+                inference_batches(report.get("jobs", [])))
         judged = 0.0
         if self.engine.evaluated_until is not None and frame.t_first is not None:
             judged = max(0.0, self.engine.evaluated_until - frame.t_first)

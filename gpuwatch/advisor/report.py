@@ -14,7 +14,7 @@ import shutil
 import textwrap
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from gpuwatch.advisor import endings
@@ -315,7 +315,7 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         "warming_up": None,  # the daemon's, while it has judged less than its rules need
         "jobs": jobs,
         "advice": advice,
-        "job_ends": endings.entries(ended),
+        "job_ends": endings.entries(ended, inference_batches(jobs)),
         "notes": notes,
     }
 
@@ -541,8 +541,27 @@ def _training_spans(report: dict[str, Any]) -> list[dict[str, Any]]:
             and g.get("busy_ratio") is not None]
 
 
-def _busy_phrase(g: dict[str, Any]) -> str:
-    span = f"{duration(g['training_seconds'])} the job trained"
+def inference_batches(jobs: Iterable[dict[str, Any]]) -> dict[int, Any]:
+    """pid -> inference batches, for the jobs the hook saw only run inference."""
+    return {j["pid"]: (j.get("inference") or {}).get("batches") for j in jobs
+            if j.get("phase") == "inference" and not j.get("time_share")
+            and isinstance(j.get("pid"), int)}
+
+
+def _inference_gpus(report: dict[str, Any]) -> set[int]:
+    """The GPUs whose jobs (all of them) only ran inference, as far as the hook saw."""
+    by_gpu: dict[int, bool] = {}
+    for j in report.get("jobs", []):
+        if j.get("gpu") is None:
+            continue
+        only = j.get("phase") == "inference" and not j.get("time_share")
+        by_gpu[j["gpu"]] = by_gpu.get(j["gpu"], True) and only
+    return {g for g, only in by_gpu.items() if only}
+
+
+def _busy_phrase(g: dict[str, Any], inference: Collection[int] = ()) -> str:
+    what_ran = "ran inference" if g["gpu"] in inference else "trained"
+    span = f"{duration(g['training_seconds'])} the job {what_ran}"
     if g.get("busy_signal") == "breakdown":
         return f"GPU {g['gpu']} worked {percent(g['busy_ratio'])} of the {span}"
     what = "SM active" if g.get("busy_signal") == "sm_active" else "util"
@@ -572,17 +591,18 @@ def no_advice_text(report: dict[str, Any]) -> str:
                 "torch hook, no process working on a GPU), and the GPU health rules found "
                 "nothing wrong.")
     spans = _training_spans(report)
+    inference = _inference_gpus(report)
     under = [g for g in spans if g["busy_ratio"] < UNDERUSED_BELOW]
     if under:
         return ("No rule named the cause, but the GPU was not used fully: "
-                + "; ".join(_busy_phrase(g) for g in under)
+                + "; ".join(_busy_phrase(g, inference) for g in under)
                 + f". A training job that keeps its GPU under {percent(UNDERUSED_BELOW)} "
                 "busy has time to win back: look at where each step's time goes (step time, "
                 "data wait, the main process's CPU: the torch hook measures them), then a "
                 "larger batch, more DataLoader workers or fewer host syncs.")
     if spans:
         return ("No advice: nothing in this data calls for a change. "
-                + "; ".join(_busy_phrase(g) for g in spans) + ".")
+                + "; ".join(_busy_phrase(g, inference) for g in spans) + ".")
     return "No advice: nothing in this data calls for a change."
 
 

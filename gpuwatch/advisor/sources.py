@@ -230,6 +230,8 @@ _JOB_SERIES = {
     "gpuwatch_job_workers_cpu_cores": "job_workers_cpu_cores",
     "gpuwatch_job_processes": "job_processes",
     "gpuwatch_job_rss_bytes": "job_rss_bytes",
+    "gpuwatch_job_loader_workers": "job_loader_workers",
+    "gpuwatch_job_loader_cpu_cores": "job_loader_cpu_cores",
 }
 _TRAIN_SERIES = {
     "gpuwatch_train_steps_total": "steps_total",

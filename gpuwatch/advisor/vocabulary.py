@@ -91,15 +91,20 @@ def _defs() -> dict[str, SignalDef]:
          "process(es) alone (optional field)"), False),
         ("job_workers_cpu_cores", "host", "cores", "mean", ("CPU cores busy in the main "
          "processes' children (optional field)"), False),
+        ("job_loader_workers", "host", "count", "mean", ("the children torch names as its "
+         "DataLoader workers (pt_data_worker, torch 2.5+; optional field)"), False),
+        ("job_loader_cpu_cores", "host", "cores", "mean", ("CPU cores busy in those "
+         "DataLoader workers (optional field)"), False),
         # derived, host
         ("cpu_free_cores", "host", "cores", "mean", "host_cpus x (1 - cpu_util)", True),
         ("load_per_cpu", "host", "ratio", "mean", "load1 / host_cpus", True),
         ("host_mem_used_ratio", "host", "ratio", "mean", "host memory used / total", True),
         ("job_main_processes", "host", "count", "mean", ("processes using a GPU (the job "
          "roots: one per rank)"), True),
-        ("job_workers", "host", "count", "mean", ("job processes that are not GPU users: "
-         "DataLoader workers (job_processes - job_main_processes; at most the training "
-         "loader's num_workers where the hook reports it)"), True),
+        ("job_workers", "host", "count", "mean", ("the jobs' DataLoader workers: the "
+         "children torch names so where any is (job_loader_workers), else every process "
+         "that is not a GPU user (job_processes - job_main_processes); at most the "
+         "training loader's num_workers where the hook reports it"), True),
         ("main_cpu_cores", "host", "cores", "mean", ("job_main_cpu_cores per main process; "
          "without the split, min(job_cpu_cores, mains) / mains"), True),
         ("workers_cpu_cores", "host", "cores", "mean", ("job_workers_cpu_cores; without the "
@@ -107,7 +112,8 @@ def _defs() -> dict[str, SignalDef]:
         ("main_busy_ratio", "host", "ratio", "mean", ("how busy each main process is "
          "(1 = one core pegged)"), True),
         ("workers_busy_ratio", "host", "ratio", "mean", ("how busy each worker is on average "
-         "(1 = every worker pegs a core)"), True),
+         "(1 = every worker pegs a core; the named DataLoader workers' CPU where any is)"),
+         True),
         # hook: step lines (per job, mapped to its GPU)
         ("step_seconds", "job", "seconds", "mean", ("wall time of one iteration (mean: per "
          "step)"), False),

@@ -53,6 +53,9 @@ from gpuwatch.samples import HostSample, JobTree
 
 log = logging.getLogger(__name__)
 
+# what torch (2.5 and newer) names each DataLoader worker process (its comm, as ps shows)
+LOADER_WORKER_NAME = "pt_data_worker"
+
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, ProcessLookupError,
          PermissionError, FileNotFoundError)
 
@@ -69,7 +72,9 @@ class _Tracked:
     dist: tuple[int | None, int | None, str | None] | None = None  # read_dist, once
 
 
-_DIST_KEYS = (b"RANK", b"WORLD_SIZE", b"TORCHELASTIC_RUN_ID", b"MASTER_ADDR", b"MASTER_PORT")
+_DIST_KEYS = (b"RANK", b"WORLD_SIZE", b"TORCHELASTIC_RUN_ID", b"MASTER_ADDR", b"MASTER_PORT",
+              b"LOCAL_RANK", b"NODE_RANK")
+_RENDEZVOUS = (b"TORCHELASTIC_RUN_ID", b"MASTER_ADDR", b"MASTER_PORT")
 
 
 def parse_dist(environ: bytes) -> tuple[int | None, int | None, str | None]:
@@ -86,12 +91,38 @@ def parse_dist(environ: bytes) -> tuple[int | None, int | None, str | None]:
         return int(v) if v.isdigit() and len(v) < 10 else None
 
     rank, world = count(b"RANK"), count(b"WORLD_SIZE")
+    if rank is None and count(b"NODE_RANK") in (None, 0):
+        # Lightning's DDP launcher gives the ranks it starts LOCAL_RANK, NODE_RANK and
+        # WORLD_SIZE but no RANK: on the first node (or one alone) the two are the same
+        rank = count(b"LOCAL_RANK")
     if world is None or world < 1 or rank is None or rank >= world:
         return None, None, None
-    ident = b"|".join(env.get(k, b"") for k in _DIST_KEYS[2:])
+    ident = b"|".join(env.get(k, b"") for k in _RENDEZVOUS)
     if not ident.strip(b"|"):
         return rank, world, None  # ranks it cannot tie to one launch: no group
     return rank, world, hashlib.blake2s(ident, digest_size=6).hexdigest()
+
+
+def _launching_rank(jobs: list[JobTree], whole: dict[int, list[int]]) -> list[JobTree]:
+    """Rank 0 of a launch whose ranks it started itself (Lightning's DDP re-runs its
+    script for ranks 1..N-1, their environment naming the launch; its own environment,
+    read as it started, names none): a GPU's main process with no rank of its own, whose
+    tree holds other GPUs' mains that all name one launch, ranks 1 and up, none of them
+    rank 0, is that launch's rank 0."""
+    by_pid = {j.pid: j for j in jobs}
+    out = []
+    for job in jobs:
+        if job.rank is None and len(job.gpus) == 1:
+            inner = [by_pid[p] for p in whole.get(job.pid, ()) if p in by_pid]
+            launches = {(k.world_size, k.dist_job) for k in inner}
+            if inner and len(launches) == 1:
+                ((world, launch),) = launches
+                ranks = {k.rank for k in inner}
+                if (launch is not None and world is not None and None not in ranks
+                        and 0 not in ranks and len(ranks) == len(inner) < world):
+                    job = replace(job, rank=0, world_size=world, dist_job=launch)
+        out.append(job)
+    return out
 
 
 def read_dist(pid: int) -> tuple[int | None, int | None, str | None]:
@@ -178,6 +209,8 @@ class HostSampler:
             job_cpu_cores=round(sum(j.cpu_cores for j in jobs), 3),
             job_main_cpu_cores=round(sum(j.main_cpu_cores for j in jobs), 3),
             job_workers_cpu_cores=round(sum(j.workers_cpu_cores for j in jobs), 3),
+            job_loader_workers=sum(j.loader_workers or 0 for j in jobs),
+            job_loader_cpu_cores=round(sum(j.loader_cpu_cores or 0.0 for j in jobs), 3),
             job_processes=sum(j.processes for j in jobs),
             job_rss_bytes=sum(j.rss_bytes for j in jobs),
         )
@@ -304,7 +337,7 @@ class HostSampler:
         except (OSError, psutil.Error) as err:
             logs.once(log, "host-ptable", logging.WARNING, "cannot list processes: %s", err)
             return ()
-        trees = {pid: self._descendants(pid, kids) for pid in on_gpus}
+        whole = trees = {pid: self._descendants(pid, kids) for pid in on_gpus}
         # a GPU process inside another GPU process's tree belongs to that tree, unless it
         # is a GPU's main process (a rank under a launcher that touched CUDA)
         nested = {pid for root, members in trees.items() for pid in members if pid in on_gpus}
@@ -317,6 +350,8 @@ class HostSampler:
             job = self._job(root, trees[root], on_gpus.get(root, ()))
             if job is not None:
                 jobs.append(job)
+        if nested & mains:
+            jobs = _launching_rank(jobs, whole)
         if not jobs:
             logs.once(log, "host-nojobs", logging.INFO,
                       "none of the GPU processes %s is visible here (another PID namespace?)",
@@ -328,9 +363,9 @@ class HostSampler:
         main = self._usage(root)
         if main is None:
             return None  # the root is gone: its tree is no longer a job
-        workers_cpu = 0.0
+        workers_cpu = loader_cpu = 0.0
         rss = main[1]
-        processes = 1
+        processes, loaders = 1, 0
         for pid in descendants:
             usage = self._usage(pid)
             if usage is None:
@@ -338,6 +373,9 @@ class HostSampler:
             workers_cpu += usage[0]
             rss += usage[1]
             processes += 1
+            if usage[2]:
+                loaders += 1
+                loader_cpu += usage[0]
         tracked = self._procs[root]
         if tracked.dist is None:
             tracked.dist = read_dist(root)
@@ -355,6 +393,8 @@ class HostSampler:
             processes=processes,
             rss_bytes=rss,
             gpus=gpus,
+            loader_workers=loaders,
+            loader_cpu_cores=round(loader_cpu, 3),
         )
 
     def _since_birth(self, proc: psutil.Process) -> float:
@@ -371,8 +411,9 @@ class HostSampler:
         times = proc.cpu_times()
         return (times.user + times.system) / (now - prev)
 
-    def _usage(self, pid: int) -> tuple[float, int] | None:
-        """(CPU cores busy since the last tick, RSS bytes) of one process; None if gone."""
+    def _usage(self, pid: int) -> tuple[float, int, bool] | None:
+        """(CPU cores busy since the last tick, RSS bytes, whether torch named it a
+        DataLoader worker) of one process; None if gone."""
         tracked = self._track(pid)
         if tracked is None:
             return None
@@ -385,7 +426,10 @@ class HostSampler:
                     tracked.fresh = False
                     cores = self._since_birth(tracked.proc)
                 rss = tracked.proc.memory_info().rss
+                # read anew each tick from the same stat record: a worker renames itself
+                # as it starts, after the fork that copied its parent's name
+                loader = tracked.proc.name() == LOADER_WORKER_NAME
         except _GONE:
             self._procs.pop(pid, None)
             return None
-        return max(cores, 0.0), rss
+        return max(cores, 0.0), rss, loader

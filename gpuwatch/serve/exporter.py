@@ -371,11 +371,19 @@ def _host_families(snap: Snapshot) -> list[Metric]:
         "rss": GaugeMetricFamily("gpuwatch_job_rss_bytes",
                                  "Summed RSS of the job's tree (shared pages count per process).",
                                  labels=JOB_LABELS),
+        "loaders": GaugeMetricFamily("gpuwatch_job_loader_workers",
+                                     "Processes in the job's tree that torch names as its "
+                                     "DataLoader workers (pt_data_worker, torch 2.5+).",
+                                     labels=JOB_LABELS),
+        "loader_cpu": GaugeMetricFamily("gpuwatch_job_loader_cpu_cores",
+                                        "CPU cores busy in the job's DataLoader workers "
+                                        "(pt_data_worker processes).", labels=JOB_LABELS),
     }
     trees: list[tuple[list[str], dict[str, Any]]] = [
         ([str(j.pid), _label(j.name), _label(j.user)],
          {"cpu": j.cpu_cores, "main": j.main_cpu_cores, "workers": j.workers_cpu_cores,
-          "procs": j.processes, "rss": j.rss_bytes})
+          "procs": j.processes, "rss": j.rss_bytes, "loaders": j.loader_workers,
+          "loader_cpu": j.loader_cpu_cores})
         for j in host.jobs]
     if not trees and host.job_cpu_cores is not None:
         # a recording keeps only the sum over the job trees, without pids: export that sum
@@ -383,7 +391,8 @@ def _host_families(snap: Snapshot) -> list[Metric]:
         trees.append((["", "", ""],
                       {"cpu": host.job_cpu_cores, "main": host.job_main_cpu_cores,
                        "workers": host.job_workers_cpu_cores, "procs": host.job_processes,
-                       "rss": host.job_rss_bytes}))
+                       "rss": host.job_rss_bytes, "loaders": host.job_loader_workers,
+                       "loader_cpu": host.job_loader_cpu_cores}))
     for labels, values in trees:
         for key, value in values.items():
             if value is not None:

@@ -242,7 +242,8 @@ _JOB: dict[str, Check] = {"pid": _count, "name": _string, "user": _string,
                           "cpu_cores": _nonneg, "main_cpu_cores": _nonneg,
                           "workers_cpu_cores": _nonneg, "processes": _count, "rss_bytes": _count,
                           "gpus": _indices, "rank": _count, "world_size": _count,
-                          "dist_job": _string}
+                          "dist_job": _string, "loader_workers": _count,
+                          "loader_cpu_cores": _nonneg}
 
 _GPU: dict[str, Check] = {
     "gpu": _count, "uuid": _string, "lost": _boolean,
@@ -267,6 +268,7 @@ _HOST: dict[str, Check] = {
     "swap_used_bytes": _count, "swap_total_bytes": _count,
     "job_cpu_cores": _nonneg, "job_processes": _count, "job_rss_bytes": _count,
     "job_main_cpu_cores": _nonneg, "job_workers_cpu_cores": _nonneg,
+    "job_loader_workers": _count, "job_loader_cpu_cores": _nonneg,
     "jobs": _objects(_JOB, ("pid",)),
 }
 _STEP: dict[str, Check] = {

@@ -78,3 +78,41 @@ if want hf_ddp; then
   rec hf_ddp 300 torchrun --standalone --nproc_per_node "$n" hf_trainer.py $bert --steps 1200 \
     --batch 8 --accum 1 --eval-every 300 --eval-batch 8 --eval-samples 2048 --workers 2
 fi
+# 10-17: scripts in other people's styles (hf_textcls.py: a Dataset that tokenizes per item;
+#        lightning_cnn.py: a timm ResNet on images decoded and augmented per item)
+# 10. TrainingArguments(fp16=True) on a GPU that has bf16: BERT-base classifier, 4 workers
+want hf_fp16 && rec hf_fp16 120 python3 hf_textcls.py --batch 32 --workers 4 --fp16 --seconds 40
+# 11. one loader worker tokenizing 64 sentences a batch four times over: the GPU waits
+want hf_text_starved && rec hf_text_starved 120 python3 hf_textcls.py --batch 64 --workers 1 \
+  --clean-passes 4 --bf16 --seconds 40
+# 12. micro-batch 4 with 16 accumulation steps in the Trainer, bf16
+want hf_accum && rec hf_accum 120 python3 hf_textcls.py --batch 4 --accum 16 --workers 2 --bf16 \
+  --seconds 40
+# 13. inference through the Trainer: Trainer.predict at per_device_eval_batch_size=16, fp32
+want hf_predict && rec hf_predict 120 python3 hf_textcls.py --batch 16 --workers 2 --predict \
+  --seconds 40
+# 14. Lightning precision="16-mixed" on a GPU that has bf16: ResNet-18 at batch 256, 12 workers
+want lightning_cnn_fp16 && rec lightning_cnn_fp16 120 python3 lightning_cnn.py --batch 256 \
+  --workers 12 --precision 16-mixed --seconds 40
+# 15. two loader workers, two blur passes an image: the GPU waits (32-true)
+want lightning_cnn_starved && rec lightning_cnn_starved 120 python3 lightning_cnn.py --batch 256 \
+  --workers 2 --blur 2 --seconds 40
+# 16. every other step's input batch kept on the GPU (for an image grid later): memory grows
+want lightning_cnn_leak && rec lightning_cnn_leak 120 python3 lightning_cnn.py --batch 128 \
+  --workers 8 --precision bf16-mixed --leak 2 --seconds 40
+# 17. micro-batch 16 with accumulate_grad_batches=16, bf16-mixed
+want lightning_cnn_accum && rec lightning_cnn_accum 120 python3 lightning_cnn.py --batch 16 \
+  --accum 16 --workers 4 --precision bf16-mixed --seconds 40
+# 18. Lightning DDP on every GPU whose last rank has half the loader workers and twice the
+#     augmentation: it holds the others back (bf16-mixed, ResNet-18 at batch 128 per rank)
+if want lightning_cnn_slow_rank; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec lightning_cnn_slow_rank 150 python3 lightning_cnn.py --devices "$n" --batch 128 --workers 6 \
+    --precision bf16-mixed --slow-rank $((n - 1)) --seconds 45
+fi
+# 19. the Trainer under torchrun on every GPU with fp16=True (a GPU that has bf16)
+if want hf_fp16_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec hf_fp16_ddp 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 32 \
+    --workers 4 --fp16 --seconds 45
+fi

@@ -1,0 +1,119 @@
+"""Image classification with Lightning the way a tutorial writes it: a timm ResNet (a small
+CNN where timm is missing) on synthetic images that the Dataset decodes and augments per
+item (random crop, flip, a blur, normalization: CPU work in the loader), trained by
+``lightning.pytorch.Trainer`` with ``--precision``, ``--accum``
+(``accumulate_grad_batches``) and ``--workers`` from the command line, on one GPU or
+several (DDP).
+
+``--leak N`` keeps every Nth step's input batch on the GPU in a list on the module (the
+mistake of collecting samples for an image grid at ``on_train_epoch_end`` without
+``.cpu()``): allocated memory grows step after step.
+``--slow-rank R`` gives rank R's loader twice the augmentation work and half the workers
+(one node whose data path is slower: its rank holds the others back at every all-reduce).
+
+A Callback counts the optimizer steps (the script's own truth, --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from _truth import Truth  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--model", default="resnet18")
+p.add_argument("--size", type=int, default=64, help="image side after the crop")
+p.add_argument("--batch", type=int, default=128)
+p.add_argument("--accum", type=int, default=1)
+p.add_argument("--workers", type=int, default=4)
+p.add_argument("--precision", default="32-true")
+p.add_argument("--devices", type=int, default=1)
+p.add_argument("--blur", type=int, default=1, help="blur passes per item (CPU per item)")
+p.add_argument("--leak", type=int, default=0)
+p.add_argument("--slow-rank", type=int, default=-1)
+p.add_argument("--samples", type=int, default=500_000)
+p.add_argument("--seconds", type=float, default=45.0)
+p.add_argument("--out")
+a = p.parse_args()
+
+truth = Truth(a.out)
+RANK = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+slow = RANK == a.slow_rank
+
+
+def make_model() -> torch.nn.Module:
+    try:
+        import timm
+        return timm.create_model(a.model, num_classes=100, pretrained=False)
+    except ImportError:
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 100))
+
+
+class Images(torch.utils.data.Dataset):
+    MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+    STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+    KERNEL = torch.full((3, 1, 3, 3), 1 / 9)
+
+    def __len__(self) -> int:
+        return a.samples
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        g = torch.Generator().manual_seed(i)
+        side = a.size + a.size // 8
+        raw = torch.randint(0, 256, (3, side, side), dtype=torch.uint8, generator=g)
+        x0, y0 = (int(v) for v in torch.randint(0, side - a.size + 1, (2,), generator=g))
+        img = raw[:, y0:y0 + a.size, x0:x0 + a.size].float() / 255
+        if torch.rand(1, generator=g).item() < 0.5:
+            img = img.flip(-1)
+        for _ in range(a.blur * (2 if slow else 1)):
+            img = F.conv2d(img.unsqueeze(0), self.KERNEL, padding=1, groups=3).squeeze(0)
+        return (img - self.MEAN) / self.STD, i % 100
+
+
+class Classifier(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = make_model()
+        self.kept: list[torch.Tensor] = []
+
+    def training_step(self, batch, i):  # noqa: ANN001, ANN201
+        x, y = batch
+        loss = F.cross_entropy(self.model(x), y)
+        if a.leak and i % a.leak == 0:
+            self.kept.append(x)  # for a grid at the epoch's end; never moved off the GPU
+        return loss
+
+    def configure_optimizers(self):  # noqa: ANN201
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+
+
+class Count(pl.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, i):  # noqa: ANN001
+        truth.data["steps"] = trainer.global_step
+
+
+torch.set_num_threads(1)  # per-item work stays on the worker's own core
+workers = max(1, a.workers // 2) if slow else a.workers
+loader = torch.utils.data.DataLoader(Images(), batch_size=a.batch, shuffle=True,
+                                     num_workers=workers, pin_memory=True,
+                                     persistent_workers=workers > 0)
+trainer = pl.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu",
+                     devices=a.devices, precision=a.precision,
+                     accumulate_grad_batches=a.accum, max_epochs=1000,
+                     max_time={"seconds": a.seconds}, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=[Count()])
+trainer.fit(Classifier(), loader)
+if trainer.global_rank == 0:
+    truth.write(micro_batches=a.accum, batch=a.batch)
+print("trained", trainer.global_step, "steps", file=sys.stderr)
