@@ -96,6 +96,8 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # Lightning's ranks tied into one launch: the straggler, not four host-bound ranks
     "lightning_cnn_slow_rank": ({"straggler-rank", "add-dataloader-workers"},
                                 {"raise-batch-size"}),
+    # the leak read from the GPU's used memory (NVML) instead of torch's allocator
+    "lightning_cnn_leak": ({"memory-leak"}, {"raise-batch-size"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -465,14 +467,17 @@ def test_a_pegged_worker_beside_a_busy_main_process_is_not_told_to_raise_the_bat
 
 def test_trainer_predict_in_fp32_is_inference_told_to_use_bf16():
     """Trainer.predict over and over, in fp32: an inference process (the hook's phases),
-    its matmuls on the FP32 pipe. It is told bf16 for inference, never a learning rate,
-    and its ending and spans say it ran inference, not that it trained."""
+    its matmuls on the FP32 pipe, the Trainer found from the inference batch's stack. It
+    is told bf16 for inference in the Trainer's words, never a learning rate, and its
+    ending says it ran inference, not that it trained."""
     name = "hf_predict"
     report = advise_json(path_of(name))
     (job,) = report["jobs"]
-    assert job["phase"] == "inference"
+    assert job["phase"] == "inference" and job["framework"] == "transformers"
     (a,) = [a for a in report["advice"] if a["id"] == "inference-in-fp32"]
     assert a["evidence"]["fp32_active"] >= 0.2 and a["evidence"]["tensor_active"] < 0.05
+    assert a["action"].startswith("Run the forward passes in bf16: "
+                                  "TrainingArguments(bf16_full_eval=True)")
     assert "model.to(torch.bfloat16)" in a["action"] and LR not in a["action"]
     assert "in batches of 16" in a["message"]
     (end,) = report["job_ends"]
@@ -517,3 +522,33 @@ def test_lightnings_ranks_are_one_launch_without_the_hook(tmp_path):
         by.setdefault(a["id"], set()).add(a["gpu"])
     assert by.get("straggler-rank") == {3} and by.get("add-dataloader-workers") == {3}
     assert "raise-batch-size" not in by
+
+
+LEAKS = {"gpu_leak_oom", "fw_lightning_cnn_leak"}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in DATA.glob("*.jsonl")))
+def test_without_the_hook_only_a_leak_reads_as_one(tmp_path, name):
+    """Every recording as NVML and psutil alone saw it: the used-memory reading of
+    memory-leak fires on the two leaks and on nothing else (start-up, evaluation, the
+    allocator's caching, a second process's memory do not rise in a 20 s straight line
+    while the GPU works). On the leaks, it says what it read."""
+    bare = tmp_path / f"{name}.nohook.jsonl"
+    bare.write_text("".join(json.dumps(d) + "\n" for d in lines(DATA / f"{name}.jsonl")
+                            if d.get("kind") not in HOOK_KINDS))
+    report = advise_json(bare)
+    leaks = [a for a in report["advice"] if a["id"] == "memory-leak"]
+    if name not in LEAKS:
+        assert not leaks, [(a["gpu"], a["message"]) for a in leaks]
+        return
+    (a,) = leaks
+    assert a["message"].startswith("While the GPU works, its used memory (NVML) grows by")
+    assert "constant batch" not in a["message"] and "torch keeps" not in a["message"]
+    assert a["evidence"]["mem_used_growth_r2"] >= 0.9
+    assert "mem_allocated_growth_bytes_per_second" not in a["evidence"]
+    assert a["confidence"] == 0.7
+    # with the hook, the allocator's own reading (and its words) as before
+    (h,) = [x for x in advise_json(DATA / f"{name}.jsonl")["advice"] if x["id"] == "memory-leak"]
+    assert h["message"].startswith("Memory torch keeps allocated between steps grows by")
+    assert "mem_used_growth_bytes_per_second" not in h["evidence"]
+

@@ -170,12 +170,14 @@ class ReferenceCtx:
             a = frame.attribution(subj, end, n)
             return a.value(name) if a is not None else None
         if name in GROWTH_SIGNALS:
-            table = frame.lookup_table(subj, "mem_allocated_bytes")
-            ring = table.rings.get("mem_allocated_bytes") if table is not None else None
+            source = "mem_allocated_bytes" if name.startswith("mem_allocated") \
+                else "mem_used_bytes"
+            table = frame.lookup_table(subj, source)
+            ring = table.rings.get(source) if table is not None else None
             got = reference_growth(ring, end, n, res)
             if got is None:
                 return None
-            return got[0] if name == "mem_allocated_growth_bytes_per_second" else got[1]
+            return got[0] if name.endswith("_bytes_per_second") else got[1]
         kind = VOCABULARY[name].table
         if kind == "config":
             return frame.config_value(subj, name)

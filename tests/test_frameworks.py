@@ -189,6 +189,25 @@ def test_generate_under_no_grad_is_an_inference_process(tmp_path: Path) -> None:
     assert "generate()" in a["action"]
 
 
+def test_trainer_predict_is_an_inference_process_in_the_trainers_words(tmp_path: Path) -> None:
+    """Trainer.predict over and over (hf_textcls.py --predict, a tiny BERT classifier):
+    no backward() ever, so an inference process; the framework is found from the
+    inference batch's own stack (it was only looked for at a training iteration's end)."""
+    rec, truth = record(tmp_path, "hf_textcls", "--hidden", "32", "--layers", "2",
+                        "--seq", "32", "--batch", "16", "--predict", "--seconds", "12",
+                        "--samples", "4096")
+    assert truth["predict_rounds"] >= 1
+    assert not lines(rec, "step") and not lines(rec, "steps")
+    assert lines(rec, "phase")[-1]["phase"] == "inference"
+    named = [c for c in lines(rec, "config") if c.get("framework")]
+    assert named and named[-1]["framework"] == "transformers"
+    report = advise(rec)
+    (job,) = report["jobs"]
+    assert job["phase"] == "inference" and job["framework"] == "transformers"
+    (end,) = report["job_ends"]
+    assert "having run inference only" in end["summary"]
+
+
 def test_the_scripts_run_without_gpuwatch(tmp_path: Path) -> None:
     """The same scripts, with no gpuwatch anywhere, train the same number of steps (the
     hook changes nothing of the job)."""

@@ -237,17 +237,19 @@ class Engine:
         if isinstance(key, str):
             return self._compile_last(key, i)
         if key[0] == "growth":
-            return self._compile_growth(key[1])
+            return self._compile_growth(key[1], key[2])
         return self._compile_window(*key, i)
 
-    def _compile_growth(self, n: int) -> Leaf:
+    def _compile_growth(self, source: str, n: int) -> Leaf:
+        """The least-squares fit of ``source`` (torch's allocated memory, or the GPU's
+        used memory) over ``n`` buckets."""
         res = self.res
-        find = self._table_finder("mem_allocated_bytes")
+        find = self._table_finder(source)
         fits = self._fits
 
         def fit(ctx: _Ctx) -> Any:
             table = find(ctx)
-            ring = table.rings.get("mem_allocated_bytes") if table is not None else None
+            ring = table.rings.get(source) if table is not None else None
             if ring is None:
                 return None
             # GPUs that share one job's steps (steps no GPU was named for) share its ring:
@@ -277,8 +279,10 @@ class Engine:
             return attribution
         if name in GROWTH_SIGNALS:
             # the slope and its R^2 come from one fit, made once per bucket
-            pick = 0 if name == "mem_allocated_growth_bytes_per_second" else 1
-            j = self._slot(("growth", n))
+            pick = 0 if name.endswith("_bytes_per_second") else 1
+            source = "mem_allocated_bytes" if name.startswith("mem_allocated") \
+                else "mem_used_bytes"
+            j = self._slot(("growth", source, n))
 
             def grown(ctx: _Ctx) -> Any:
                 got = ctx.value(j)

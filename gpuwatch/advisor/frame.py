@@ -1342,17 +1342,20 @@ _PHASE_INFO = {"compiles": "compiles", "eval_batch_size": "eval_batch_size",
 _DEPENDS: dict[str, set[str]] = {
     "mem_used_ratio": {"mem_used_bytes", "mem_total_bytes"},
     "mem_free_bytes": {"mem_used_bytes", "mem_total_bytes"},
+    "mem_used_growth_bytes_per_second": {"mem_used_bytes"},
+    "mem_used_growth_r2": {"mem_used_bytes"},
     "power_ratio": {"power_watts", "power_limit_watts"},
     "mem_reserved_ratio": {"mem_total_bytes"},
     "cpu_free_cores": {"cpu_util"},
     "load_per_cpu": {"load1"},
     "host_mem_used_ratio": {"host_mem_used_bytes", "host_mem_total_bytes"},
-    "job_workers": {"job_processes"},
+    "job_workers": {"job_processes", "job_loader_workers"},
     "job_main_processes": {"job_processes"},
     "main_cpu_cores": {"job_cpu_cores", "job_processes", "job_main_cpu_cores"},
     "workers_cpu_cores": {"job_cpu_cores", "job_processes", "job_workers_cpu_cores"},
     "main_busy_ratio": {"job_cpu_cores", "job_processes", "job_main_cpu_cores"},
-    "workers_busy_ratio": {"job_cpu_cores", "job_processes", "job_workers_cpu_cores"},
+    "workers_busy_ratio": {"job_cpu_cores", "job_processes", "job_workers_cpu_cores",
+                           "job_loader_workers", "job_loader_cpu_cores"},
 }
 
 

@@ -349,6 +349,8 @@ _LABELS = {
     "iterators_per_minute": "DataLoader iterators per minute",
     "mem_allocated_growth_bytes_per_second": "allocated memory growth",
     "mem_allocated_growth_r2": "linear fit R²",
+    "mem_used_growth_bytes_per_second": "used memory growth (NVML)",
+    "mem_used_growth_r2": "linear fit R²",
     "first_batch_wait_ratio": "first-batch wait share",
     "first_batch_wait_seconds": "first-batch wait", "share_data": "data share",
     "share_sync": "sync share", "share_gpu": "GPU share", "share_host": "host share",

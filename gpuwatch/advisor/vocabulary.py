@@ -149,6 +149,10 @@ def _defs() -> dict[str, SignalDef]:
          True),
         ("mem_allocated_growth_r2", "job", "ratio", "mean", ("how straight that rise is "
          "(R^2 of the fit: 1 = a steady rate)"), True),
+        ("mem_used_growth_bytes_per_second", "gpu", "bytes/s", "mean", ("the GPU's used "
+         "memory (NVML): its least-squares slope over the window, per second"), True),
+        ("mem_used_growth_r2", "gpu", "ratio", "mean", ("how straight that rise is (R^2 of "
+         "the fit)"), True),
         ("micro_batches", "job", "count", "mean", ("backward() calls per optimizer step: the "
          "gradient accumulation the job runs (1: none)"), False),
         ("micro_batch_size", "job", "samples", "last", ("samples per backward(): batch_size / "

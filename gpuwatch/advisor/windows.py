@@ -353,7 +353,8 @@ def _pick_percentile(vals: list[float], q: float) -> float:
 
 
 GROWTH_SIGNALS = frozenset({"mem_allocated_growth_bytes_per_second",
-                            "mem_allocated_growth_r2"})
+                            "mem_allocated_growth_r2", "mem_used_growth_bytes_per_second",
+                            "mem_used_growth_r2"})
 
 
 def growth(ring: Ring | None, end: int, n: int, res: float) -> tuple[float, float] | None:

@@ -397,6 +397,13 @@ class _Hook:
                 moved = min(busy, self.phase_seconds[STARTUP])
                 self.phase_seconds[STARTUP] -= moved
                 self.phase_seconds[INFERENCE] += moved
+                if not self.framework.looked:
+                    # the framework that drives it (Trainer.predict, Lightning's predict
+                    # loop), looked for once from the inference batch's own stack
+                    try:
+                        self.framework.find(sys._getframe(2), self.problems)
+                    except Exception:
+                        self.fault()
 
     def is_model(self, module: Any) -> bool:
         """Whether ``module.eval()`` switches the model (not a frozen layer inside it):
