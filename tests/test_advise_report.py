@@ -204,6 +204,28 @@ def test_an_underused_training_gpu_is_never_called_fine(tmp_path):
         assert NOTHING not in out and "not used fully" in out
 
 
+def test_an_inference_process_is_never_said_to_have_trained(tmp_path):
+    """Trainer.predict on an H100 (fw_hf_predict): the report's closing line, with the
+    rule that fired taken away, says the job ran inference, and its advice for an
+    underused GPU is an inference process's; its ending says inference only."""
+    rep = json.loads(advise(DATA / "fw_hf_predict.jsonl", "json"))
+    (g,) = rep["judged"]["gpus"]
+    assert g["busy_ratio"] >= 0.7
+    reduced = dict(rep, advice=[])
+    for out in (render_text(reduced), render_markdown(reduced)):
+        assert NOTHING in out and "the job ran inference" in out and "trained" not in out
+    # the same GPU less busy (SM active at half): an inference process's levers
+    lines = load("fw_hf_predict")
+    for d in lines[1:]:
+        if d["kind"] == "gpu" and d.get("sm_active") is not None:
+            d["sm_active"] = round(d["sm_active"] * 0.5, 4)
+    half = json.loads(advise(write(tmp_path / "half.jsonl", lines), "json"))
+    out = render_text(dict(half, advice=[]))
+    assert "not used fully" in out and "An inference process that keeps its GPU" in out
+    assert "A training job" not in out and "DataLoader workers" not in out
+    assert "having run inference only" in rep["job_ends"][0]["summary"]
+
+
 def test_the_biggest_slice_leads_with_the_built_in_rules(tmp_path):
     """Issue #9's example: a 2-GPU job with 1.2 ms steps, 12 % data wait and 88 % host
     overhead (main processes pegged, GPUs 10 % SM active). 'Add one DataLoader worker'

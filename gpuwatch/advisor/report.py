@@ -595,6 +595,13 @@ def no_advice_text(report: dict[str, Any]) -> str:
     spans = _training_spans(report)
     inference = _inference_gpus(report)
     under = [g for g in spans if g["busy_ratio"] < UNDERUSED_BELOW]
+    if under and all(g["gpu"] in inference for g in under):
+        return ("No rule named the cause, but the GPU was not used fully: "
+                + "; ".join(_busy_phrase(g, inference) for g in under)
+                + f". An inference process that keeps its GPU under "
+                f"{percent(UNDERUSED_BELOW)} busy has time to win back: more requests per "
+                "batch, fewer host syncs between them, and CUDA graphs "
+                "(torch.compile(mode=\"reduce-overhead\")) for the per-call launch cost.")
     if under:
         return ("No rule named the cause, but the GPU was not used fully: "
                 + "; ".join(_busy_phrase(g, inference) for g in under)
