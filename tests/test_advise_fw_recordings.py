@@ -116,6 +116,17 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+HOOK_KINDS = ("step", "steps", "config", "phase", "hook_problem", "job_end")
+
+
+def without_hook(src: Path, tmp_path: Path) -> Path:
+    """``src`` as the daemon alone saw it: the hook's lines taken out."""
+    bare = tmp_path / f"{src.stem}.nohook.jsonl"
+    bare.write_text("".join(json.dumps(d) + "\n" for d in lines(src)
+                            if d.get("kind") not in HOOK_KINDS))
+    return bare
+
+
 def first_step_end(path: Path) -> dict[int | None, float]:
     """Each GPU's first step's end: where training (and judging it) begins."""
     out: dict[int | None, float] = {}
@@ -287,10 +298,8 @@ def test_without_the_hook_nothing_is_said_the_data_cannot_support(tmp_path, name
     """The same runs as the daemon alone saw them (no step, config, phase or hook_problem
     lines): no framework knob, no accumulation or evaluation advice (only the hook sees
     those), no learning rate for an inference process, nothing before the GPU worked."""
-    hook = ("step", "steps", "config", "phase", "hook_problem", "job_end")
-    kept = [d for d in lines(path_of(name)) if d.get("kind") not in hook]
-    path = tmp_path / f"{name}.nohook.jsonl"
-    path.write_text("".join(json.dumps(d) + "\n" for d in kept))
+    path = without_hook(path_of(name), tmp_path)
+    kept = lines(path)
     report = advise_json(path)
     got = ids(report)
     assert not got & {"speed-up-evaluation", "reduce-gradient-accumulation",
@@ -336,8 +345,7 @@ def test_children_beside_the_training_loaders_workers_do_not_dilute_their_busy(t
     def with_idle_children(src: Path, dst: Path, keep_hook: bool, extra: int = 4) -> Path:
         out = []
         for d in lines(src):
-            if not keep_hook and d.get("kind") in ("step", "steps", "config", "phase",
-                                                   "hook_problem", "job_end"):
+            if not keep_hook and d.get("kind") in HOOK_KINDS:
                 continue
             if d.get("kind") == "host":
                 for j in d.get("jobs") or []:
@@ -368,10 +376,7 @@ def test_without_the_hook_a_pegged_main_process_is_a_suspicion_with_its_check(tm
     with the hook, the measured wait gets no such advice."""
     path = path_of("hf_default_b8")
     assert "add-dataloader-workers" not in ids(advise_json(path))
-    hook = ("step", "steps", "config", "phase", "hook_problem", "job_end")
-    bare = tmp_path / "nohook.jsonl"
-    bare.write_text("".join(json.dumps(d) + "\n" for d in lines(path)
-                            if d.get("kind") not in hook))
+    bare = without_hook(path, tmp_path)
     (a,) = [a for a in advise_json(bare)["advice"] if a["id"] == "add-dataloader-workers"]
     assert a["message"].startswith("The input pipeline may hold the training back")
     assert "the wait for data is not measured" in a["message"]
@@ -408,10 +413,7 @@ def test_a_launchers_start_up_tree_is_not_read_as_its_loader_workers_later():
 def test_free_cores_are_counted_per_gpu_where_gpus_share_the_host(tmp_path):
     """Accelerate's DDP on 4 H100s seen without the hook (no workers, pegged mains): each
     rank is told the cores free per GPU, and that they are per GPU, not the host's 60."""
-    hook = ("step", "steps", "config", "phase", "hook_problem", "job_end")
-    bare = tmp_path / "nohook.jsonl"
-    bare.write_text("".join(json.dumps(d) + "\n" for d in lines(path_of("accelerate_ddp"))
-                            if d.get("kind") not in hook))
+    bare = without_hook(path_of("accelerate_ddp"), tmp_path)
     items = [a for a in advise_json(bare)["advice"] if a["id"] == "add-dataloader-workers"]
     assert sorted(a["gpu"] for a in items) == [0, 1, 2, 3]
     for a in items:
@@ -420,20 +422,10 @@ def test_free_cores_are_counted_per_gpu_where_gpus_share_the_host(tmp_path):
         assert int(m.group(1)) == int(a["evidence"]["cpu_free_cores"] // 4)
 
 
-HOOK_KINDS = ("step", "steps", "config", "phase", "hook_problem", "job_end")
-
-
-def without_hook(name: str, tmp_path: Path) -> Path:
-    bare = tmp_path / f"{name}.nohook.jsonl"
-    bare.write_text("".join(json.dumps(d) + "\n" for d in lines(path_of(name))
-                            if d.get("kind") not in HOOK_KINDS))
-    return bare
-
-
 @pytest.mark.parametrize("name", sorted(NOHOOK_EXPECTED))
 def test_without_the_hook_gets_what_nvml_and_psutil_show(tmp_path, name):
     must, must_not = NOHOOK_EXPECTED[name]
-    got = ids(advise_json(without_hook(name, tmp_path)))
+    got = ids(advise_json(without_hook(path_of(name), tmp_path)))
     assert must <= got, (must, got)
     assert not must_not & got, (must_not, got)
 
@@ -447,7 +439,7 @@ def test_the_workers_torch_names_are_the_loaders_not_the_helper_beside_them(tmp_
     assert trees and max(j["processes"] - 1 for j in trees) == 3
     named = [j["loader_workers"] for j in trees]
     assert max(named) == 2 and named.count(2) >= 0.9 * len(named)  # (1: a worker starting)
-    (a,) = [a for a in advise_json(without_hook("lightning_cnn_starved", tmp_path))["advice"]
+    (a,) = [a for a in advise_json(without_hook(path_of("lightning_cnn_starved"), tmp_path))["advice"]
             if a["id"] == "add-dataloader-workers"]
     assert a["evidence"]["job_workers"] == 2
     assert a["evidence"]["workers_busy_ratio"] >= 0.9
@@ -516,7 +508,7 @@ def test_lightnings_ranks_are_one_launch_without_the_hook(tmp_path):
              for j in trees[len(trees) // 2:]}
     assert {g: r[:2] for g, r in ranks.items()} == {g: (g, 4) for g in range(4)}
     assert len({r[2] for r in ranks.values()}) == 1
-    report = advise_json(without_hook("lightning_cnn_slow_rank", tmp_path))
+    report = advise_json(without_hook(path_of("lightning_cnn_slow_rank"), tmp_path))
     by = {}
     for a in report["advice"]:
         by.setdefault(a["id"], set()).add(a["gpu"])
@@ -534,10 +526,7 @@ def test_without_the_hook_only_a_leak_reads_as_one(tmp_path, name):
     allocator's caching, a second process's memory do not rise in a 20 s straight line
     while the GPU works). On the leaks, it says what it read. No text shows a value the
     data lacks as "?"."""
-    bare = tmp_path / f"{name}.nohook.jsonl"
-    bare.write_text("".join(json.dumps(d) + "\n" for d in lines(DATA / f"{name}.jsonl")
-                            if d.get("kind") not in HOOK_KINDS))
-    report = advise_json(bare)
+    report = advise_json(without_hook(DATA / f"{name}.jsonl", tmp_path))
     for a in report["advice"]:  # nothing the data lacks is shown as an unknown "?"
         assert not re.search(r"\?[;,)]", a["message"] + a["action"]), (a["id"], a["action"])
     leaks = [a for a in report["advice"] if a["id"] == "memory-leak"]

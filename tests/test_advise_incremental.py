@@ -170,14 +170,11 @@ class ReferenceCtx:
             a = frame.attribution(subj, end, n)
             return a.value(name) if a is not None else None
         if name in GROWTH_SIGNALS:
-            source = "mem_allocated_bytes" if name.startswith("mem_allocated") \
-                else "mem_used_bytes"
+            source, pick = GROWTH_SIGNALS[name]
             table = frame.lookup_table(subj, source)
             ring = table.rings.get(source) if table is not None else None
             got = reference_growth(ring, end, n, res)
-            if got is None:
-                return None
-            return got[0] if name.endswith("_bytes_per_second") else got[1]
+            return None if got is None else got[pick]
         kind = VOCABULARY[name].table
         if kind == "config":
             return frame.config_value(subj, name)

@@ -279,9 +279,7 @@ class Engine:
             return attribution
         if name in GROWTH_SIGNALS:
             # the slope and its R^2 come from one fit, made once per bucket
-            pick = 0 if name.endswith("_bytes_per_second") else 1
-            source = "mem_allocated_bytes" if name.startswith("mem_allocated") \
-                else "mem_used_bytes"
+            source, pick = GROWTH_SIGNALS[name]
             j = self._slot(("growth", source, n))
 
             def grown(ctx: _Ctx) -> Any:

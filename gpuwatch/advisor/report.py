@@ -543,11 +543,15 @@ def _training_spans(report: dict[str, Any]) -> list[dict[str, Any]]:
             and g.get("busy_ratio") is not None]
 
 
+def _inference_only(j: dict[str, Any]) -> bool:
+    """Whether the hook saw this job (rank) only run inference: never a training step."""
+    return j.get("phase") == "inference" and not j.get("time_share")
+
+
 def inference_batches(jobs: Iterable[dict[str, Any]]) -> dict[int, Any]:
     """pid -> inference batches, for the jobs the hook saw only run inference."""
     return {j["pid"]: (j.get("inference") or {}).get("batches") for j in jobs
-            if j.get("phase") == "inference" and not j.get("time_share")
-            and isinstance(j.get("pid"), int)}
+            if _inference_only(j) and isinstance(j.get("pid"), int)}
 
 
 def _inference_gpus(report: dict[str, Any]) -> set[int]:
@@ -556,8 +560,7 @@ def _inference_gpus(report: dict[str, Any]) -> set[int]:
     for j in report.get("jobs", []):
         if j.get("gpu") is None:
             continue
-        only = j.get("phase") == "inference" and not j.get("time_share")
-        by_gpu[j["gpu"]] = by_gpu.get(j["gpu"], True) and only
+        by_gpu[j["gpu"]] = by_gpu.get(j["gpu"], True) and _inference_only(j)
     return {g for g, only in by_gpu.items() if only}
 
 

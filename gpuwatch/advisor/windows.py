@@ -352,9 +352,14 @@ def _pick_percentile(vals: list[float], q: float) -> float:
     return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
 
 
-GROWTH_SIGNALS = frozenset({"mem_allocated_growth_bytes_per_second",
-                            "mem_allocated_growth_r2", "mem_used_growth_bytes_per_second",
-                            "mem_used_growth_r2"})
+# each growth signal: the ring its fit reads, and which of the fit's two numbers it is
+# (0: the slope per second, 1: R^2)
+GROWTH_SIGNALS: dict[str, tuple[str, int]] = {
+    "mem_allocated_growth_bytes_per_second": ("mem_allocated_bytes", 0),
+    "mem_allocated_growth_r2": ("mem_allocated_bytes", 1),
+    "mem_used_growth_bytes_per_second": ("mem_used_bytes", 0),
+    "mem_used_growth_r2": ("mem_used_bytes", 1),
+}
 
 
 def growth(ring: Ring | None, end: int, n: int, res: float) -> tuple[float, float] | None:
