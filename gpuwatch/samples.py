@@ -215,6 +215,7 @@ class PhaseSample:
     phase: str
     seconds: Mapping[str, float] = field(default_factory=dict)  # cumulative, by phase
     compiles: int | None = None  # torch.compile compilations so far
+    checkpoints: int | None = None  # checkpoint saves during training so far
     eval_batches: int | None = None  # batches of other loaders since training began
     eval_samples: int | None = None
     eval_batch_size: int | None = None

@@ -84,6 +84,24 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # Lightning DDP on 4 H100s whose last rank has half the workers and twice the work
     "lightning_cnn_slow_rank": ({"straggler-rank", "add-dataloader-workers"},
                                 {"raise-batch-size"}),
+    # checkpoints saved too often: the Trainer's whole state every 50 steps (1.5 s a save,
+    # a third of the run), Lightning's ModelCheckpoint every 10 steps and Accelerate's
+    # save_state every 200 (nearly half of each run)
+    "hf_save": ({"slow-checkpointing"}, {"speed-up-evaluation"}),
+    "lightning_cnn_ckpt": ({"slow-checkpointing"}, {"speed-up-evaluation"}),
+    "accelerate_save": ({"slow-checkpointing"}, {"speed-up-evaluation"}),
+    # accel_clm.py, laid out as Hugging Face's run_clm_no_trainer.py (Accelerate, GPT-2
+    # small at blocks of 512 tokens): mixed_precision="no" (SMs 90 % active, FP32 pipe
+    # 49 %, tensor pipes 1.4 %); perplexity every 25 steps at eval batch 4 (83 % of the
+    # time); bf16 at batch 32 with TF32 (GPU work 91 %: nothing to raise); gradient
+    # checkpointing on at batch 8 with 94 % of the memory free
+    "accel_clm_fp32": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused"}),
+    "accel_clm_eval": ({"speed-up-evaluation"}, {"raise-batch-size"}),
+    "accel_clm_bf16": (set(), {"raise-batch-size", "gpu-underused", "enable-mixed-precision",
+                               "reduce-launch-overhead", "add-dataloader-workers",
+                               "speed-up-evaluation"}),
+    "accel_clm_grad_ckpt": ({"disable-gradient-checkpointing"},
+                            {"enable-gradient-checkpointing"}),
 }
 # what the same runs must get from NVML and psutil alone (the hook's lines taken out)
 NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
@@ -98,6 +116,9 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                 {"raise-batch-size"}),
     # the leak read from the GPU's used memory (NVML) instead of torch's allocator
     "lightning_cnn_leak": ({"memory-leak"}, {"raise-batch-size"}),
+    # fp32 matmuls told from the pipes (GPM) alone; a GPU-bound run left alone
+    "accel_clm_fp32": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused"}),
+    "accel_clm_bf16": (set(), {"raise-batch-size", "gpu-underused", "enable-mixed-precision"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -544,3 +565,27 @@ def test_without_the_hook_only_a_leak_reads_as_one(tmp_path, name):
     assert h["message"].startswith("Memory torch keeps allocated between steps grows by")
     assert "mem_used_growth_bytes_per_second" not in h["evidence"]
 
+
+
+SAVE_KNOB = {"hf_save": "TrainingArguments(save_steps=50 → ",
+             "lightning_cnn_ckpt": "ModelCheckpoint(every_n_train_steps=10 → ",
+             "accelerate_save": "less often"}
+
+
+@pytest.mark.parametrize("name", sorted(SAVE_KNOB))
+def test_checkpoints_are_counted_as_the_framework_counts_them(name):
+    """Each save is one checkpoint to the hook, whatever it writes inside (the Trainer's
+    model, optimizer, scheduler and RNG files; Accelerate's safetensors and torch.save
+    files), as many as the script's own callback or loop counted; the advice says how
+    often to save in the framework's words and gives the share the hook timed."""
+    t = truth(name)
+    phases = [d for d in lines(path_of(name)) if d.get("kind") == "phase"]
+    assert max(d.get("checkpoints", 0) for d in phases) == t["saves"]
+    report = advise_json(path_of(name))
+    (a,) = [a for a in report["advice"] if a["id"] == "slow-checkpointing"]
+    assert SAVE_KNOB[name] in a["action"]
+    ev = a["evidence"]
+    assert ev["checkpoints"] <= t["saves"]
+    share = ev["checkpoint_seconds"] / (ev["checkpoint_seconds"] + ev["train_seconds"])
+    assert ev["checkpoint_time_ratio"] == pytest.approx(share, abs=0.02)
+    assert f"{round(100 * ev['checkpoint_time_ratio'])} % of its time saving" in a["message"]

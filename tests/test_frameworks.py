@@ -208,6 +208,77 @@ def test_trainer_predict_is_an_inference_process_in_the_trainers_words(tmp_path:
     assert "having run inference only" in end["summary"]
 
 
+def test_trainer_saving_every_few_steps_is_told_to_save_less_often(tmp_path: Path) -> None:
+    """TrainingArguments(save_strategy="steps", save_steps=5) on a tiny BERT: each
+    _save_checkpoint (model, optimizer, scheduler, RNG: several writes) is one save of the
+    checkpoint phase, counted as the Trainer's on_save counts them, and a quarter of the
+    run goes to them: slow-checkpointing, in the Trainer's words."""
+    rec, truth = record(tmp_path, "hf_textcls", "--hidden", "64", "--layers", "2",
+                        "--seq", "32", "--batch", "8", "--save-every", "5", "--seconds", "16")
+    phase = lines(rec, "phase")[-1]
+    assert phase["checkpoints"] == truth["saves"] >= 10
+    assert phase["seconds"]["checkpoint"] > 0
+    cfg = last_config(rec)
+    assert cfg["fw_save_every"] == 5 and cfg["fw_save_strategy"] == "steps"
+    assert cfg["fw_save_only_model"] is False
+    report = advise(rec)
+    (job,) = report["jobs"]
+    assert job["checkpoints"] == truth["saves"]
+    share = phase["seconds"]["checkpoint"] / (phase["seconds"]["checkpoint"]
+                                               + phase["seconds"]["train"])
+    print(f"checkpoints: {phase['checkpoints']} saves, {share:.0%} of the time")
+    (a,) = [a for a in report["advice"] if a["id"] == "slow-checkpointing"]
+    assert "TrainingArguments(save_steps=5 → " in a["action"]
+    assert "TrainingArguments(save_only_model=True)" in a["action"]
+    assert a["evidence"]["checkpoints"] >= 2
+
+
+@pytest.mark.parametrize("script,args", [
+    ("lightning_cnn", ["--batch", "16", "--workers", "0", "--size", "16", "--ckpt-every",
+                       "4", "--seconds", "6"]),
+    ("accelerate_accum", ["--micro", "8", "--accum", "2", "--steps", "100000", "--seconds",
+                          "5", "--save-every", "20"]),
+])
+def test_lightning_and_accelerate_saves_are_counted_once_each(tmp_path: Path, script: str,
+                                                               args: list[str]) -> None:
+    """Lightning's ModelCheckpoint(every_n_train_steps=4) and Accelerate's save_state()
+    (safetensors for the model, torch.save for the rest): one save each, as the script's
+    own callback or loop counts them."""
+    rec, truth = record(tmp_path, script, *args)
+    phase = lines(rec, "phase")[-1]
+    assert phase["checkpoints"] == truth["saves"] >= 3
+    assert phase["seconds"]["checkpoint"] > 0
+    if script == "lightning_cnn":
+        cfg = last_config(rec)
+        assert cfg["fw_save_every"] == 4 and cfg["fw_save_only_model"] is False
+
+
+def test_a_run_clm_no_trainer_style_loop(tmp_path: Path) -> None:
+    """accel_clm.py, laid out as Hugging Face's run_clm_no_trainer.py: Accelerate with
+    two micro-batches per optimizer step, a linear schedule, perplexity over an eval
+    loader every 6 steps (gather_for_metrics) and save_state every 8: the evaluations
+    are the eval phase (as long as the loop's own clock says), each save_state one
+    checkpoint, each optimizer step one step of two micro-batches."""
+    rec, truth = record(tmp_path, "accel_clm", "--n_embd", "32", "--n_layer", "1",
+                        "--block_size", "32", "--vocab_size", "500",
+                        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps",
+                        "2", "--eval_every", "6", "--eval_samples", "256",
+                        "--per_device_eval_batch_size", "2", "--checkpointing_steps", "8",
+                        "--max_train_steps", "24", "--seconds", "600")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"] == 24
+    assert {s["micro_batches"] for s in lines(rec, "step")} == {2}
+    phase = lines(rec, "phase")[-1]
+    print(f"hook: {phase['seconds']}, the loop's evaluations: {truth['eval_seconds']:.2f} s")
+    assert truth["evals"] == 4
+    assert phase["seconds"]["eval"] == pytest.approx(truth["eval_seconds"], rel=EVAL_TOLERANCE,
+                                                     abs=0.3)
+    assert phase["eval_batch_size"] == 2
+    assert phase["checkpoints"] == truth["saves"] == 3
+    cfg = last_config(rec)
+    assert cfg["framework"] == "accelerate" and cfg["fw_grad_accum"] == 2
+
+
 def test_the_scripts_run_without_gpuwatch(tmp_path: Path) -> None:
     """The same scripts, with no gpuwatch anywhere, train the same number of steps (the
     hook changes nothing of the job)."""

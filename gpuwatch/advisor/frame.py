@@ -677,8 +677,8 @@ class Frame:
         subj.phase_t = t
         subj.phase = now
         info = subj.phase_info
-        for f in ("compiles", "eval_batch_size", "inference_batch_size", "inference_batches",
-                  "generate_calls", "eval_batches"):
+        for f in ("compiles", "checkpoints", "eval_batch_size", "inference_batch_size",
+                  "inference_batches", "generate_calls", "eval_batches"):
             v = get(f)
             if v is not None:
                 info[f] = v
@@ -730,6 +730,7 @@ class Frame:
             tab.push(idx, "checkpoint_time_ratio", sec.get("checkpoint", 0.0) / since_first)
         info = subj.phase_info
         tab.push(idx, "compiles", info.get("compiles"))
+        tab.push(idx, "checkpoints", info.get("checkpoints"))
         tab.push(idx, "eval_batch_size", info.get("eval_batch_size"))
         tab.push(idx, "inference_batch_size", info.get("inference_batch_size"))
         batches = (info.get("inference_batches") or 0)
@@ -1194,6 +1195,8 @@ class Frame:
             info = owner.phase_info
             if info.get("compiles"):
                 out["compiles"] = info["compiles"]
+            if info.get("checkpoints"):
+                out["checkpoints"] = info["checkpoints"]
             if info.get("eval_batches"):
                 out["eval"] = {"batches": info["eval_batches"],
                                "batch_size": info.get("eval_batch_size")}
@@ -1335,8 +1338,6 @@ _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused
 # begun its work; before that, its job is starting up
 FIRST_WORK_UTIL = 0.01
 _PHASE_NAMES = ("startup", "compile", "train", "eval", "checkpoint", "inference")
-_PHASE_INFO = {"compiles": "compiles", "eval_batch_size": "eval_batch_size",
-               "inference_batch_size": "inference_batch_size"}
 
 # derived signals and what they are computed from (so the frame keeps those too)
 _DEPENDS: dict[str, set[str]] = {

@@ -78,7 +78,7 @@ KNOBS: dict[str, dict[str, str]] = {
         "lightning": 'torch.set_float32_matmul_precision("high") before Trainer.fit',
     },
     "fused_optimizer": {
-        TORCH: "torch.optim.AdamW(..., fused=True)",
+        TORCH: "torch.optim.{new}(..., fused=True)",
         "transformers": 'TrainingArguments(optim="adamw_torch_fused")',
     },
     "grad_ckpt_off": {
@@ -98,6 +98,27 @@ KNOBS: dict[str, dict[str, str]] = {
                         "evaluate, or from_pretrained(..., dtype=torch.bfloat16)",
         "lightning": 'Trainer(precision="bf16-true") for trainer.predict',
         "accelerate": 'Accelerator(mixed_precision="bf16")',
+    },
+    "save_every": {
+        TORCH: "save a checkpoint every {change} steps",
+        "transformers": "TrainingArguments(save_steps={change})",
+        "lightning": "ModelCheckpoint(every_n_train_steps={change})",
+        "accelerate": "accelerator.save_state() every {change} steps",
+    },
+    "save_only_model": {
+        TORCH: "save the model's state_dict alone, not the optimizer's",
+        "transformers": "TrainingArguments(save_only_model={change})",
+        "lightning": "ModelCheckpoint(save_weights_only={change})",
+        "accelerate": "accelerator.save_model(model, …) instead of save_state()",
+    },
+    # "": the framework has no such form (the torch one would not fit its loop)
+    "async_save": {
+        TORCH: "torch.distributed.checkpoint.async_save(state_dict, checkpoint_id=…), "
+               "which copies to host memory and writes in the background",
+        "transformers": "",
+        "lightning": "Trainer(plugins=[AsyncCheckpointIO()]) (from "
+                     "lightning.pytorch.plugins.io import AsyncCheckpointIO)",
+        "accelerate": "",
     },
 }
 
@@ -131,6 +152,8 @@ def knob(name: str, framework: str | None, old: Any, new: Any) -> str | None:
                                       "optimizer.step())"})
     torch_form = _fill(forms[TORCH], old, new)
     own = forms.get(framework) if framework in FRAMEWORKS else None
+    if own == "":
+        return None
     if own is None:
         return torch_form
     return f"{_fill(own, old, new)} (in torch: {_fill(forms[TORCH], None, new)})"

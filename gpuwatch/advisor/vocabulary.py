@@ -183,6 +183,9 @@ def _defs() -> dict[str, SignalDef]:
         ("checkpoint_time_ratio", "phase", "ratio", "last", ("checkpoints' share of the time "
          "since the first step (whole run)"), True),
         ("compiles", "phase", "count", "last", "torch.compile compilations so far", True),
+        ("checkpoints", "phase", "count", "last", ("checkpoint saves during training so far "
+         "(torch.save, the framework's own save method; a save within a save counts once)"),
+         True),
         ("eval_batch_size", "phase", "samples", "last", "the evaluation DataLoader's batch size",
          True),
         ("inference_batch_size", "phase", "samples", "last", ("samples per batch (or sequences "
@@ -235,6 +238,12 @@ def _defs() -> dict[str, SignalDef]:
         ("fw_eval_accum", "config", "count", "last", "TrainingArguments(eval_accumulation_steps)",
          False),
         ("fw_compile", "config", "bool", "last", "TrainingArguments(torch_compile)", False),
+        ("fw_save_strategy", "config", "text", "last", "TrainingArguments(save_strategy)", False),
+        ("fw_save_every", "config", "steps", "last", ("how often the framework saves a "
+         "checkpoint (save_steps; Lightning: ModelCheckpoint's every_n_train_steps, 0 when it "
+         "saves by epoch or time)"), False),
+        ("fw_save_only_model", "config", "bool", "last", ("checkpoints without the optimizer's "
+         "state (save_only_model; Lightning: ModelCheckpoint's save_weights_only)"), False),
         ("autocast", "config", "bool", "last", "autocast to a 16-bit type is on", True),
         # step-time attribution (docs/advice.md): each is a share of the window's wall time
         # since the job's first step, and the five always sum to 1; any window function

@@ -21,7 +21,7 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
      "config": {"num_workers": 4, …}, "exit_reason": null, "error": null,
      "sender_dropped": {"no_receiver": 2}, "hook_errors": 0,
      "phase": "train", "phases": {"startup": 41.2, "compile": 38.0, "train": 120.5, …},
-     "compiles": 2, "eval": {"batches": 40, "samples": 320, "batch_size": 8,
+     "compiles": 2, "checkpoints": 3, "eval": {"batches": 40, "samples": 320, "batch_size": 8,
      "wait_seconds": 0.4}, "inference": {"batches": 0, …, "generate_calls": 0},
      "problems": [{"what": "config.tf32", "error": "RuntimeError: …"}], "hook_state": "on"}
 
@@ -172,6 +172,7 @@ class Report:
     phase: str | None = None
     phases: Mapping[str, float] = field(default_factory=dict)
     compiles: int = 0
+    checkpoints: int = 0
     eval: Work = field(default_factory=Work)
     inference: Work = field(default_factory=Work)
     problems: tuple[Problem, ...] = ()
@@ -537,6 +538,7 @@ def decode(data: bytes) -> Report:
         phase=_phase(msg.get("phase")),
         phases=_phases(msg.get("phases")),
         compiles=_int(msg, "compiles", default=0) or 0,
+        checkpoints=_int(msg, "checkpoints", default=0) or 0,
         eval=_work(msg.get("eval"), "eval"),
         inference=_work(msg.get("inference"), "inference"),
         problems=_problems(msg.get("problems")),

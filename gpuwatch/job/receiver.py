@@ -471,14 +471,14 @@ class HookReceiver:
                                        gpu=gpu))
         if r.phase is None:
             return out  # an older hook: no phases
-        key = (r.phase, r.hook_state, r.compiles, r.eval.batches, r.inference.batches,
+        key = (r.phase, r.hook_state, r.compiles, r.checkpoints, r.eval.batches, r.inference.batches,
                r.inference.generate_calls)
         if key == job.phase_key and r.t - job.phase_t < PHASE_EVERY and not final:
             return out
         job.phase_key, job.phase_t = key, r.t
         out.append(PhaseSample(
             t=r.t, phase=r.phase, seconds=dict(r.phases), compiles=r.compiles,
-            eval_batches=r.eval.batches, eval_samples=r.eval.samples,
+            checkpoints=r.checkpoints, eval_batches=r.eval.batches, eval_samples=r.eval.samples,
             eval_batch_size=r.eval.batch_size, eval_wait_seconds=r.eval.wait_seconds,
             inference_batches=r.inference.batches, inference_samples=r.inference.samples,
             inference_batch_size=r.inference.batch_size,

@@ -292,7 +292,8 @@ _STEPS: dict[str, Check] = {
     "pid": _count, "rank": _count, "gpu": _count,
 }
 _PHASE: dict[str, Check] = {
-    "phase": _string, "seconds": _seconds_by_name, "compiles": _count, "eval_batches": _count,
+    "phase": _string, "seconds": _seconds_by_name, "compiles": _count, "checkpoints": _count,
+    "eval_batches": _count,
     "eval_samples": _count, "eval_batch_size": _count, "eval_wait_seconds": _nonneg,
     "inference_batches": _count, "inference_samples": _count, "inference_batch_size": _count,
     "generate_calls": _count, "hook_state": _string, "pid": _count, "rank": _count,

@@ -156,7 +156,7 @@ class _Hook:
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "generate_calls",
-                 "compiles", "saving", "framework", "framework_patched", "problems",
+                 "compiles", "saving", "saves", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
                  "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
                  "last_config", "last_config_time", "last_status", "dropped", "errors",
@@ -250,6 +250,7 @@ class _Hook:
         self.generate_calls = 0
         self.compiles = 0
         self.saving = False
+        self.saves = 0  # checkpoint saves during training (a nested save counts once)
         self.framework = Framework()
         self.framework_patched = False
         self.problems = facts.Problems()
@@ -501,6 +502,9 @@ class _Hook:
         if not self.framework.looked:
             try:
                 self.framework.find(sys._getframe(2), self.problems)
+                # its checkpoint method at once: the first save may come a few steps on,
+                # before the reporting thread's next turn
+                _patch_framework(self)
             except Exception:
                 self.fault()
 
@@ -677,6 +681,7 @@ class _Hook:
         return {
             "phase": self.phase,
             "compiles": self.compiles,
+            "checkpoints": self.saves,
             "eval": {"batches": self.eval_batches, "samples": self.eval_samples,
                      "batch_size": self.eval_batch_size,
                      "wait_seconds": round(self.eval_wait, 3)},
@@ -1476,6 +1481,7 @@ def _checkpointing(h: _Hook) -> bool:
         return False
     try:
         h.saving = True
+        h.saves += 1
         h.interrupt(CHECKPOINT)
         return True
     except Exception:
@@ -1507,6 +1513,12 @@ def _wrap_save(orig: Callable[..., Any]) -> Callable[..., Any]:
     return save
 
 
+def _wrap_save_marked(orig: Callable[..., Any]) -> Callable[..., Any]:
+    wrapped = _wrap_save(orig)
+    wrapped._gpuwatch = True  # type: ignore[attr-defined]
+    return wrapped
+
+
 def _wrap_method_as_checkpoint(obj: Any, name: str) -> None:
     """A framework's own checkpoint method (on that one object: Hugging Face's
     ``Trainer._save_checkpoint`` writes safetensors files, which torch.save never sees)."""
@@ -1514,9 +1526,7 @@ def _wrap_method_as_checkpoint(obj: Any, name: str) -> None:
     if orig is None or getattr(orig, "_gpuwatch", False):
         return
 
-    method = _wrap_save(orig)
-    method._gpuwatch = True  # type: ignore[attr-defined]
-    setattr(obj, name, method)
+    setattr(obj, name, _wrap_save_marked(orig))
 
 
 def _on_compile_start(*_args: Any) -> None:
@@ -1610,9 +1620,19 @@ def _patch_generate(module: Any) -> None:
         _patch(mixin, "generate", _wrap_generate)
 
 
+def _patch_accelerate(module: Any) -> None:
+    """``Accelerator.save_state`` is a checkpoint: it writes the model through safetensors,
+    which torch.save never sees, before the optimizer's state through torch.save."""
+    cls = getattr(module, "Accelerator", None)
+    save = getattr(cls, "save_state", None)
+    if save is not None and not getattr(save, "_gpuwatch", False):
+        _patch(cls, "save_state", _wrap_save_marked)
+
+
 # modules a job may import after torch, and what to patch in them once they are loaded
 _AFTER_IMPORT: dict[str, Callable[[Any], None]] = {
     "transformers.generation.utils": _patch_generate,
+    "accelerate.accelerator": _patch_accelerate,
 }
 
 
@@ -1681,6 +1701,11 @@ def _late_patches(h: _Hook) -> None:
         module = sys.modules.get(name)
         if module is not None:
             patch(module)
+    _patch_framework(h)
+
+
+def _patch_framework(h: _Hook) -> None:
+    """The framework's own checkpoint method, once the framework is known."""
     obj = h.framework.obj()
     if obj is not None and not h.framework_patched:
         h.framework_patched = True

@@ -96,6 +96,9 @@ def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None
     read(cfg, "fw_eval_every", lambda: args.eval_steps, problems)
     read(cfg, "fw_eval_accum", lambda: args.eval_accumulation_steps, problems)
     read(cfg, "fw_compile", lambda: bool(args.torch_compile), problems)
+    read(cfg, "fw_save_strategy", lambda: _enum_value(args.save_strategy), problems)
+    read(cfg, "fw_save_every", lambda: args.save_steps, problems)
+    read(cfg, "fw_save_only_model", lambda: bool(args.save_only_model), problems)
     read(cfg, "fw_world_size", lambda: args.world_size, problems)
 
 
@@ -121,6 +124,20 @@ def _lightning(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None:
         _first_loader(trainer.train_dataloader), "batch_size", None), problems)
     read(cfg, "fw_eval_batch_size", lambda: getattr(
         _first_loader(trainer.val_dataloaders), "batch_size", None), problems)
+    # the first ModelCheckpoint callback: every_n_train_steps (0: not by steps), and
+    # save_weights_only
+    read(cfg, "fw_save_every", lambda: _model_checkpoint(trainer, "_every_n_train_steps"),
+         problems)
+    read(cfg, "fw_save_only_model", lambda: _model_checkpoint(trainer, "save_weights_only"),
+         problems)
+
+
+def _model_checkpoint(trainer: Any, name: str) -> Any:
+    callback = trainer.checkpoint_callback
+    if callback is None:
+        return None
+    value = getattr(callback, name)
+    return value if isinstance(value, (bool, int, float)) else None
 
 
 def _accelerate(cfg: dict[str, Any], problems: Problems) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +27,8 @@ p.add_argument("--steps", type=int, default=12)
 p.add_argument("--width", type=int, default=256)
 p.add_argument("--cpu-ms", type=float, default=0.0, help="host work per micro-batch")
 p.add_argument("--seconds", type=float, default=None, help="stop after this long")
+p.add_argument("--save-every", type=int, default=0,
+               help="accelerator.save_state() every N optimizer steps (0: never)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -41,7 +44,8 @@ n = a.micro * a.accum * a.steps
 ds = torch.utils.data.TensorDataset(torch.randn(n, 64), torch.randn(n, 1))
 loader = torch.utils.data.DataLoader(ds, batch_size=a.micro, shuffle=True)
 model, opt, loader = accelerator.prepare(model, opt, loader)
-steps = 0
+steps = saves = 0
+ckpt_dir = tempfile.mkdtemp()
 began = time.time()
 for x, y in loader:
     with accelerator.accumulate(model):
@@ -53,7 +57,11 @@ for x, y in loader:
         opt.zero_grad()
         if accelerator.sync_gradients:
             steps += 1
+            if a.save_every and steps % a.save_every == 0:
+                accelerator.save_state(ckpt_dir)
+                saves += 1
             if a.seconds is not None and time.time() - began > a.seconds:
                 break
-truth.write(steps=steps, micro_batches=a.accum, micro_batch=a.micro)
+truth.write(steps=steps, micro_batches=a.accum, micro_batch=a.micro,
+            **({"saves": saves} if a.save_every else {}))
 print("trained", steps, "optimizer steps", file=sys.stderr)

@@ -44,6 +44,8 @@ p.add_argument("--clean-passes", type=int, default=1,
                help="how many times each sentence is normalized before hashing (CPU per item)")
 p.add_argument("--samples", type=int, default=200_000)
 p.add_argument("--predict", action="store_true", help="Trainer.predict, no training")
+p.add_argument("--save-every", type=int, default=0,
+               help="save_strategy='steps' with this save_steps (0: save_strategy='no')")
 p.add_argument("--seconds", type=float, default=45.0)
 p.add_argument("--out")
 a = p.parse_args()
@@ -84,6 +86,9 @@ class Stop(TrainerCallback):
         if time.monotonic() - self.t0 > a.seconds:
             control.should_training_stop = True
 
+    def on_save(self, args, state, control, **kw):  # noqa: ANN001, ANN003
+        truth.data["saves"] = truth.data.get("saves", 0) + 1
+
 
 model = BertForSequenceClassification(BertConfig(
     hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=max(1, a.hidden // 64),
@@ -92,8 +97,9 @@ args = TrainingArguments(
     output_dir=tempfile.mkdtemp(), per_device_train_batch_size=a.batch,
     per_device_eval_batch_size=a.batch, gradient_accumulation_steps=a.accum,
     dataloader_num_workers=a.workers, fp16=a.fp16, bf16=a.bf16, max_steps=10**7,
-    learning_rate=3e-5, logging_steps=100, save_strategy="no", report_to=[],
-    disable_tqdm=True)
+    learning_rate=3e-5, logging_steps=100, report_to=[], disable_tqdm=True,
+    **({"save_strategy": "steps", "save_steps": a.save_every, "save_total_limit": 2}
+       if a.save_every else {"save_strategy": "no"}))
 data = Sentences(a.samples)
 trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Stop()])
 if a.predict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,6 +40,8 @@ p.add_argument("--blur", type=int, default=1, help="blur passes per item (CPU pe
 p.add_argument("--leak", type=int, default=0)
 p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--samples", type=int, default=500_000)
+p.add_argument("--ckpt-every", type=int, default=0,
+               help="ModelCheckpoint(every_n_train_steps=N), the newest kept (0: none)")
 p.add_argument("--seconds", type=float, default=45.0)
 p.add_argument("--out")
 a = p.parse_args()
@@ -101,18 +104,23 @@ class Count(pl.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, i):  # noqa: ANN001
         truth.data["steps"] = trainer.global_step
 
+    def on_save_checkpoint(self, trainer, module, checkpoint):  # noqa: ANN001
+        truth.data["saves"] = truth.data.get("saves", 0) + 1
+
 
 torch.set_num_threads(1)  # per-item work stays on the worker's own core
 workers = max(1, a.workers // 2) if slow else a.workers
 loader = torch.utils.data.DataLoader(Images(), batch_size=a.batch, shuffle=True,
                                      num_workers=workers, pin_memory=True,
                                      persistent_workers=workers > 0)
+saving = [pl.callbacks.ModelCheckpoint(dirpath=tempfile.mkdtemp(), save_top_k=1,
+                                       every_n_train_steps=a.ckpt_every)] if a.ckpt_every else []
 trainer = pl.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu",
                      devices=a.devices, precision=a.precision,
                      accumulate_grad_batches=a.accum, max_epochs=1000,
                      max_time={"seconds": a.seconds}, logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, callbacks=[Count()])
+                     enable_checkpointing=a.ckpt_every > 0, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=[Count(), *saving])
 trainer.fit(Classifier(), loader)
 if trainer.global_rank == 0:
     truth.write(micro_batches=a.accum, batch=a.batch)

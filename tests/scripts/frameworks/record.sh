@@ -116,3 +116,43 @@ if want hf_fp16_ddp; then
   rec hf_fp16_ddp 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 32 \
     --workers 4 --fp16 --seconds 45
 fi
+# 20-22: checkpoints saved too often (the hook counts each save and times it as the
+#        checkpoint phase)
+# 20. the Trainer saving its whole state (BERT-base, AdamW) every 50 steps, bf16
+want hf_save && rec hf_save 120 python3 hf_textcls.py --batch 32 --workers 4 --bf16 \
+  --save-every 50 --seconds 40
+# 21. Lightning's ModelCheckpoint(every_n_train_steps=10) on a timm ResNet-50, bf16-mixed
+want lightning_cnn_ckpt && rec lightning_cnn_ckpt 120 python3 lightning_cnn.py --model resnet50 \
+  --batch 256 --workers 12 --precision bf16-mixed --ckpt-every 10 --seconds 40
+# 22. Accelerate: accelerator.save_state() every 200 optimizer steps (an MLP, AdamW)
+want accelerate_save && rec accelerate_save 120 python3 accelerate_accum.py --micro 64 --accum 1 \
+  --width 4096 --steps 100000 --seconds 40 --save-every 200
+# 23-27: accel_clm.py, laid out as Hugging Face's run_clm_no_trainer.py (Accelerate, a
+#        GPT-2 from its config at blocks of 512 tokens, AdamW with a linear schedule)
+# 23. mixed_precision="no" (fp32) at per_device_train_batch_size=8
+want accel_clm_fp32 && rec accel_clm_fp32 120 python3 accel_clm.py \
+  --per_device_train_batch_size 8 --mixed_precision no --num_workers 2 --seconds 40
+# 24. bf16, evaluating perplexity every 25 steps over 2048 blocks at eval batch 4
+want accel_clm_eval && rec accel_clm_eval 150 python3 accel_clm.py \
+  --per_device_train_batch_size 16 --per_device_eval_batch_size 4 --mixed_precision bf16 \
+  --eval_every 25 --eval_samples 2048 --num_workers 2 --seconds 45
+# 25. bf16 at batch 32 with TF32 on: GPU-bound, little to change
+want accel_clm_bf16 && rec accel_clm_bf16 120 python3 accel_clm.py \
+  --per_device_train_batch_size 32 --mixed_precision bf16 --tf32 --num_workers 2 --seconds 40
+# 26. gradient checkpointing on at batch 8 in bf16, the GPU's memory mostly free
+want accel_clm_grad_ckpt && rec accel_clm_grad_ckpt 120 python3 accel_clm.py \
+  --per_device_train_batch_size 8 --mixed_precision bf16 --gradient_checkpointing \
+  --num_workers 2 --seconds 40
+# 27. on every GPU under torchrun: bf16 at batch 16 per rank (a step count ends it)
+if want accel_clm_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec accel_clm_ddp 200 torchrun --standalone --nproc_per_node "$n" accel_clm.py \
+    --per_device_train_batch_size 16 --mixed_precision bf16 --num_workers 2 \
+    --max_train_steps 500 --seconds 100000
+fi
+# 28. the Trainer under torchrun on every GPU saving its whole state every 50 steps
+if want hf_save_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec hf_save_ddp 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 32 \
+    --workers 4 --bf16 --save-every 50 --seconds 45
+fi
