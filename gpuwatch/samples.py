@@ -101,6 +101,10 @@ class JobTree:
     # which older torch also reads as; None in a recording from an older gpuwatch
     loader_workers: int | None = None
     loader_cpu_cores: float | None = None
+    # bytes per second the root process wrote to storage since the last tick (/proc/PID/io
+    # write_bytes: files on a disk, as their pages are dirtied; not tmpfs, pipes, sockets);
+    # None on the first tick, for another user's process, or from an older gpuwatch
+    main_write_bytes_per_second: float | None = None
     gpus: tuple[int, ...] = ()  # the GPUs NVML lists the root on (its rank's GPU)
     # what the root's environment says of a distributed launch (torchrun, accelerate,
     # deepspeed set them): its RANK, WORLD_SIZE, and a digest of the launch's identity
@@ -131,6 +135,7 @@ class HostSample:
     job_workers_cpu_cores: float | None = None
     job_loader_workers: int | None = None  # the trees' named DataLoader workers (JobTree)
     job_loader_cpu_cores: float | None = None
+    job_write_bytes_per_second: float | None = None  # the trees' main processes, summed
     jobs: tuple[JobTree, ...] = ()
 
 

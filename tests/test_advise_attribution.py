@@ -301,7 +301,8 @@ window_st = st.builds(
     JobWindow, wall=st.floats(0.001, 60), hook=st.booleans(), steps=st.floats(0, 100),
     step_total=st.floats(0, 80), data_total=st.one_of(st.none(), st.floats(0, 80)),
     busy=ratio, util=ratio, main=ratio, workers_busy=ratio,
-    workers=st.one_of(st.none(), st.floats(0, 8)))
+    workers=st.one_of(st.none(), st.floats(0, 8)),
+    away=st.just(0.0))  # no phase away from training: the form before knew none
 
 
 @settings(max_examples=400, deadline=None)
@@ -324,3 +325,48 @@ def test_the_attribution_gives_the_numbers_it_gave_before(windows, ranks):
                                                 else a.value("busy_in_steps"))
     for w in windows:
         assert claim_shares(w, 0.3) == _claim_before(w, 0.3)
+
+
+def test_a_rank_waits_while_a_peer_is_away_from_training():
+    """Rank 0 spends 10 s of a 40 s stretch saving (its wall is the 30 s of training);
+    rank 1 trains all 40 s, and for those 10 s it sits in its next step's all-reduce. That
+    wait is rank 1's sync share, even where NVML cannot tell it (its need reads as rank
+    0's); rank 0, away to save, is no straggler of the training steps."""
+    saver = JobWindow(wall=30.0, hook=True, steps=300, step_total=30.0, data_total=0.0,
+                      busy=0.2, util=0.5, main=1.0, away=10.0)
+    waiter = JobWindow(wall=40.0, hook=True, steps=300, step_total=40.0, data_total=0.0,
+                       busy=0.15, util=0.5, main=1.0)
+    got = attribute_group({0: (saver, 0), 1: (waiter, 1)})
+    assert got[1].shares["sync"] == pytest.approx(10.0 / 40.0)
+    assert got[0].shares["sync"] == 0.0
+    assert sum(got[1].shares.values()) == pytest.approx(1.0)
+    assert not got[0].peer_straggler and not got[1].peer_straggler
+    assert got[0].score == got[1].score == 1.0
+    # phases' own jitter (a few hundredths of a second each) is no wait
+    got = attribute_group({0: (saver._replace(away=0.5), 0), 1: (waiter._replace(away=0.1), 1)})
+    assert got[1].shares["sync"] == 0.0
+    # the larger of the two readings: a pipeline wait NVML saw is not counted twice
+    slow = waiter._replace(util=0.9)  # NCCL spinning while it waits: needs little
+    got = attribute_group({0: (saver, 0), 1: (slow, 1)})
+    assert got[1].shares["sync"] == pytest.approx(max(0.5 - 0.1, 10.0 / 40.0))
+
+
+def test_ranks_that_wait_on_rank_zeros_saves_say_so():
+    """The Trainer under torchrun on 4 H100s saving every 50 steps: rank 0 writes (26 % of
+    its time since the first step), ranks 1-3 call _save_checkpoint too (a few ms: they
+    write nothing) and then wait in their next step's all-reduce. Their short checkpoint
+    phase lies between two `phase` lines that both say train; it once coloured the
+    seconds up to the next line as checkpoint, so their wait read as their own host time
+    (host 82 %, waiting on peers 2-4 %). Now each waits on its peer for as long as rank 0
+    saved."""
+    rep = advise_json(DATA / "fw_hf_save_ddp.jsonl")
+    jobs = {j["gpu"]: j for j in rep["jobs"]}
+    saved = jobs[0]["phases"]["checkpoint"] / (jobs[0]["phases"]["checkpoint"]
+                                               + jobs[0]["phases"]["train"])
+    assert jobs[0]["time_share"]["sync"] == 0.0
+    for g in (1, 2, 3):
+        print(g, jobs[g]["time_share"], f"rank 0 saved {saved:.0%}")
+        assert jobs[g]["phases"].get("checkpoint", 0.0) < 0.1
+        assert jobs[g]["time_share"]["sync"] == pytest.approx(saved, abs=0.04)
+    assert [a["gpu"] for a in rep["advice"] if a["id"] == "slow-checkpointing"] == [0]
+    assert not [a for a in rep["advice"] if a["id"] == "straggler-rank"]

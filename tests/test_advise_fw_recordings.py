@@ -102,6 +102,11 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                "speed-up-evaluation"}),
     "accel_clm_grad_ckpt": ({"disable-gradient-checkpointing"},
                             {"enable-gradient-checkpointing"}),
+    # on 4 H100s under torchrun: the same GPT-2 in bf16 at batch 16 per rank (GPU work
+    # 80 %), and the Trainer saving every 50 steps (rank 0 writes; the others wait for it)
+    "accel_clm_ddp": (set(), {"raise-batch-size", "gpu-underused", "straggler-rank",
+                              "enable-mixed-precision", "add-dataloader-workers"}),
+    "hf_save_ddp": ({"slow-checkpointing"}, {"straggler-rank", "speed-up-evaluation"}),
 }
 # what the same runs must get from NVML and psutil alone (the hook's lines taken out)
 NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
@@ -119,6 +124,14 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # fp32 matmuls told from the pipes (GPM) alone; a GPU-bound run left alone
     "accel_clm_fp32": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused"}),
     "accel_clm_bf16": (set(), {"raise-batch-size", "gpu-underused", "enable-mixed-precision"}),
+    "accel_clm_ddp": (set(), {"raise-batch-size", "gpu-underused", "straggler-rank"}),
+    # the seconds the GPU idled while the main process wrote to storage (/proc/PID/io):
+    # the saves, seen from outside
+    "hf_save": ({"slow-checkpointing"}, set()),
+    "lightning_cnn_ckpt": ({"slow-checkpointing"}, set()),
+    "accelerate_save": ({"slow-checkpointing"}, set()),
+    # rank 0 alone saving reads as the rank that holds the others back
+    "hf_save_ddp": ({"straggler-rank"}, {"add-dataloader-workers"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -568,6 +581,7 @@ def test_without_the_hook_only_a_leak_reads_as_one(tmp_path, name):
 
 
 SAVE_KNOB = {"hf_save": "TrainingArguments(save_steps=50 → ",
+             "hf_save_ddp": "TrainingArguments(save_steps=50 → ",
              "lightning_cnn_ckpt": "ModelCheckpoint(every_n_train_steps=10 → ",
              "accelerate_save": "less often"}
 
@@ -589,3 +603,37 @@ def test_checkpoints_are_counted_as_the_framework_counts_them(name):
     share = ev["checkpoint_seconds"] / (ev["checkpoint_seconds"] + ev["train_seconds"])
     assert ev["checkpoint_time_ratio"] == pytest.approx(share, abs=0.02)
     assert f"{round(100 * ev['checkpoint_time_ratio'])} % of its time saving" in a["message"]
+
+
+def test_without_the_hook_saves_are_seconds_the_gpu_idles_while_the_job_writes(tmp_path):
+    """The Trainer saving every 50 steps, as the daemon alone saw it: the seconds in which
+    GPU 0 idled while the job's main process wrote to storage (/proc/PID/io) come to
+    about the share the hook timed, one stretch per save; the same seconds with the GPU
+    kept busy, or with no write measured, are no checkpoint."""
+    t = truth("hf_save")
+    hooked = advise_json(path_of("hf_save"))
+    (h,) = [a for a in hooked["advice"] if a["id"] == "slow-checkpointing"]
+    bare = without_hook(path_of("hf_save"), tmp_path)
+    (a,) = [a for a in advise_json(bare)["advice"] if a["id"] == "slow-checkpointing"]
+    ev = a["evidence"]
+    print(f"hook: {h['evidence']['checkpoint_time_ratio']:.2f} of the time, {t['saves']} "
+          f"saves; without: {ev['idle_writing_ratio']:.2f}, {ev['idle_writing_bursts']} "
+          "stretches")
+    assert ev["idle_writing_ratio"] == pytest.approx(
+        h["evidence"]["checkpoint_time_ratio"], abs=0.1)
+    assert t["saves"] - 2 <= ev["idle_writing_bursts"] <= t["saves"]
+    assert a["confidence"] < h["confidence"]
+    assert "TrainingArguments" not in a["action"] and "save about" in a["action"]
+    for change in ("busy", "unmeasured"):
+        out = []
+        for d in lines(bare):
+            if change == "busy" and d.get("kind") == "gpu" and d.get("util") is not None:
+                d["util"] = max(d["util"], 0.5)
+            if change == "unmeasured" and d.get("kind") == "host":
+                d.pop("job_write_bytes_per_second", None)
+                for j in d.get("jobs") or []:
+                    j.pop("main_write_bytes_per_second", None)
+            out.append(d)
+        path = tmp_path / f"{change}.jsonl"
+        path.write_text("".join(json.dumps(d) + "\n" for d in out))
+        assert "slow-checkpointing" not in ids(advise_json(path)), change

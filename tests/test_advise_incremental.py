@@ -401,3 +401,29 @@ def test_table_push_writes_the_ring_as_ring_push_does():
         assert (got.base, got.last_none) == (ref.base, ref.last_none)
         assert all(_same(a, b) for a, b in zip(got.vals, ref.vals, strict=True))
         assert got.psum == ref.psum and got.pw == ref.pw
+
+
+def test_a_short_phase_between_two_lines_of_the_same_phase_lies_before_the_last():
+    """Two `phase` lines 5 s apart that both say train, the second carrying 0.01 s more
+    of checkpoint (a rank's call to the Trainer's _save_checkpoint that wrote nothing):
+    the checkpoint lies before the training that runs up to the second line, so the rest
+    of the bucket the line falls in (until the next line describes it) is training, not
+    the short phase's. It once ended at the line, and the bucket was read as checkpoint."""
+    from gpuwatch.advisor.frame import Frame
+
+    frame = Frame(1.0, ["phase_train"], keep_seconds=40)
+    t0 = 1000.0
+    frame.feed({"kind": "gpu", "t": t0, "gpu": 0, "util": 0.5})
+    for k in range(12):
+        t = t0 + 5.0 * (k + 1) + 0.02  # just into a bucket
+        ck = 0.01 * k
+        frame.feed({"kind": "phase", "t": t, "gpu": 0, "pid": 7, "phase": "train",
+                    "seconds": {"startup": 1.0, "train": 5.0 * (k + 1) - 1.0 - ck,
+                                "checkpoint": ck}, "checkpoints": k})
+        for s in range(5):
+            frame.feed({"kind": "gpu", "t": t + s + 0.5, "gpu": 0, "util": 0.5})
+    frame.finish()
+    subj = frame.subjects[0]
+    ring = frame.phase_owner(subj).phase_table.rings["phase_train"]
+    shares = [ring.mean(b + 1, 1) for b in range(int(t0) + 10, int(t0) + 55)]
+    assert all(s is not None and s >= 0.98 for s in shares), shares

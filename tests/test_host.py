@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
@@ -306,3 +307,39 @@ def test_a_tree_without_named_workers_reports_none() -> None:
     s = host.sample(time.time(), [os.getpid()])
     (tree,) = s.jobs
     assert tree.loader_workers == 0 and tree.loader_cpu_cores == 0.0
+
+
+WRITER_JOB = (
+    "import os, sys, time\n"
+    "path = sys.argv[1]\n"
+    "block = os.urandom(1 << 20)\n"
+    "print('ready', flush=True)\n"
+    "while True:\n"
+    "    with open(path, 'wb') as f:  # a 16 MiB checkpoint, over and over\n"
+    "        for _ in range(16):\n"
+    "            f.write(block)\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def test_a_main_process_writing_files_is_measured(tmp_path: Path) -> None:
+    """A job's main process writing a file again and again (a checkpoint written from the
+    loop): its bytes to storage per second since the last tick (/proc/PID/io
+    write_bytes, counted as its pages are dirtied), in its tree and summed on the host
+    line; none on the tree's first tick (no earlier reading to take a rate from)."""
+    proc = subprocess.Popen([sys.executable, "-c", WRITER_JOB, str(tmp_path / "ckpt.bin")],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        host = HostSampler()
+        (first,) = host.sample(time.time(), [proc.pid]).jobs
+        assert first.main_write_bytes_per_second is None
+        s = sample_until(host, [proc.pid],
+                         lambda s: (s.jobs[0].main_write_bytes_per_second or 0) > 16 << 20,
+                         "the writer's bytes to storage")
+        (tree,) = s.jobs
+        print(f"{tree.main_write_bytes_per_second / 2**20:.0f} MiB/s")
+        assert s.job_write_bytes_per_second == tree.main_write_bytes_per_second
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -18,6 +18,9 @@ ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
 STRAGGLER_SCORE = 0.75
 # workers this busy (each pegging its core) are the bottleneck when nothing else is
 _WORKERS_PEGGED = 0.8
+# a peer away from training (a phase) longer than a rank by this share of the rank's
+# time: the rank waited for it (smaller differences are the phases' own jitter)
+AWAY_MIN = 0.02
 
 
 class JobWindow(NamedTuple):
@@ -36,6 +39,10 @@ class JobWindow(NamedTuple):
     main: float | None = None  # main process busy (1 = one core)
     workers_busy: float | None = None  # DataLoader workers busy (1 = each pegs a core)
     workers: float | None = None  # DataLoader worker processes
+    # seconds of the same stretch the process spent outside training (evaluation,
+    # checkpoints, compiling: the hook's phases), which ``wall`` leaves out; while one rank
+    # is away, the others wait for it in their next collective
+    away: float = 0.0
 
     @property
     def workers_pegged(self) -> bool:
@@ -61,7 +68,7 @@ class SpanTotals:
     __slots__ = ("s",)
 
     _KEYS = ("wall", "steps", "step_total", "data_total", "busy", "util", "main",
-             "workers_busy", "workers")
+             "workers_busy", "workers", "away")
 
     def __init__(self) -> None:
         self.s: dict[str, float] = {}
@@ -70,7 +77,7 @@ class SpanTotals:
         s = self.s
         s["wall"] = s.get("wall", 0.0) + w.wall
         s["hook"] = 1.0 if w.hook else s.get("hook", 0.0)
-        for k in ("steps", "step_total"):
+        for k in ("steps", "step_total", "away"):
             s[k] = s.get(k, 0.0) + getattr(w, k)
         if w.data_total is not None:
             s["data_total"] = s.get("data_total", 0.0) + w.data_total
@@ -92,7 +99,8 @@ class SpanTotals:
         return JobWindow(wall=s["wall"], hook=bool(s.get("hook")), steps=s.get("steps", 0.0),
                          step_total=s.get("step_total", 0.0), data_total=s.get("data_total"),
                          busy=mean("busy"), util=mean("util"), main=mean("main"),
-                         workers_busy=mean("workers_busy"), workers=mean("workers"))
+                         workers_busy=mean("workers_busy"), workers=mean("workers"),
+                         away=s.get("away", 0.0))
 
 
 class Attribution(NamedTuple):
@@ -188,7 +196,12 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
 
     A rank whose own pipeline needs less of each step than the slowest rank's waits for it
     in the collectives: that difference is its ``sync`` share, claimed before GPU work
-    (NCCL kernels spinning on a peer keep NVML util high but do no work)."""
+    (NCCL kernels spinning on a peer keep NVML util high but do no work). So does a rank
+    while a peer is away from training longer than itself (rank 0 saving a checkpoint or
+    evaluating alone): the others wait in their next step's collective. That wait counts
+    in its ``sync`` share (the larger of the two readings, which can see the same wait),
+    but not in the ranks' standing: the rank that was away is no straggler of the
+    training steps."""
     if len(windows) == 1:
         # a job of one process (the usual case): no peer to wait for, no standing to rank
         ((k, (w, rank)),) = windows.items()
@@ -200,10 +213,18 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
     top = max(needs.values(), default=0.0)
     syncs = {k: (top - n if multi else 0.0) for k, n in needs.items()}
     own = {k: max(1e-6, 1.0 - s) for k, s in syncs.items()}
+    claimed = syncs
+    away = max((w.away for w, _ in windows.values()), default=0.0)
+    if multi and away > 0:
+        claimed = dict(syncs)
+        for k, (w, _) in windows.items():
+            waited = away - w.away
+            if w.wall > 0 and waited >= AWAY_MIN * (w.wall + w.away):
+                claimed[k] = max(syncs[k], min(1.0, waited / w.wall))
     best = min(own.values(), default=1.0)
     slowest = max(own, key=lambda k: own[k]) if multi else None
     slow_rank = windows[slowest][1] if slowest is not None else None
-    shares_of = {k: claim_shares(w, syncs[k]) for k, (w, _) in windows.items()}
+    shares_of = {k: claim_shares(w, claimed[k]) for k, (w, _) in windows.items()}
     others = sorted(v for k, v in own.items() if k != slowest)
     gain = 1.0
     if others and slowest is not None:

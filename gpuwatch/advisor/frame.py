@@ -37,7 +37,8 @@ _HOST_RAW = {"cpu_util": "cpu_util", "load1": "load1", "load5": "load5",
              "job_main_cpu_cores": "job_main_cpu_cores",
              "job_workers_cpu_cores": "job_workers_cpu_cores",
              "job_loader_workers": "job_loader_workers",
-             "job_loader_cpu_cores": "job_loader_cpu_cores"}
+             "job_loader_cpu_cores": "job_loader_cpu_cores",
+             "job_write_bytes_per_second": "job_write_bytes_per_second"}
 _AUTOCAST_ON = {"bfloat16", "bf16", "float16", "fp16", "half", "torch.bfloat16",
                 "torch.float16"}
 
@@ -193,6 +194,12 @@ class Subject:
         # without the hook: the first bucket its GPU ran kernels for its process (before
         # it, a job is starting up: workers prefetching while the GPU idles is no training)
         self.first_busy: int | None = None
+        # seconds since its process's first work, those in which it idled while the job
+        # wrote to storage, and the stretches of them (gpu_idle_writing, whole run)
+        self.iw_seconds = 0
+        self.iw_idle = 0
+        self.iw_bursts = 0
+        self.iw_prev = False
         # the first bucket its GPU worked at all, whichever processes NVML listed (where
         # it lists none: a container that hides them, or a rank not on its GPU yet)
         self.first_util: int | None = None
@@ -414,27 +421,53 @@ class Frame:
                 nworkers, busy = float(loaders), float(jg("loader_cpu_cores") or 0.0)
             else:
                 nworkers, busy = max(0.0, procs - 1.0), float(workers)
+            write = jg("main_write_bytes_per_second")
             for g in gpus:
-                t = per.setdefault(int(g), [0.0, 0.0, 0.0, 0.0, 0.0])
+                t = per.setdefault(int(g), [0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
                 t[0] += 1.0
                 t[1] += float(main)
                 t[2] += float(workers)
                 t[3] += nworkers
                 t[4] += busy
+                if write is not None:  # -1: no tree on it says
+                    t[5] = max(t[5], 0.0) + float(write)
         for g, dist in dists.items():  # each line says it anew: a job that ended has none
             subj = self.subjects.get(g)
             if subj is not None:
                 subj.dist = dist
-        for g, (mains, main, workers, nworkers, busy) in per.items():
+        for g, (mains, main, workers, nworkers, busy, write) in per.items():
             subj = self.subjects.get(g)
             if subj is None:  # a GPU no gpu line described: nothing to judge it by
                 continue
             acc = subj.cpu.acc
+            if write >= 0.0:
+                acc.add("write", write)
             acc.add("mains", mains)
             acc.add("main", main)
             acc.add("workers", workers)
             acc.add("nworkers", nworkers)
             acc.add("loading", busy)
+
+    def _idle_writing(self, idx: int, subj: Subject, util: float) -> None:
+        """Whether the GPU idled in bucket ``idx`` while its job's main process wrote to
+        storage (a checkpoint, seen from outside), and the whole run's share of such
+        seconds since its process first worked on it."""
+        ring = subj.cpu.rings.get("job_write_bytes_per_second")
+        wrote = ring.mean(idx + 1, 1) if ring is not None else None
+        if wrote is None or subj.first_busy is None:
+            return
+        idle = wrote >= IDLE_WRITE_BYTES and util < IDLE_WRITE_UTIL
+        subj.iw_seconds += 1
+        if idle:
+            subj.iw_idle += 1
+            if not subj.iw_prev:
+                subj.iw_bursts += 1
+        subj.iw_prev = idle
+        tab = subj.gpu_table
+        tab.push(idx, "gpu_idle_writing", 1.0 if idle else 0.0)
+        if subj.iw_seconds * self.res >= IDLE_WRITE_MIN_SECONDS:
+            tab.push(idx, "idle_writing_ratio", subj.iw_idle / subj.iw_seconds)
+            tab.push(idx, "idle_writing_bursts", float(subj.iw_bursts))
 
     def _hook_starts(self, subj: Subject) -> None:
         """``subj``'s job sent its first step: from the next bucket on it is judged by
@@ -664,7 +697,9 @@ class Frame:
             subj.phase_seconds[name] = float(total)
         now = get("phase")
         before = subj.phase
-        order = sorted(gains, key=lambda n: (n != before, n == now))
+        # the one in force now last, even where it was also in force before (a short
+        # save or evaluation between two lines: it lies before the time since its end)
+        order = sorted(gains, key=lambda n: (n == now, n != before))
         end = t
         for name in reversed(order):
             begin = end - gains[name]
@@ -858,6 +893,8 @@ class Frame:
             util = acc.mean("util")
             busy = acc.mean("sm_active") if subj.facts.get("gpm") else None
             tab.push(idx, "busy_ratio", busy if busy is not None else util)
+            if util is not None and "idle_writing_ratio" in need:
+                self._idle_writing(idx, subj, util)
             if used is not None and total:
                 tab.push(idx, "mem_headroom_bytes", max(0.0, 0.85 * total - used))
             if util is not None and util >= FIRST_WORK_UTIL:
@@ -1027,10 +1064,12 @@ class Frame:
         wb = ring_mean(rings.get("workers_busy_ratio"), start, end)
         workers = ring_mean(rings.get("job_workers"), start, end)
         wall = (end - start) * self.res
+        away = 0.0
         phases = self.phase_owner(subj)
         if phases is not None:
             train = ring_mean(phases.phase_table.rings.get("phase_train"), start, end)
             if train is not None:
+                away = wall * (1.0 - min(1.0, max(train, 0.0)))
                 wall *= max(train, 1e-3)
         if not hook:
             return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
@@ -1044,7 +1083,7 @@ class Frame:
         return JobWindow(wall=wall, hook=True, steps=rate_sum * self.res,
                          step_total=min(step_total, wall) if clamp else step_total,
                          data_total=dw if dw_steps > 0 else None, busy=busy, util=util,
-                         main=main, workers_busy=wb, workers=workers)
+                         main=main, workers_busy=wb, workers=workers, away=away)
 
     def train_start(self, subj: Subject) -> int | None:
         """The bucket from which ``subj``'s job is in training (after its first step), or
@@ -1240,9 +1279,10 @@ class Frame:
         DataLoader's ``num_workers`` where the hook reported it."""
         a = table.acc
         table.ever = True
-        mains, main, workers, nworkers, loading = (
-            a.mean(k) for k in ("mains", "main", "workers", "nworkers", "loading"))
+        mains, main, workers, nworkers, loading, write = (
+            a.mean(k) for k in ("mains", "main", "workers", "nworkers", "loading", "write"))
         a.clear()
+        table.push(idx, "job_write_bytes_per_second", write)
         if not mains:
             return
         if nworkers is not None and isinstance(loader_workers, float) and loader_workers >= 0:
@@ -1337,6 +1377,12 @@ _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused
 # without the hook, a GPU whose process has run any kernel (NVML util at least this) has
 # begun its work; before that, its job is starting up
 FIRST_WORK_UTIL = 0.01
+# a second in which the GPU mostly idles (util under this) while its job's main process
+# writes at least this much to storage: what saving a checkpoint looks like from outside
+IDLE_WRITE_UTIL = 0.25
+IDLE_WRITE_BYTES = 32 * 1024 * 1024
+# the whole run's share of such seconds is judged once the GPU has worked this long
+IDLE_WRITE_MIN_SECONDS = 20.0
 _PHASE_NAMES = ("startup", "compile", "train", "eval", "checkpoint", "inference")
 
 # derived signals and what they are computed from (so the frame keeps those too)
@@ -1357,12 +1403,16 @@ _DEPENDS: dict[str, set[str]] = {
     "main_busy_ratio": {"job_cpu_cores", "job_processes", "job_main_cpu_cores"},
     "workers_busy_ratio": {"job_cpu_cores", "job_processes", "job_workers_cpu_cores",
                            "job_loader_workers", "job_loader_cpu_cores"},
+    "gpu_idle_writing": {"util", "job_write_bytes_per_second"},
+    "idle_writing_ratio": {"util", "job_write_bytes_per_second"},
+    "idle_writing_bursts": {"util", "job_write_bytes_per_second"},
 }
 
 
 # host signals a GPU also has of its own, from the job trees on it (``Subject.cpu``)
 PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
-                          "main_busy_ratio", "workers_cpu_cores", "workers_busy_ratio"})
+                          "main_busy_ratio", "workers_cpu_cores", "workers_busy_ratio",
+                          "job_write_bytes_per_second"})
 
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
                        "main_busy_ratio", "workers_busy_ratio", "job_workers"}

@@ -232,6 +232,7 @@ _JOB_SERIES = {
     "gpuwatch_job_rss_bytes": "job_rss_bytes",
     "gpuwatch_job_loader_workers": "job_loader_workers",
     "gpuwatch_job_loader_cpu_cores": "job_loader_cpu_cores",
+    "gpuwatch_job_write_bytes_per_second": "job_write_bytes_per_second",
 }
 _TRAIN_SERIES = {
     "gpuwatch_train_steps_total": "steps_total",

@@ -57,6 +57,15 @@ def _defs() -> dict[str, SignalDef]:
         ("fp32_active", "gpu", "ratio", "mean", "GPM: FP32 pipe busy", False),
         ("fp64_active", "gpu", "ratio", "mean", "GPM: FP64 pipe busy", False),
         # derived, per GPU
+        ("gpu_idle_writing", "gpu", "0/1", "mean", ("1 for a second in which the GPU idled "
+         "(util < 25 %) while its job's main process wrote >= 32 MiB/s to storage (mean over "
+         "a window: the share of its time; what a checkpoint save looks like without the "
+         "hook)"), True),
+        ("idle_writing_ratio", "gpu", "ratio", "last", ("the share of the seconds since its "
+         "process first worked on the GPU in which gpu_idle_writing held (whole run; from "
+         "20 s of work on)"), True),
+        ("idle_writing_bursts", "gpu", "count", "last", ("separate stretches of such seconds "
+         "so far (one per save, seen from outside)"), True),
         ("mem_used_ratio", "gpu", "ratio", "mean", "mem_used_bytes / mem_total_bytes", True),
         ("mem_free_bytes", "gpu", "bytes", "mean", "mem_total_bytes - mem_used_bytes", True),
         ("power_ratio", "gpu", "ratio", "mean", "power_watts / power_limit_watts", True),
@@ -93,6 +102,9 @@ def _defs() -> dict[str, SignalDef]:
          "processes' children (optional field)"), False),
         ("job_loader_workers", "host", "count", "mean", ("the children torch names as its "
          "DataLoader workers (pt_data_worker, torch 2.5+; optional field)"), False),
+        ("job_write_bytes_per_second", "host", "bytes/s", "mean", ("bytes per second the "
+         "job's main processes wrote to storage (/proc/PID/io write_bytes: files on a disk, "
+         "not tmpfs, pipes or sockets; optional field)"), False),
         ("job_loader_cpu_cores", "host", "cores", "mean", ("CPU cores busy in those "
          "DataLoader workers (optional field)"), False),
         # derived, host

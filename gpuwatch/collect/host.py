@@ -70,6 +70,10 @@ class _Tracked:
     seen: int  # the tick it was last used in
     fresh: bool = True  # no CPU reading yet (psutil's first cpu_percent is meaningless)
     dist: tuple[int | None, int | None, str | None] | None = None  # read_dist, once
+    # /proc/PID/io write_bytes at the last reading, and when (seconds since boot): None
+    # until read, False where it cannot be (another user's process, no such file)
+    written: int | None | bool = None
+    written_t: float | None = None
 
 
 _DIST_KEYS = (b"RANK", b"WORLD_SIZE", b"TORCHELASTIC_RUN_ID", b"MASTER_ADDR", b"MASTER_PORT",
@@ -142,6 +146,12 @@ def _since_boot() -> float | None:
     return time.clock_gettime(clock) if clock is not None else None
 
 
+def _sum_known(values: Iterable[float | None]) -> float | None:
+    """The sum of the values that are known; None where none is."""
+    known = [v for v in values if v is not None]
+    return round(sum(known), 1) if known else None
+
+
 def _busy_and_total(times: object) -> tuple[float, float]:
     # Linux counts guest time inside user/nice and iowait outside idle (as psutil and htop).
     total = sum(times)  # type: ignore[arg-type]
@@ -211,6 +221,7 @@ class HostSampler:
             job_workers_cpu_cores=round(sum(j.workers_cpu_cores for j in jobs), 3),
             job_loader_workers=sum(j.loader_workers or 0 for j in jobs),
             job_loader_cpu_cores=round(sum(j.loader_cpu_cores or 0.0 for j in jobs), 3),
+            job_write_bytes_per_second=_sum_known(j.main_write_bytes_per_second for j in jobs),
             job_processes=sum(j.processes for j in jobs),
             job_rss_bytes=sum(j.rss_bytes for j in jobs),
         )
@@ -379,6 +390,7 @@ class HostSampler:
         tracked = self._procs[root]
         if tracked.dist is None:
             tracked.dist = read_dist(root)
+        write_rate = self._write_rate(tracked)
         rank, world, dist_job = tracked.dist
         return JobTree(
             pid=root,
@@ -395,7 +407,28 @@ class HostSampler:
             gpus=gpus,
             loader_workers=loaders,
             loader_cpu_cores=round(loader_cpu, 3),
+            main_write_bytes_per_second=write_rate,
         )
+
+    def _write_rate(self, tracked: _Tracked) -> float | None:
+        """Bytes per second the process has written to storage since the last tick
+        (/proc/PID/io ``write_bytes``: counted as it dirties page cache, so a checkpoint
+        written to a disk counts as it is written; tmpfs, pipes and sockets do not). None
+        on its first reading, and where it cannot be read."""
+        if tracked.written is False:
+            return None
+        try:
+            written = tracked.proc.io_counters().write_bytes
+        except (psutil.AccessDenied, AttributeError, NotImplementedError):
+            tracked.written = False  # another user's process: not readable, ever
+            return None
+        except _GONE:
+            return None
+        now, prev, prev_t = self._now, tracked.written, tracked.written_t
+        tracked.written, tracked.written_t = written, now
+        if not isinstance(prev, int) or prev_t is None or now is None or now <= prev_t:
+            return None
+        return round(max(0, written - prev) / (now - prev_t), 1)
 
     def _since_birth(self, proc: psutil.Process) -> float:
         """CPU cores over the last tick's interval of a process first seen now: all it

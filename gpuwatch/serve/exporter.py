@@ -378,12 +378,17 @@ def _host_families(snap: Snapshot) -> list[Metric]:
         "loader_cpu": GaugeMetricFamily("gpuwatch_job_loader_cpu_cores",
                                         "CPU cores busy in the job's DataLoader workers "
                                         "(pt_data_worker processes).", labels=JOB_LABELS),
+        "write": GaugeMetricFamily("gpuwatch_job_write_bytes_per_second",
+                                   "Bytes per second the job's main process wrote to "
+                                   "storage over the last tick (/proc/PID/io write_bytes: "
+                                   "files on a disk; not tmpfs, pipes or sockets).",
+                                   labels=JOB_LABELS),
     }
     trees: list[tuple[list[str], dict[str, Any]]] = [
         ([str(j.pid), _label(j.name), _label(j.user)],
          {"cpu": j.cpu_cores, "main": j.main_cpu_cores, "workers": j.workers_cpu_cores,
           "procs": j.processes, "rss": j.rss_bytes, "loaders": j.loader_workers,
-          "loader_cpu": j.loader_cpu_cores})
+          "loader_cpu": j.loader_cpu_cores, "write": j.main_write_bytes_per_second})
         for j in host.jobs]
     if not trees and host.job_cpu_cores is not None:
         # a recording keeps only the sum over the job trees, without pids: export that sum
@@ -392,7 +397,8 @@ def _host_families(snap: Snapshot) -> list[Metric]:
                       {"cpu": host.job_cpu_cores, "main": host.job_main_cpu_cores,
                        "workers": host.job_workers_cpu_cores, "procs": host.job_processes,
                        "rss": host.job_rss_bytes, "loaders": host.job_loader_workers,
-                       "loader_cpu": host.job_loader_cpu_cores}))
+                       "loader_cpu": host.job_loader_cpu_cores,
+                       "write": host.job_write_bytes_per_second}))
     for labels, values in trees:
         for key, value in values.items():
             if value is not None:

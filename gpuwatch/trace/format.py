@@ -243,7 +243,8 @@ _JOB: dict[str, Check] = {"pid": _count, "name": _string, "user": _string,
                           "workers_cpu_cores": _nonneg, "processes": _count, "rss_bytes": _count,
                           "gpus": _indices, "rank": _count, "world_size": _count,
                           "dist_job": _string, "loader_workers": _count,
-                          "loader_cpu_cores": _nonneg}
+                          "loader_cpu_cores": _nonneg,
+                          "main_write_bytes_per_second": _nonneg}
 
 _GPU: dict[str, Check] = {
     "gpu": _count, "uuid": _string, "lost": _boolean,
@@ -269,6 +270,7 @@ _HOST: dict[str, Check] = {
     "job_cpu_cores": _nonneg, "job_processes": _count, "job_rss_bytes": _count,
     "job_main_cpu_cores": _nonneg, "job_workers_cpu_cores": _nonneg,
     "job_loader_workers": _count, "job_loader_cpu_cores": _nonneg,
+    "job_write_bytes_per_second": _nonneg,
     "jobs": _objects(_JOB, ("pid",)),
 }
 _STEP: dict[str, Check] = {

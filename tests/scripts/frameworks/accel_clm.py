@@ -98,7 +98,7 @@ def main() -> None:
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler)
 
-    out_dir = tempfile.mkdtemp()
+    out_dir = tempfile.mkdtemp(prefix="ckpt-", dir=".")  # on the disk the job runs from
     steps = saves = 0
     began = time.time()
     done = False

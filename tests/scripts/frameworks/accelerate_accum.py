@@ -45,7 +45,7 @@ ds = torch.utils.data.TensorDataset(torch.randn(n, 64), torch.randn(n, 1))
 loader = torch.utils.data.DataLoader(ds, batch_size=a.micro, shuffle=True)
 model, opt, loader = accelerator.prepare(model, opt, loader)
 steps = saves = 0
-ckpt_dir = tempfile.mkdtemp()
+ckpt_dir = tempfile.mkdtemp(prefix="ckpt-", dir=".")  # on the disk the job runs from
 began = time.time()
 for x, y in loader:
     with accelerator.accumulate(model):

@@ -94,7 +94,7 @@ model = BertForSequenceClassification(BertConfig(
     hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=max(1, a.hidden // 64),
     intermediate_size=4 * a.hidden, max_position_embeddings=max(512, a.seq), num_labels=4))
 args = TrainingArguments(
-    output_dir=tempfile.mkdtemp(), per_device_train_batch_size=a.batch,
+    output_dir=tempfile.mkdtemp(prefix="ckpt-", dir="."), per_device_train_batch_size=a.batch,
     per_device_eval_batch_size=a.batch, gradient_accumulation_steps=a.accum,
     dataloader_num_workers=a.workers, fp16=a.fp16, bf16=a.bf16, max_steps=10**7,
     learning_rate=3e-5, logging_steps=100, report_to=[], disable_tqdm=True,

@@ -113,7 +113,8 @@ workers = max(1, a.workers // 2) if slow else a.workers
 loader = torch.utils.data.DataLoader(Images(), batch_size=a.batch, shuffle=True,
                                      num_workers=workers, pin_memory=True,
                                      persistent_workers=workers > 0)
-saving = [pl.callbacks.ModelCheckpoint(dirpath=tempfile.mkdtemp(), save_top_k=1,
+ckpt_dir = tempfile.mkdtemp(prefix="ckpt-", dir=".") if a.ckpt_every else None  # on disk
+saving = [pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, save_top_k=1,
                                        every_n_train_steps=a.ckpt_every)] if a.ckpt_every else []
 trainer = pl.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu",
                      devices=a.devices, precision=a.precision,

@@ -156,3 +156,10 @@ if want hf_save_ddp; then
   rec hf_save_ddp 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 32 \
     --workers 4 --bf16 --save-every 50 --seconds 45
 fi
+# 29. Lightning DDP on every GPU with ModelCheckpoint(every_n_train_steps=10): rank 0
+#     writes, the others wait for it (ResNet-50, bf16-mixed)
+if want lightning_cnn_ckpt_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec lightning_cnn_ckpt_ddp 150 python3 lightning_cnn.py --devices "$n" --model resnet50 \
+    --batch 256 --workers 6 --precision bf16-mixed --ckpt-every 10 --seconds 40
+fi
