@@ -107,6 +107,9 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "accel_clm_ddp": (set(), {"raise-batch-size", "gpu-underused", "straggler-rank",
                               "enable-mixed-precision", "add-dataloader-workers"}),
     "hf_save_ddp": ({"slow-checkpointing"}, {"straggler-rank", "speed-up-evaluation"}),
+    # Lightning DDP on 4 H100s with ModelCheckpoint(every_n_train_steps=10): every rank
+    # calls save_checkpoint and waits in it while rank 0 writes
+    "lightning_cnn_ckpt_ddp": ({"slow-checkpointing"}, {"speed-up-evaluation"}),
 }
 # what the same runs must get from NVML and psutil alone (the hook's lines taken out)
 NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
@@ -130,8 +133,10 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_save": ({"slow-checkpointing"}, set()),
     "lightning_cnn_ckpt": ({"slow-checkpointing"}, set()),
     "accelerate_save": ({"slow-checkpointing"}, set()),
-    # rank 0 alone saving reads as the rank that holds the others back
-    "hf_save_ddp": ({"straggler-rank"}, {"add-dataloader-workers"}),
+    # rank 0 alone writing: the seconds its GPU idles while it writes, and the rank that
+    # holds the others back
+    "hf_save_ddp": ({"slow-checkpointing", "straggler-rank"}, {"add-dataloader-workers"}),
+    "lightning_cnn_ckpt_ddp": ({"slow-checkpointing"}, {"add-dataloader-workers"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
