@@ -315,6 +315,8 @@ def test_the_attribution_gives_the_numbers_it_gave_before(windows, ranks):
     attrs = attribute_group(group)
     got = {k: a._asdict() for k, a in attrs.items()}
     job_busy = {k: d.pop("job_busy") for k, d in got.items()}  # new since: checked below
+    for d in got.values():  # new since: no window here is away from training
+        assert (d.pop("away_wait"), d.pop("away_rank")) == (0.0, None)
     assert got == _group_before(group)
     # every rank reads the same job-wide busy: the highest of the ranks' own
     own = [b for a in attrs.values() if (b := a.value("busy_in_steps")) is not None]
@@ -339,6 +341,8 @@ def test_a_rank_waits_while_a_peer_is_away_from_training():
     got = attribute_group({0: (saver, 0), 1: (waiter, 1)})
     assert got[1].shares["sync"] == pytest.approx(10.0 / 40.0)
     assert got[0].shares["sync"] == 0.0
+    assert got[1].value("peer_away_share") == pytest.approx(0.25)
+    assert got[1].value("away_rank") == 0.0 and got[0].value("away_rank") is None
     assert sum(got[1].shares.values()) == pytest.approx(1.0)
     assert not got[0].peer_straggler and not got[1].peer_straggler
     assert got[0].score == got[1].score == 1.0

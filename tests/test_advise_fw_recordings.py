@@ -110,6 +110,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # Lightning DDP on 4 H100s with ModelCheckpoint(every_n_train_steps=10): every rank
     # calls save_checkpoint and waits in it while rank 0 writes
     "lightning_cnn_ckpt_ddp": ({"slow-checkpointing"}, {"speed-up-evaluation"}),
+    # accel_clm.py on 4 H100s with rank 0 alone evaluating (is_main_process) 40 % of its
+    # time: the others wait for it in their next all-reduce
+    "accel_clm_eval_main_ddp": ({"speed-up-evaluation", "gpu-underused"},
+                                {"straggler-rank", "raise-batch-size"}),
 }
 # what the same runs must get from NVML and psutil alone (the hook's lines taken out)
 NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
@@ -642,3 +646,26 @@ def test_without_the_hook_saves_are_seconds_the_gpu_idles_while_the_job_writes(t
         path = tmp_path / f"{change}.jsonl"
         path.write_text("".join(json.dumps(d) + "\n" for d in out))
         assert "slow-checkpointing" not in ids(advise_json(path)), change
+
+
+def test_ranks_waiting_while_rank_zero_evaluates_alone_are_told_so():
+    """Rank 0 evaluates perplexity alone every 50 steps (if accelerator.is_main_process)
+    while ranks 1-3 sit in their next step's all-reduce: rank 0 is told to speed up its
+    evaluation; the others wait on it as long as it evaluated (the hook's phases; NVML
+    sees their NCCL kernels spin), and their advice names rank 0's time away, not a slow
+    rank's data or host time."""
+    t = truth("accel_clm_eval_main_ddp")
+    rep = advise_json(path_of("accel_clm_eval_main_ddp"))
+    jobs = {j["gpu"]: j for j in rep["jobs"]}
+    p0 = jobs[0]["phases"]
+    assert p0["eval"] == pytest.approx(t["eval_seconds"], rel=EVAL_TOLERANCE)
+    share = p0["eval"] / (p0["eval"] + p0["train"])
+    for g in (1, 2, 3):
+        assert "eval" not in jobs[g]["phases"]
+        assert jobs[g]["time_share"]["sync"] == pytest.approx(share, abs=0.05)
+    assert [a["gpu"] for a in rep["advice"] if a["id"] == "speed-up-evaluation"] == [0]
+    waits = [a for a in rep["advice"] if a["id"] == "gpu-underused"]
+    assert sorted(a["gpu"] for a in waits) == [1, 2, 3]
+    for a in waits:
+        assert "while rank 0 was away from training" in a["action"]
+        assert a["evidence"]["peer_away_share"] == pytest.approx(share, abs=0.06)

@@ -12,7 +12,7 @@ SHARE_CATEGORIES = ("data", "sync", "gpu", "host", "other")
 SHARE_SIGNALS = {f"share_{c}": c for c in SHARE_CATEGORIES}
 RANK_SIGNALS = frozenset({"gpu_busy", "job_rank", "job_ranks", "rank_score", "slowest_rank",
                           "peer_straggler", "straggler_gain", "busy_in_steps",
-                          "job_busy_in_steps"})
+                          "job_busy_in_steps", "peer_away_share", "away_rank"})
 ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
 # nvidia-resiliency-ext flags a rank whose score (best rank's time / its own) is below this
 STRAGGLER_SCORE = 0.75
@@ -118,6 +118,10 @@ class Attribution(NamedTuple):
     # the highest busy_in_steps among the job's ranks (its own, for a single process): the
     # ranks of one job share one batch size, and the busiest of them fills up first
     job_busy: float | None = None
+    # the share of this rank's time it waited while a peer was away from training longer
+    # than itself (a phase: evaluating, saving, compiling alone), and which rank that was
+    away_wait: float = 0.0
+    away_rank: int | None = None
 
     def value(self, name: str) -> float | None:
         if name in SHARE_SIGNALS:
@@ -140,6 +144,10 @@ class Attribution(NamedTuple):
             return 1.0 if self.peer_straggler else 0.0
         if name == "straggler_gain":
             return self.straggler_gain
+        if name == "peer_away_share":  # the hook's phases tell it; without them, unknown
+            return self.away_wait if self.window.hook else None
+        if name == "away_rank":
+            return float(self.away_rank) if self.away_rank is not None else None
         return None
 
     def top(self) -> str:
@@ -214,13 +222,17 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
     syncs = {k: (top - n if multi else 0.0) for k, n in needs.items()}
     own = {k: max(1e-6, 1.0 - s) for k, s in syncs.items()}
     claimed = syncs
+    away_waits: dict[Any, float] = {}
+    away_rank = None
     away = max((w.away for w, _ in windows.values()), default=0.0)
     if multi and away > 0:
         claimed = dict(syncs)
+        away_rank = max(windows.values(), key=lambda wr: wr[0].away)[1]
         for k, (w, _) in windows.items():
             waited = away - w.away
             if w.wall > 0 and waited >= AWAY_MIN * (w.wall + w.away):
-                claimed[k] = max(syncs[k], min(1.0, waited / w.wall))
+                away_waits[k] = min(1.0, waited / w.wall)
+                claimed[k] = max(syncs[k], away_waits[k])
     best = min(own.values(), default=1.0)
     slowest = max(own, key=lambda k: own[k]) if multi else None
     slow_rank = windows[slowest][1] if slowest is not None else None
@@ -250,5 +262,6 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
                              peer_straggler=(multi and k != slowest
                                              and slow_score < STRAGGLER_SCORE),
                              straggler_gain=max(1.0, gain) if multi else 1.0,
-                             job_busy=job_busy)
+                             job_busy=job_busy, away_wait=away_waits.get(k, 0.0),
+                             away_rank=away_rank if k in away_waits else None)
     return out

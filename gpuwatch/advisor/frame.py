@@ -453,8 +453,11 @@ class Frame:
         storage (a checkpoint, seen from outside), and the whole run's share of such
         seconds since its process first worked on it."""
         ring = subj.cpu.rings.get("job_write_bytes_per_second")
-        wrote = ring.mean(idx + 1, 1) if ring is not None else None
+        # this bucket's own reading only (a ring's mean reads back to its newest value: a
+        # job gone since its last save would keep writing for ever)
+        wrote = ring.mean(idx + 1, 1) if ring is not None and ring.end() == idx + 1 else None
         if wrote is None or subj.first_busy is None:
+            subj.iw_prev = False  # unknown seconds part two stretches
             return
         idle = wrote >= IDLE_WRITE_BYTES and util < IDLE_WRITE_UTIL
         subj.iw_seconds += 1
@@ -893,7 +896,7 @@ class Frame:
             util = acc.mean("util")
             busy = acc.mean("sm_active") if subj.facts.get("gpm") else None
             tab.push(idx, "busy_ratio", busy if busy is not None else util)
-            if util is not None and "idle_writing_ratio" in need:
+            if util is not None and not _IDLE_WRITING.isdisjoint(need):
                 self._idle_writing(idx, subj, util)
             if used is not None and total:
                 tab.push(idx, "mem_headroom_bytes", max(0.0, 0.85 * total - used))
@@ -1383,6 +1386,7 @@ IDLE_WRITE_UTIL = 0.25
 IDLE_WRITE_BYTES = 32 * 1024 * 1024
 # the whole run's share of such seconds is judged once the GPU has worked this long
 IDLE_WRITE_MIN_SECONDS = 20.0
+_IDLE_WRITING = frozenset({"gpu_idle_writing", "idle_writing_ratio", "idle_writing_bursts"})
 _PHASE_NAMES = ("startup", "compile", "train", "eval", "checkpoint", "inference")
 
 # derived signals and what they are computed from (so the frame keeps those too)

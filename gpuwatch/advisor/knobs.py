@@ -147,6 +147,9 @@ def knob(name: str, framework: str | None, old: Any, new: Any) -> str | None:
     forms = KNOBS.get(name)
     if forms is None or new is None:
         return None
+    if name == "fused_optimizer" and new != "AdamW":
+        # the Trainer's optim="adamw_torch_fused" would swap another optimizer for AdamW
+        forms = {TORCH: forms[TORCH]}
     if name == "grad_accum" and new == 1:  # accumulation gone: say so in plain words
         forms = dict(forms, **{TORCH: "no gradient accumulation (one backward() per "
                                       "optimizer.step())"})

@@ -285,6 +285,11 @@ def _defs() -> dict[str, SignalDef]:
         ("rank_score", "job", "ratio", "mean", ("the fastest rank's own time per step over "
          "this rank's (1: sets no one's pace; below 0.75: a straggler)"), True),
         ("slowest_rank", "job", "rank", "last", "the rank with the lowest rank_score", True),
+        ("peer_away_share", "job", "ratio", "mean", ("share of wall time this rank waited in "
+         "its next collective while a peer was away from training longer than itself "
+         "(evaluating, saving or compiling alone: the hook's phases)"), True),
+        ("away_rank", "job", "rank", "last", ("the rank that was away from training the "
+         "longest, where this rank waited for it"), True),
         ("peer_straggler", "job", "0/1", "last", ("another rank of this job is a straggler "
          "(rank_score < 0.75) that this rank waits for"), True),
         ("straggler_gain", "job", "ratio", "last", ("step time now over step time once the "

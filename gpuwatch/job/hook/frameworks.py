@@ -98,7 +98,8 @@ def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None
     read(cfg, "fw_compile", lambda: bool(args.torch_compile), problems)
     read(cfg, "fw_save_strategy", lambda: _enum_value(args.save_strategy), problems)
     read(cfg, "fw_save_every", lambda: args.save_steps, problems)
-    read(cfg, "fw_save_only_model", lambda: bool(args.save_only_model), problems)
+    # save_only_model is newer than the rest (transformers 4.36): absent is no problem
+    read(cfg, "fw_save_only_model", lambda: getattr(args, "save_only_model", None), problems)
     read(cfg, "fw_world_size", lambda: args.world_size, problems)
 
 

@@ -41,6 +41,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num_workers", type=int, default=0)
     parser.add_argument("--eval_every", type=int, default=0, help="optimizer steps (0: never)")
     parser.add_argument("--eval_samples", type=int, default=512)
+    parser.add_argument("--eval_on_main_only", action="store_true",
+                        help="rank 0 evaluates the whole set alone; the others train on")
     parser.add_argument("--checkpointing_steps", type=int, default=0)
     parser.add_argument("--gradient_checkpointing", action="store_true")
     parser.add_argument("--tf32", action="store_true")
@@ -95,8 +97,12 @@ def main() -> None:
     optimizer = torch.optim.AdamW(groups, lr=5e-5)
     scheduler = get_scheduler("linear", optimizer=optimizer, num_warmup_steps=100,
                               num_training_steps=100_000)
-    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, eval_loader, scheduler)
+    if args.eval_on_main_only:  # not sharded: the main process walks all of it
+        model, optimizer, train_loader, scheduler = accelerator.prepare(
+            model, optimizer, train_loader, scheduler)
+    else:
+        model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+            model, optimizer, train_loader, eval_loader, scheduler)
 
     out_dir = tempfile.mkdtemp(prefix="ckpt-", dir=".")  # on the disk the job runs from
     steps = saves = 0
@@ -117,15 +123,19 @@ def main() -> None:
             if args.checkpointing_steps and steps % args.checkpointing_steps == 0:
                 accelerator.save_state(os.path.join(out_dir, "checkpoint"))
                 saves += 1
-            if args.eval_every and steps % args.eval_every == 0:
+            main_only = args.eval_on_main_only
+            if args.eval_every and steps % args.eval_every == 0 and (
+                    accelerator.is_main_process or not main_only):
                 truth.eval_begins()
                 model.eval()
                 losses = []
                 for eb in eval_loader:
+                    if main_only:
+                        eb = {k: v.to(accelerator.device) for k, v in eb.items()}
                     with torch.no_grad():
                         out = model(**eb)
-                    losses.append(accelerator.gather_for_metrics(
-                        out.loss.repeat(args.per_device_eval_batch_size)))
+                    loss = out.loss.repeat(args.per_device_eval_batch_size)
+                    losses.append(loss if main_only else accelerator.gather_for_metrics(loss))
                 ppl = math.exp(torch.cat(losses).mean().item())
                 accelerator.print(f"step {steps}: perplexity {ppl:.1f}")
                 model.train()

@@ -163,3 +163,12 @@ if want lightning_cnn_ckpt_ddp; then
   rec lightning_cnn_ckpt_ddp 150 python3 lightning_cnn.py --devices "$n" --model resnet50 \
     --batch 256 --workers 6 --precision bf16-mixed --ckpt-every 10 --seconds 40
 fi
+# 30. accel_clm.py under torchrun on every GPU, rank 0 alone evaluating perplexity over
+#     1024 blocks every 50 steps (if accelerator.is_main_process): the others wait for it
+if want accel_clm_eval_main_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec accel_clm_eval_main_ddp 200 torchrun --standalone --nproc_per_node "$n" accel_clm.py \
+    --per_device_train_batch_size 16 --per_device_eval_batch_size 8 --mixed_precision bf16 \
+    --eval_every 50 --eval_samples 1024 --eval_on_main_only --num_workers 2 \
+    --max_train_steps 400 --seconds 100000
+fi
