@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import getpass
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -322,12 +324,14 @@ WRITER_JOB = (
 )
 
 
-def test_a_main_process_writing_files_is_measured(tmp_path: Path) -> None:
+def test_a_main_process_writing_files_is_measured() -> None:
     """A job's main process writing a file again and again (a checkpoint written from the
     loop): its bytes to storage per second since the last tick (/proc/PID/io
     write_bytes, counted as its pages are dirtied), in its tree and summed on the host
-    line; none on the tree's first tick (no earlier reading to take a rate from)."""
-    proc = subprocess.Popen([sys.executable, "-c", WRITER_JOB, str(tmp_path / "ckpt.bin")],
+    line; none on the tree's first tick (no earlier reading to take a rate from). The
+    file goes beside the tests, on the checkout's disk: a tmpfs /tmp counts no write."""
+    where = Path(tempfile.mkdtemp(prefix="write-test-", dir=Path(__file__).parent))
+    proc = subprocess.Popen([sys.executable, "-c", WRITER_JOB, str(where / "ckpt.bin")],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -343,3 +347,4 @@ def test_a_main_process_writing_files_is_measured(tmp_path: Path) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        shutil.rmtree(where, ignore_errors=True)
