@@ -1285,7 +1285,8 @@ class Frame:
         mains, main, workers, nworkers, loading, write = (
             a.mean(k) for k in ("mains", "main", "workers", "nworkers", "loading", "write"))
         a.clear()
-        table.push(idx, "job_write_bytes_per_second", write)
+        if "job_write_bytes_per_second" in self.needed:  # what the idle-writing signals read
+            table.push(idx, "job_write_bytes_per_second", write)
         if not mains:
             return
         if nworkers is not None and isinstance(loader_workers, float) and loader_workers >= 0:

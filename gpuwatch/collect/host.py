@@ -70,10 +70,11 @@ class _Tracked:
     seen: int  # the tick it was last used in
     fresh: bool = True  # no CPU reading yet (psutil's first cpu_percent is meaningless)
     dist: tuple[int | None, int | None, str | None] | None = None  # read_dist, once
-    # /proc/PID/io write_bytes at the last reading, and when (seconds since boot): None
-    # until read, False where it cannot be (another user's process, no such file)
-    written: int | None | bool = None
+    # /proc/PID/io write_bytes at the last reading, and when (seconds since boot); None
+    # until read. io_denied: it cannot be read (another user's process, no such file)
+    written: int | None = None
     written_t: float | None = None
+    io_denied: bool = False
 
 
 _DIST_KEYS = (b"RANK", b"WORLD_SIZE", b"TORCHELASTIC_RUN_ID", b"MASTER_ADDR", b"MASTER_PORT",
@@ -415,18 +416,18 @@ class HostSampler:
         (/proc/PID/io ``write_bytes``: counted as it dirties page cache, so a checkpoint
         written to a disk counts as it is written; tmpfs, pipes and sockets do not). None
         on its first reading, and where it cannot be read."""
-        if tracked.written is False:
+        if tracked.io_denied:
             return None
         try:
             written = tracked.proc.io_counters().write_bytes
         except (psutil.AccessDenied, AttributeError, NotImplementedError):
-            tracked.written = False  # another user's process: not readable, ever
+            tracked.io_denied = True  # another user's process: not readable, ever
             return None
         except _GONE:
             return None
         now, prev, prev_t = self._now, tracked.written, tracked.written_t
         tracked.written, tracked.written_t = written, now
-        if not isinstance(prev, int) or prev_t is None or now is None or now <= prev_t:
+        if prev is None or prev_t is None or now is None or now <= prev_t:
             return None
         return round(max(0, written - prev) / (now - prev_t), 1)
 
