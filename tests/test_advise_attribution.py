@@ -374,3 +374,49 @@ def test_ranks_that_wait_on_rank_zeros_saves_say_so():
         assert jobs[g]["time_share"]["sync"] == pytest.approx(saved, abs=0.04)
     assert [a["gpu"] for a in rep["advice"] if a["id"] == "slow-checkpointing"] == [0]
     assert not [a for a in rep["advice"] if a["id"] == "straggler-rank"]
+
+
+def _steady(e, t0: float, seconds: range, util: float, steps: bool) -> None:
+    for i in seconds:
+        e.feed({"kind": "gpu", "t": t0 + i, "gpu": 0, "util": util, "sm_active": util * 0.95,
+                "mem_used_bytes": 8 << 30, "mem_total_bytes": 80 << 30,
+                "processes": [{"pid": 7, "mem_used_bytes": 8 << 30}]})
+        if steps:
+            e.feed({"kind": "steps", "t": t0 + i + 0.999, "begin_t": t0 + i, "pid": 7,
+                    "gpu": 0, "steps": 10, "timed": 10, "step_seconds": 0.999,
+                    "data_wait_seconds": 0.0})
+
+
+def test_the_time_after_a_jobs_last_step_is_not_time_between_steps():
+    """A loop that ends (a `break` out of a DataLoader whose persistent workers then take
+    40 s to join, a final upload) leaves its process on the GPU with no step: that stretch
+    is not known to lie between steps, so the windows end at the last step and no
+    'time outside training steps' is read from it; once a step comes again, the gap lies
+    between steps and counts."""
+    from gpuwatch.advisor.engine import Engine
+    from gpuwatch.advisor.rules import load_rules
+
+    t0 = 1_800_000_000.0
+    e = Engine(load_rules())
+    _steady(e, t0, range(0, 40), 0.95, True)  # 40 s of GPU-bound steps
+    _steady(e, t0, range(40, 80), 0.0, False)  # 40 s on the GPU, no step, nothing running
+    subj = e.frame.subjects[0]
+    end = e.frame.idx
+    w = e.frame.job_window(subj, end, 15)
+    assert w is None  # the whole window lies after the last step
+    w = e.frame.job_window(subj, end - 30, 15)  # reaching back over the last steps
+    assert w.steps > 0 and w.wall <= 6.0 and w.step_total == pytest.approx(w.wall, abs=1.0)
+    e.feed({"kind": "job_end", "t": t0 + 80.5, "pid": 7, "gpu": 0, "exit_reason": "exited"})
+    e.finish()
+    assert "gpu-underused" not in {f.rule.id for f in e.findings}
+    (j,) = e.jobs()
+    assert j["time_share"]["gpu"] >= 0.9  # the run's own split: its steps' time
+
+    # the same pause, and then the steps go on: the pause lay between steps
+    e = Engine(load_rules())
+    _steady(e, t0, range(0, 40), 0.95, True)
+    _steady(e, t0, range(40, 80), 0.0, False)
+    _steady(e, t0, range(80, 84), 0.95, True)
+    subj = e.frame.subjects[0]
+    w = e.frame.job_window(subj, e.frame.idx, 15)
+    assert w.wall >= 14.0 and w.step_total < 0.5 * w.wall  # the gap is in the window

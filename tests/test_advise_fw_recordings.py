@@ -114,6 +114,20 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # time: the others wait for it in their next all-reduce
     "accel_clm_eval_main_ddp": ({"speed-up-evaluation", "gpu-underused"},
                                 {"straggler-rank", "raise-batch-size"}),
+    # one process on 2 GPUs through torch.nn.DataParallel (2x H200): the Trainer started
+    # with python (bf16=True not applied under it: FP32 pipe 32 %, tensor pipes 0.6 %),
+    # and a hand-written ResNet-50 loop with cudnn.benchmark on (16 steps in 45 s; 171
+    # with benchmark off; the same loop as two DDP ranks, dp_loop_ddp, 560)
+    "hf_dp": ({"use-ddp-not-dataparallel"}, {"raise-batch-size", "gpu-underused",
+                                             "enable-mixed-precision"}),
+    "dp_loop": ({"use-ddp-not-dataparallel"}, {"raise-batch-size", "gpu-underused",
+                                               "enable-cudnn-benchmark",
+                                               "reduce-launch-overhead"}),
+    # its DDP twin (GPU work 78 %), whose ranks then sat 40 s on their GPUs after the last
+    # step (a break out of a loader with 8 persistent workers joins each with a 5 s
+    # timeout): that is no time outside training steps
+    "dp_loop_ddp": (set(), {"use-ddp-not-dataparallel", "gpu-underused", "raise-batch-size",
+                            "straggler-rank"}),
 }
 # what the same runs must get from NVML and psutil alone (the hook's lines taken out)
 NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
@@ -141,6 +155,11 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # holds the others back
     "hf_save_ddp": ({"slow-checkpointing", "straggler-rank"}, {"add-dataloader-workers"}),
     "lightning_cnn_ckpt_ddp": ({"slow-checkpointing"}, {"add-dataloader-workers"}),
+    # one process the main user of both GPUs: DataParallel's shape, said as a suspicion
+    # (a model split across the GPUs has it too: the host-time advice stays beside it)
+    "hf_dp": ({"use-ddp-not-dataparallel"}, {"add-dataloader-workers"}),
+    "dp_loop": ({"use-ddp-not-dataparallel"}, {"add-dataloader-workers"}),
+    "dp_loop_ddp": (set(), {"use-ddp-not-dataparallel", "gpu-underused"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -669,3 +688,52 @@ def test_ranks_waiting_while_rank_zero_evaluates_alone_are_told_so():
     for a in waits:
         assert "while rank 0 was away from training" in a["action"]
         assert a["evidence"]["peer_away_share"] == pytest.approx(share, abs=0.06)
+
+
+def test_dataparallel_is_named_with_the_launch_that_replaces_it(tmp_path):
+    """The Trainer started with python on 2 GPUs wraps its model in torch.nn.DataParallel
+    and then skips Accelerate's preparation (its bf16=True is not applied); a hand-written
+    DataParallel loop with cudnn.benchmark on tunes cuDNN again at every step (PyTorch
+    keeps the tuning per thread; each step's replicas run in new threads). Both GPUs get
+    the same advice, in the framework's words; without the hook it is a suspicion."""
+    hf = advise_json(path_of("hf_dp"))
+    assert {a["gpu"] for a in hf["advice"] if a["id"] == "use-ddp-not-dataparallel"} == {0, 1}
+    (job,) = hf["jobs"]
+    assert job["steps"] == truth("hf_dp")["steps"] and job["framework"] == "transformers"
+    a = [a for a in hf["advice"] if a["id"] == "use-ddp-not-dataparallel"][0]
+    assert "torch.nn.DataParallel over 2 GPUs" in a["message"]
+    assert "the hook saw no autocast" in a["message"] and "cudnn" not in a["message"]
+    assert a["action"].startswith("Start the script with torchrun --nproc_per_node 2")
+    assert "mixed precision (bf16) again" in a["action"]
+    assert a["evidence"]["data_parallel_gpus"] == 2 and a["confidence"] == 0.9
+
+    loop = advise_json(path_of("dp_loop"))
+    (job,) = [j for j in loop["jobs"] if j["source"] == "hook"]
+    assert job["steps"] == truth("dp_loop")["steps"] and job["gpu"] == 0
+    a = [a for a in loop["advice"] if a["id"] == "use-ddp-not-dataparallel"][0]
+    assert "cudnn.benchmark is on" in a["message"] and "autocast" not in a["message"]
+    assert "a batch of 128 per process (the same global batch of 256)" in a["action"]
+    assert "torch.backends.cudnn.benchmark = False" in a["action"]
+    assert "Trainer" not in a["action"]
+
+    bare = advise_json(without_hook(path_of("dp_loop"), tmp_path))
+    a = [a for a in bare["advice"] if a["id"] == "use-ddp-not-dataparallel"][0]
+    assert "One process is the main user of 2 GPUs" in a["message"]
+    assert "device_map" in a["action"] and a["confidence"] == 0.5
+    assert a["evidence"]["main_shared_gpus"] == 2
+
+
+def test_a_jobs_exit_after_its_last_step_is_not_read_as_training():
+    """dp_loop_ddp's ranks broke out of their loader and sat on their GPUs 40 s more (8
+    persistent workers joined one by one): the attribution ends at the last step, so no
+    'time outside training steps' is read from the exit, and the run's split is its
+    steps' own."""
+    path = path_of("dp_loop_ddp")
+    report = advise_json(path)
+    steps = [d for d in lines(path) if d.get("kind") in ("step", "steps")]
+    ends = [d for d in lines(path) if d.get("kind") == "job_end"]
+    assert min(e["t"] for e in ends) - max(d["t"] for d in steps) > 30  # the tail is there
+    assert "gpu-underused" not in ids(report)
+    for j in report["jobs"]:
+        assert j["steps"] == truth("dp_loop_ddp")["steps"]
+        assert j["time_share"]["other"] < 0.05 and j["time_share"]["gpu"] > 0.7

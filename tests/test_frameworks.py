@@ -279,6 +279,18 @@ def test_a_run_clm_no_trainer_style_loop(tmp_path: Path) -> None:
     assert cfg["framework"] == "accelerate" and cfg["fw_grad_accum"] == 2
 
 
+def test_a_data_parallel_loop_reports_its_wrapper(tmp_path: Path) -> None:
+    """dp_loop.py wraps its model in torch.nn.DataParallel (as on a GPU host; on the CPU it
+    calls the module as it is): the hook counts each step and says a DataParallel was made
+    (its device_ids: none without CUDA)."""
+    rec, truth = record(tmp_path, "dp_loop", "--cpu", "--seconds", "2", "--batch", "8",
+                        "--workers", "1")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"] > 0
+    cfg = last_config(rec)
+    assert cfg["data_parallel_gpus"] == 0 and "framework" not in cfg
+
+
 def test_the_scripts_run_without_gpuwatch(tmp_path: Path) -> None:
     """The same scripts, with no gpuwatch anywhere, train the same number of steps (the
     hook changes nothing of the job)."""

@@ -141,6 +141,25 @@ def test_channels_last_is_read_from_the_conv_weights(attached: hook._Hook) -> No
     assert attached._config()["channels_last"] is True
 
 
+def test_a_data_parallel_model_is_reported_with_its_device_count(attached: hook._Hook) -> None:
+    """``torch.nn.DataParallel`` registers the model before it sets ``device_ids`` (and on a
+    machine without CUDA leaves them empty): the count is read when the settings are."""
+    assert "data_parallel_gpus" not in attached._config()
+    net = torch.nn.Linear(4, 4)
+    dp = torch.nn.DataParallel(net)
+    assert attached._config()["data_parallel_gpus"] == len(dp.device_ids) == 0
+    dp.device_ids = [0, 1, 2, 3]  # what __init__ sets where four GPUs are visible
+    assert attached._config()["data_parallel_gpus"] == 4
+    torch.nn.DataParallel(torch.nn.Linear(2, 2))  # a second one: the first is the job's
+    assert attached._config()["data_parallel_gpus"] == 4
+    del dp
+    import gc
+
+    gc.collect()
+    assert "data_parallel_gpus" not in attached._config()  # gone: no stale count
+    assert not attached.problems.seen  # nothing failed on the way
+
+
 def test_new_window_and_step_fields_round_trip_and_are_validated() -> None:
     header = {"kind": "report", "pid": 7, "seq": 0, "t": 100.0,
               "window": {"steps": 2, "iterators": 1, "first_batch_wait_seconds": 0.25}}

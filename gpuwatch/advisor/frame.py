@@ -164,6 +164,11 @@ class Subject:
         # starts when its first step ends (job_warm), not at process start
         self.job_pid: int | None = None
         self.job_rank: int | None = None
+        # the pid holding the most of this GPU's memory, and, where it is a process whose
+        # steps the hook reports on another GPU (torch.nn.DataParallel: one process, the
+        # hook's device the first of its GPUs), that GPU's subject: its job is this one's
+        self.main_pid: int | None = None
+        self.job_via: Subject | None = None
         # without the hook: (launch digest, rank, world size) of this GPU's main process,
         # from its environment (host.py); the ranks of one launch are one job
         self.dist: tuple[str, int, int] | None = None
@@ -232,14 +237,22 @@ class Frame:
         self.host_acc = _Acc()
         self.host_tables = Table(self)
         self.facts: dict[str, Any] = {}
+        # the GPU a process's hook lines without a GPU of their own go to: the one the hook
+        # named for it (hook_gpu), else the GPU it holds memory on (pid_gpu). A process on
+        # several GPUs (torch.nn.DataParallel, a stray context of a rank on GPU 0) stays
+        # with the GPU it was first seen on until another holds over twice its memory there
         self.pid_gpu: dict[int, int] = {}
+        self._pid_mem: dict[int, float] = {}
+        self.hook_gpu: dict[int, int] = {}
+        self.job_of_pid: dict[int, Subject] = {}  # the subject whose steps a pid reports
         self.rank_seen: set[int] = set()
         self._gpu_raw = [f for f in _GPU_RAW if f in self.needed]
         # what a GPU's bucket keeps when it closes, in order: (signal, its mean or else
         # its last value)
         self._gpu_close = [(f, VOCABULARY[f].agg == "mean") for f in self._gpu_raw] + [
             (f, True) for f in ("clock_power_capped", "clock_thermal", "clock_hw_slowdown",
-                                "gpu_processes", "gpu_process_mem_bytes") if f in self.needed
+                                "gpu_processes", "gpu_process_mem_bytes", "main_shared_gpus")
+            if f in self.needed
         ] + [(f, False) for f in ("gpu_lost", "xid_errors_total") if f in self.needed]
         self._gpm_needed = "gpm" in self.needed or any(f in self.needed for f in _GPM_FIELDS)
         self._bucket_pids: set[int] = set()
@@ -346,19 +359,26 @@ class Frame:
         if procs is not None:
             mem = 0.0
             pids = set()
+            main: tuple[float, int] | None = None
             for p in procs:
                 pg = _get(p)
                 pid = pg("pid")
-                if pid is not None:
-                    pids.add(pid)
-                    self.pid_gpu[pid] = gpu
                 m = pg("mem_used_bytes")
+                if pid is not None:
+                    if main is None or (m or 0) > main[0]:
+                        main = (m or 0, pid)
+                    pids.add(pid)
+                    was = self.pid_gpu.get(pid)
+                    if was is None or was == gpu or (m or 0) > 2 * self._pid_mem.get(pid, 0):
+                        self.pid_gpu[pid] = gpu
+                        self._pid_mem[pid] = m or 0
                 if m:
                     mem += m
             acc.add("gpu_processes", float(len(procs)))
             acc.add("gpu_process_mem_bytes", mem)
             subj.proc_pids = pids
             self._bucket_pids |= pids
+            self._main_process(subj, acc, main[1] if main is not None else None)
         xid = get("xid_total")
         if xid:
             acc.add("xid_errors_total", float(sum(xid.values())))
@@ -370,6 +390,22 @@ class Frame:
         name = get("name")
         if name:
             subj.facts["gpu_name"] = name
+
+    def _main_process(self, subj: Subject, acc: _Acc, pid: int | None) -> None:
+        """``subj``'s main process (the most memory): on how many GPUs the same process is
+        the main one (``main_shared_gpus``), and whether it is a process whose steps the
+        hook reports for another GPU (``job_via``)."""
+        subj.main_pid = pid
+        via = self.job_of_pid.get(pid) if pid is not None else None
+        subj.job_via = via if via is not None and via is not subj and not subj.job.ever \
+            else None
+        if "main_shared_gpus" in self.needed:
+            n = 0.0
+            if pid is not None:
+                for other in self.subjects.values():
+                    if other.main_pid == pid and other.gpu is not None:
+                        n += 1.0
+            acc.add("main_shared_gpus", n)
 
     def feed_host(self, s: Any) -> None:
         get = _get(s)
@@ -497,6 +533,8 @@ class Frame:
         pid, rank = get("pid"), get("rank")
         if pid is not None:
             subj.job_pid = pid
+            if self.job_of_pid.get(pid) is not subj:
+                self.job_of_pid[pid] = subj
         if rank is not None:
             subj.job_rank = int(rank)
         subj.job_last = self.idx
@@ -573,6 +611,8 @@ class Frame:
         pid, rank = get("pid"), get("rank")
         if pid is not None:
             subj.job_pid = pid
+            if self.job_of_pid.get(pid) is not subj:
+                self.job_of_pid[pid] = subj
         if rank is not None:
             subj.job_rank = int(rank)
         subj.job_last = self.idx
@@ -664,9 +704,15 @@ class Frame:
             subj.config["autocast"] = 1.0 if str(dtype).lower() in _AUTOCAST_ON else 0.0
         # autocast entered inside a torch.compile'd forward is traced, never run: the hook
         # cannot see it there; the framework's own precision setting says it is on
+        # (except under torch.nn.DataParallel, where the Trainer leaves the model out of
+        # Accelerate's preparation, which is what applies autocast: its bf16=True is then
+        # not in force)
         fw = str(values.get("fw_precision") or "").lower()
+        dp = values.get("data_parallel_gpus")
         if subj.config.get("autocast") != 1.0 and ("bf16" in fw or "fp16" in fw
-                                                    or fw.startswith("16")):
+                                                    or fw.startswith("16")) \
+                and not (isinstance(dp, int) and dp >= 2
+                         and values.get("framework") == "transformers"):
             subj.config["autocast"] = 1.0
             subj.config["autocast_dtype"] = "bfloat16" if "bf16" in fw else "float16"
         if "batch_size" in values and values["batch_size"] is not None:
@@ -777,8 +823,13 @@ class Frame:
     def _job_subject(self, gpu: int | None, pid: int | None, rank: int | None) -> Subject:
         # which GPU a job's lines belong to: its own say, else the GPU its pid holds
         # memory on, else its rank where that names a GPU, else the only GPU
-        if gpu is None and pid is not None:
-            gpu = self.pid_gpu.get(pid)
+        if pid is not None:
+            if gpu is None:
+                gpu = self.hook_gpu.get(pid)
+                if gpu is None:
+                    gpu = self.pid_gpu.get(pid)
+            elif self.hook_gpu.get(pid) != gpu:
+                self.hook_gpu[pid] = gpu
         if gpu is None and rank is not None and rank in self.subjects:
             gpu = rank
         if gpu is None:
@@ -1009,6 +1060,9 @@ class Frame:
         # steps no GPU was named for are the only GPU's (subjects: the GPUs and the host)
         if subj.gpu is not None and self.host.job.ever and len(self.subjects) == 2:
             return (None, subj) if self.host.hook_off else (self.host.job, self.host)
+        via = subj.job_via  # its main process reports its steps for another GPU
+        if via is not None:
+            return (None, subj) if via.hook_off else (via.job, via)
         return None, subj
 
     def hook_dead(self, subj: Subject) -> bool:
@@ -1051,6 +1105,23 @@ class Frame:
             start = max(start, subj.first)
         if end - start < 1:
             return None
+        if hook:
+            rings = table.rings
+            step_total, _ = ring_sums(rings.get("step_seconds"), start, end)
+            rate_sum, _ = ring_sums(rings.get("step_rate"), start, end)
+            # steps that stopped long ago (many step times, and STEPS_GONE_SECONDS): the
+            # stretch since the last one is not known to lie between steps (the job may
+            # have finished its loop and be tearing down: DataLoader workers joined, a
+            # final save, an upload), so the window ends at the last step's bucket; once a
+            # step comes again, the gap lies between steps and counts
+            last = owner.job_last
+            if last is not None and last + 1 < end:
+                gap = (end - 1 - last) * self.res
+                step = step_total / (rate_sum * self.res) if rate_sum > 0 else 0.0
+                if gap > max(STEPS_GONE_SECONDS, STEPS_GONE_STEPS * step):
+                    end = last + 1
+                    if end - start < 1:
+                        return None
         if cpu_only:
             busy = util = 0.0  # no GPU: nothing of the step is GPU work
         else:
@@ -1077,10 +1148,7 @@ class Frame:
         if not hook:
             return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
                              workers_busy=wb, workers=workers)
-        rings = table.rings
-        step_total, _ = ring_sums(rings.get("step_seconds"), start, end)
-        rate_sum, _ = ring_sums(rings.get("step_rate"), start, end)
-        dw, dw_steps = ring_sums(rings.get("data_wait_ratio"), start, end)
+        dw, dw_steps = ring_sums(table.rings.get("data_wait_ratio"), start, end)
         # a step that began before the window still counts whole in it; a window's own
         # total is clamped (``clamp``), a run's is summed from unclamped buckets
         return JobWindow(wall=wall, hook=True, steps=rate_sum * self.res,
@@ -1328,6 +1396,8 @@ class Frame:
         if table == "phase":
             if subj.phase_table.ever:
                 return subj.phase_table
+            if subj.job_via is not None and subj.job_via.phase_table.ever:
+                return subj.job_via.phase_table
             # phases no GPU was named for are the only GPU's (as steps are)
             if self.host.phase_table.ever and len(self.subjects) <= 2:
                 return self.host.phase_table
@@ -1337,25 +1407,31 @@ class Frame:
     def config_value(self, subj: Subject, name: str) -> Any:
         if name in subj.config:
             return subj.config[name]
+        via = subj.job_via
+        if via is not None and name in via.config:
+            return via.config[name]
         return self.host.config.get(name)
 
     def phase_owner(self, subj: Subject) -> Subject | None:
         """The subject whose `phase` lines speak for ``subj``'s job (None: no phases)."""
         if subj.phase is not None:
             return subj
+        if subj.job_via is not None and subj.job_via.phase is not None:
+            return subj.job_via
         if self.host.phase is not None and len(self.subjects) <= 2:
             return self.host
         return None
 
     def hook_attached(self, subj: Subject) -> bool:
-        return subj.job.ever or subj.hook_seen or (
+        return subj.job.ever or subj.hook_seen or subj.job_via is not None or (
             len(self.subjects) <= 2 and (self.host.job.ever or self.host.hook_seen))
 
     def fact(self, subj: Subject, name: str) -> Any:
         if name == "hook":
             if self.hook_dead(subj):
                 return 0.0
-            return 1.0 if (subj.job.ever or self.host.job.ever) else 0.0
+            return 1.0 if (subj.job.ever or subj.job_via is not None
+                           or self.host.job.ever) else 0.0
         if name == "hook_attached":
             return 1.0 if self.hook_attached(subj) else 0.0
         if name == "phase":
@@ -1381,6 +1457,10 @@ _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused
 # without the hook, a GPU whose process has run any kernel (NVML util at least this) has
 # begun its work; before that, its job is starting up
 FIRST_WORK_UTIL = 0.01
+# a job's steps have stopped, for its attribution, after this long without one and
+# STEPS_GONE_STEPS of its step times (frame.job_window)
+STEPS_GONE_SECONDS = 5.0
+STEPS_GONE_STEPS = 8.0
 # a second in which the GPU mostly idles (util under this) while its job's main process
 # writes at least this much to storage: what saving a checkpoint looks like from outside
 IDLE_WRITE_UTIL = 0.25

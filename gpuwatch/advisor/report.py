@@ -720,7 +720,9 @@ def _where(a: dict[str, Any], gpus: list[int | None]) -> str:
 
 def _same_on(n: int, blocks: int) -> str:
     """The header's note where some blocks stand for several GPUs."""
-    return "" if n == blocks else f" ({blocks} blocks: the same on several GPUs is one)"
+    if n == blocks:
+        return ""
+    return f" ({blocks} block{'s' if blocks != 1 else ''}: the same on several GPUs is one)"
 
 
 def render_text(report: dict[str, Any], width: int | None = None) -> str:

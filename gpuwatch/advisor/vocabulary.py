@@ -76,6 +76,9 @@ def _defs() -> dict[str, SignalDef]:
         ("gpu_processes", "gpu", "count", "mean", "processes holding memory on the GPU", True),
         ("gpu_process_mem_bytes", "gpu", "bytes", "mean",
          "memory the GPU's processes hold, summed", True),
+        ("main_shared_gpus", "gpu", "count", "mean", ("GPUs whose main process (the one "
+         "holding the most of its memory) is this GPU's: 2 or more, one process drives "
+         "several GPUs (torch.nn.DataParallel, a model split across them)"), True),
         ("xid_errors_total", "gpu", "count", "counter", "XID errors seen, all codes", True),
         ("clock_power_capped", "gpu", "0/1", "mean", ("clocks held down by the power cap "
          "(mean over a window: fraction of time)"), True),
@@ -218,6 +221,8 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
         ("world_size", "config", "count", "last", "distributed world size", False),
+        ("data_parallel_gpus", "config", "count", "last", ("devices one torch.nn.DataParallel "
+         "replicates the model over (its device_ids; absent without one)"), False),
         ("channels_last", "config", "bool", "last", ("the model's parameters are in "
          "torch.channels_last memory format"), False),
         ("cudnn_tf32", "config", "bool", "last", ("torch.backends.cudnn.allow_tf32: cuDNN "

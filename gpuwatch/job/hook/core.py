@@ -148,7 +148,8 @@ class _Hook:
     __slots__ = ("paths", "pid", "off", "n", "skipped_known", "iter_start", "wait",
                  "samples", "first", "loader", "loader_seen", "loader_made", "train_info",
                  "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
-                 "uses_conv", "scaler_mode", "in_scaler_step", "opt_stepped", "found_inf",
+                 "uses_conv", "data_parallel", "scaler_mode", "in_scaler_step",
+                 "opt_stepped", "found_inf",
                  "primary", "clock", "scaler", "stream", "amp_iter", "amp_n",
                  "autocast_seen", "checkpointing", "backwards", "bw_plain", "phase",
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
@@ -202,6 +203,10 @@ class _Hook:
         self.held_backwards: list[tuple[float, float, int, tuple[int, float], float]] = []
         self.convs: list[weakref.ref] = []  # a few conv modules, for channels_last
         self.uses_conv = False
+        # the first torch.nn.DataParallel built (one process driving several GPUs through
+        # threads), for its device count; its __init__ sets device_ids after registering
+        # the module, so the count is read later, by the reporting thread
+        self.data_parallel: weakref.ref | None = None
         self.scaler_mode = False  # an enabled GradScaler clocks iterations (at update())
         self.in_scaler_step = 0
         self.opt_stepped = False
@@ -917,6 +922,10 @@ class _Hook:
             cfg.pop("channels_last", None)
         if self.source is not None:
             cfg["step_source"] = self.source
+        if self.data_parallel is not None:
+            read(cfg, "data_parallel_gpus", self._data_parallel_gpus, p)
+            if cfg.get("data_parallel_gpus") is None:
+                cfg.pop("data_parallel_gpus", None)
         read(cfg, "device", lambda: None if self._device() is None else str(self._device()), p)
         cfg["torch_version"] = torch.__version__
         try:
@@ -924,6 +933,13 @@ class _Hook:
         except Exception as err:
             p.add("framework", err)
         return cfg
+
+    def _data_parallel_gpus(self) -> int | None:
+        """How many devices the job's ``torch.nn.DataParallel`` replicates its model over
+        (``device_ids``; on a machine without CUDA none); None once it is gone."""
+        ref = self.data_parallel
+        dp = ref() if ref is not None else None
+        return None if dp is None else len(dp.device_ids)
 
     def _channels_last(self) -> bool | None:
         """Whether the conv weights are channels_last (the memory format a conv net gets
@@ -1389,6 +1405,8 @@ def _on_submodule(_parent: Any, _name: str, module: Any) -> None:
             h.uses_conv = True
             if len(h.convs) < 8 and isinstance(module, torch.nn.Conv2d):
                 h.convs.append(weakref.ref(module))
+        if h.data_parallel is None and isinstance(_parent, torch.nn.DataParallel):
+            h.data_parallel = weakref.ref(_parent)
         if h.thread is None:
             h.start_reporting()
     except Exception:

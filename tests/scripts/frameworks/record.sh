@@ -172,3 +172,14 @@ if want accel_clm_eval_main_ddp; then
     --eval_every 50 --eval_samples 1024 --eval_on_main_only --num_workers 2 \
     --max_train_steps 400 --seconds 100000
 fi
+# 31. the Trainer started with python (no torchrun) on a host of several GPUs: it wraps the
+#     model in torch.nn.DataParallel over all of them (one process, n_gpu > 1)
+want hf_dp && rec hf_dp 150 python3 hf_textcls.py --batch 32 --workers 4 --bf16 --seconds 45
+# 32. a hand-written loop with torch.nn.DataParallel over every GPU (ResNet-50, bf16, 128
+#     images per GPU); 33. the same loop as one torchrun rank per GPU (DDP), for comparison
+want dp_loop && rec dp_loop 150 python3 dp_loop.py --batch 128 --workers 8 --seconds 45
+if want dp_loop_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec dp_loop_ddp 150 torchrun --standalone --nproc_per_node "$n" dp_loop.py --ddp --batch 128 \
+    --workers 8 --seconds 45
+fi
