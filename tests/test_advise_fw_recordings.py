@@ -128,6 +128,17 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # timeout): that is no time outside training steps
     "dp_loop_ddp": (set(), {"use-ddp-not-dataparallel", "gpu-underused", "raise-batch-size",
                             "straggler-rank"}),
+    # accel_clm.py with FSDP (full shard, bf16) on 2 GPUs: host-bound at batch 16 (390
+    # steps in 45 s); with cpu_offload=True 70 steps (the GPU busy 8-12 % of its steps,
+    # 12 % of its memory used); and with each rank stopping on its own clock: rank 0
+    # stopped, rank 1 went on into its next all-gather, and both sat 130 s at util 100 %
+    # until killed
+    "accel_clm_fsdp": ({"raise-batch-size"}, {"disable-fsdp-cpu-offload", "training-stalled",
+                                              "use-ddp-not-dataparallel"}),
+    "accel_clm_fsdp_offload": ({"disable-fsdp-cpu-offload"},
+                               {"raise-batch-size", "gpu-underused", "reduce-launch-overhead",
+                                "training-stalled"}),
+    "accel_clm_fsdp_hang": ({"training-stalled"}, {"disable-fsdp-cpu-offload"}),
 }
 # what the same runs must get from NVML and psutil alone (the hook's lines taken out)
 NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
@@ -737,3 +748,45 @@ def test_a_jobs_exit_after_its_last_step_is_not_read_as_training():
     for j in report["jobs"]:
         assert j["steps"] == truth("dp_loop_ddp")["steps"]
         assert j["time_share"]["other"] < 0.05 and j["time_share"]["gpu"] > 0.7
+
+
+def test_fsdp_offload_is_named_where_memory_is_free():
+    """FSDP with cpu_offload=True trained 70 steps where the same run without it trained
+    390 (both ~45 s, 2 GPUs): the offload is named in Accelerate's words, with the free
+    memory it would need, and the host-time advice gives way to it."""
+    off, on = truth("accel_clm_fsdp_offload"), truth("accel_clm_fsdp")
+    assert on["steps"] > 4 * off["steps"]
+    report = advise_json(path_of("accel_clm_fsdp_offload"))
+    got = [a for a in report["advice"] if a["id"] == "disable-fsdp-cpu-offload"]
+    assert {a["gpu"] for a in got} == {0, 1}
+    a = got[0]
+    assert "FullyShardedDataParallelPlugin(cpu_offload=False)" in a["action"]
+    assert "sharded over the 2 ranks" in a["action"]
+    assert a["evidence"]["fsdp_cpu_offload"] == 1 and a["evidence"]["busy_in_steps"] < 0.2
+    for j in report["jobs"]:
+        assert j["steps"] == off["steps"]
+
+
+def test_a_hung_job_is_told_apart_from_a_slow_one():
+    """Ranks that stopped on their own clocks: rank 0 left the loop, rank 1 waited in its
+    next all-gather, rank 0 in the barrier after the loop, both GPUs at util 100 % with
+    their SMs nearly idle for 130 s until the job was killed. Both ranks are told the job is
+    stuck (critical), a minute after their last step, and no other recording is."""
+    path = path_of("accel_clm_fsdp_hang")
+    report = advise_json(path)
+    got = [a for a in report["advice"] if a["id"] == "training-stalled"]
+    assert {a["gpu"] for a in got} == {0, 1}
+    last = max(d["t"] for d in lines(path) if d.get("kind") in ("step", "steps"))
+    for a in got:
+        assert a["severity"] == "critical"
+        assert 60 <= a["since"] - last <= 90
+        assert "NCCL's do while a rank waits in a collective" in a["message"]
+        assert "py-spy dump" in a["action"] and "init_process_group" in a["action"]
+    assert [e["exit_reason"] for e in report["job_ends"]] == ["vanished", "vanished"]
+
+
+@pytest.mark.parametrize("name", sorted(set(EXPECTED) - {"accel_clm_fsdp_hang"}))
+def test_no_run_that_ended_its_loop_is_called_stalled(name):
+    """Evaluations, checkpoints, compiling, start-up and the exit after the last step
+    (dp_loop_ddp's 40 s) are not a stall."""
+    assert "training-stalled" not in ids(advise_json(path_of(name)))

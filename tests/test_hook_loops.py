@@ -160,6 +160,39 @@ def test_a_data_parallel_model_is_reported_with_its_device_count(attached: hook.
     assert not attached.problems.seen  # nothing failed on the way
 
 
+def test_fsdp_cpu_offload_is_reported(attached: hook._Hook, monkeypatch: pytest.MonkeyPatch,
+                                      ) -> None:
+    """An FSDP unit (FSDP1, as Accelerate, the Trainer and Lightning build it) registers the
+    module it wraps: the hook reads whether its parameters live on the CPU."""
+    import socket
+
+    from torch.distributed.fsdp import CPUOffload
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
+                 "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(k, v)
+    torch.distributed.init_process_group("gloo")
+    try:
+        assert "fsdp_cpu_offload" not in attached._config()
+        unit = FSDP(torch.nn.Sequential(torch.nn.Linear(4, 4)), device_id=torch.device("cpu"),
+                    cpu_offload=CPUOffload(offload_params=True))
+        assert attached._config()["fsdp_cpu_offload"] is True
+        del unit
+        import gc
+
+        gc.collect()
+        assert "fsdp_cpu_offload" not in attached._config()
+        kept = FSDP(torch.nn.Linear(2, 2), device_id=torch.device("cpu"))  # noqa: F841
+        assert attached._config()["fsdp_cpu_offload"] is False
+        assert not attached.problems.seen
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_new_window_and_step_fields_round_trip_and_are_validated() -> None:
     header = {"kind": "report", "pid": 7, "seq": 0, "t": 100.0,
               "window": {"steps": 2, "iterators": 1, "first_batch_wait_seconds": 0.25}}

@@ -977,6 +977,20 @@ class Frame:
         if self.on_bucket is not None:
             self.on_bucket(idx)
 
+    def _step_gap(self, idx: int, subj: Subject, steps: float) -> None:
+        """Seconds since the job's last step, while its hook still says, in the last
+        STALL_HEARD_SECONDS, that it is training (a process that ended, or went on to
+        evaluate, save or compile, is not stalled): ``step_gap_seconds``."""
+        if steps or subj.job_last is None:
+            subj.job.push(idx, "step_gap_seconds", 0.0)
+            return
+        heard = subj.phase_t
+        end = (idx + 1) * self.res
+        if subj.hook_off or subj.phase != "train" or heard is None \
+                or end - heard > STALL_HEARD_SECONDS:
+            return
+        subj.job.push(idx, "step_gap_seconds", (idx - subj.job_last) * self.res)
+
     def _close_job(self, idx: int, subj: Subject) -> None:
         job = subj.job
         acc = job.acc
@@ -984,6 +998,8 @@ class Frame:
             return
         steps = acc.s.get("_steps", 0.0)
         job.push(idx, "step_rate", steps / self.res)
+        if "step_gap_seconds" in self.needed:
+            self._step_gap(idx, subj, steps)
         if not steps:
             return
         if "step_seconds" in acc.n:
@@ -1461,6 +1477,9 @@ FIRST_WORK_UTIL = 0.01
 # STEPS_GONE_STEPS of its step times (frame.job_window)
 STEPS_GONE_SECONDS = 5.0
 STEPS_GONE_STEPS = 8.0
+# a job whose steps stopped counts as stalled only while its hook was heard saying it
+# trains within this many seconds (its `phase` lines come every few seconds)
+STALL_HEARD_SECONDS = 15.0
 # a second in which the GPU mostly idles (util under this) while its job's main process
 # writes at least this much to storage: what saving a checkpoint looks like from outside
 IDLE_WRITE_UTIL = 0.25

@@ -148,7 +148,7 @@ class _Hook:
     __slots__ = ("paths", "pid", "off", "n", "skipped_known", "iter_start", "wait",
                  "samples", "first", "loader", "loader_seen", "loader_made", "train_info",
                  "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
-                 "uses_conv", "data_parallel", "scaler_mode", "in_scaler_step",
+                 "uses_conv", "data_parallel", "fsdp", "scaler_mode", "in_scaler_step",
                  "opt_stepped", "found_inf",
                  "primary", "clock", "scaler", "stream", "amp_iter", "amp_n",
                  "autocast_seen", "checkpointing", "backwards", "bw_plain", "phase",
@@ -207,6 +207,9 @@ class _Hook:
         # threads), for its device count; its __init__ sets device_ids after registering
         # the module, so the count is read later, by the reporting thread
         self.data_parallel: weakref.ref | None = None
+        # the first FullyShardedDataParallel unit built (FSDP1: it registers the module it
+        # wraps), for its CPU offload setting, read by the reporting thread
+        self.fsdp: weakref.ref | None = None
         self.scaler_mode = False  # an enabled GradScaler clocks iterations (at update())
         self.in_scaler_step = 0
         self.opt_stepped = False
@@ -926,6 +929,10 @@ class _Hook:
             read(cfg, "data_parallel_gpus", self._data_parallel_gpus, p)
             if cfg.get("data_parallel_gpus") is None:
                 cfg.pop("data_parallel_gpus", None)
+        if self.fsdp is not None:
+            read(cfg, "fsdp_cpu_offload", self._fsdp_cpu_offload, p)
+            if cfg.get("fsdp_cpu_offload") is None:
+                cfg.pop("fsdp_cpu_offload", None)
         read(cfg, "device", lambda: None if self._device() is None else str(self._device()), p)
         cfg["torch_version"] = torch.__version__
         try:
@@ -940,6 +947,14 @@ class _Hook:
         ref = self.data_parallel
         dp = ref() if ref is not None else None
         return None if dp is None else len(dp.device_ids)
+
+    def _fsdp_cpu_offload(self) -> bool | None:
+        """Whether the job's FSDP units keep their parameters on the CPU (FSDP1's
+        ``cpu_offload.offload_params``: the optimizer step then runs on the CPU); None once
+        the unit is gone."""
+        ref = self.fsdp
+        unit = ref() if ref is not None else None
+        return None if unit is None else bool(unit.cpu_offload.offload_params)
 
     def _channels_last(self) -> bool | None:
         """Whether the conv weights are channels_last (the memory format a conv net gets
@@ -1405,8 +1420,14 @@ def _on_submodule(_parent: Any, _name: str, module: Any) -> None:
             h.uses_conv = True
             if len(h.convs) < 8 and isinstance(module, torch.nn.Conv2d):
                 h.convs.append(weakref.ref(module))
-        if h.data_parallel is None and isinstance(_parent, torch.nn.DataParallel):
-            h.data_parallel = weakref.ref(_parent)
+        # the first of each that is alive (a notebook may build a new one after the last)
+        if isinstance(_parent, torch.nn.DataParallel):
+            if h.data_parallel is None or h.data_parallel() is None:
+                h.data_parallel = weakref.ref(_parent)
+        elif type(_parent).__name__ == "FullyShardedDataParallel" \
+                and type(_parent).__module__.startswith("torch.distributed.fsdp") \
+                and (h.fsdp is None or h.fsdp() is None):
+            h.fsdp = weakref.ref(_parent)
         if h.thread is None:
             h.start_reporting()
     except Exception:

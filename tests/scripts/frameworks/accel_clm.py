@@ -46,7 +46,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpointing_steps", type=int, default=0)
     parser.add_argument("--gradient_checkpointing", action="store_true")
     parser.add_argument("--tf32", action="store_true")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="FSDP (full shard, each GPT2Block wrapped), as accelerate config "
+                             "writes it")
+    parser.add_argument("--fsdp_offload", action="store_true",
+                        help="with --fsdp: cpu_offload=True (parameters and the optimizer "
+                             "step on the CPU)")
     parser.add_argument("--seconds", type=float, default=45.0)
+    parser.add_argument("--stop_each_rank", action="store_true",
+                        help="each rank stops on its own clock (--seconds), not agreeing: "
+                             "ranks may stop at different steps and the others hang in "
+                             "their next collective (how fw_accel_clm_fsdp_hang was made)")
     parser.add_argument("--max_train_steps", type=int, default=10**9)
     parser.add_argument("--out")
     return parser.parse_args()
@@ -72,9 +82,18 @@ def main() -> None:
     truth = Truth(args.out)
     if args.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
+    plugin = {}
+    if args.fsdp:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        plugin["fsdp_plugin"] = FullyShardedDataParallelPlugin(
+            fsdp_version=1, sharding_strategy="FULL_SHARD",
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=["GPT2Block"], use_orig_params=True,
+            cpu_offload=args.fsdp_offload, state_dict_type="SHARDED_STATE_DICT")
     accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps,
                               mixed_precision=args.mixed_precision,
-                              cpu=not torch.cuda.is_available())
+                              cpu=not torch.cuda.is_available(), **plugin)
     config = GPT2Config(n_embd=args.n_embd, n_layer=args.n_layer,
                         n_head=max(1, args.n_embd // 64), n_positions=args.block_size,
                         vocab_size=args.vocab_size)
@@ -140,7 +159,15 @@ def main() -> None:
                 accelerator.print(f"step {steps}: perplexity {ppl:.1f}")
                 model.train()
                 truth.eval_ends()
-            if steps >= args.max_train_steps or time.time() - began > args.seconds:
+            late = time.time() - began > args.seconds
+            if accelerator.num_processes > 1 and not args.stop_each_rank:
+                # every rank stops at the same step: agree every 10 steps
+                if steps % 10:
+                    late = False
+                else:
+                    flag = torch.tensor([float(late)], device=accelerator.device)
+                    late = bool(accelerator.reduce(flag, reduction="sum").item())
+            if steps >= args.max_train_steps or late:
                 done = True
                 break
     accelerator.wait_for_everyone()

@@ -183,3 +183,17 @@ if want dp_loop_ddp; then
   rec dp_loop_ddp 150 torchrun --standalone --nproc_per_node "$n" dp_loop.py --ddp --batch 128 \
     --workers 8 --seconds 45
 fi
+# 34. accel_clm.py under torchrun on every GPU with FSDP (full shard, GPT2Block wrapped,
+#     bf16), as accelerate config writes it; 35. the same with cpu_offload=True; 36. FSDP
+#     with each rank stopping on its own clock: one stops, the others wait in their next
+#     all-gather until the 200 s limit kills the job (a hang)
+for v in fsdp fsdp_offload fsdp_hang; do
+  if want accel_clm_$v; then
+    n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    extra="--fsdp"; [ $v = fsdp_offload ] && extra="--fsdp --fsdp_offload"
+    [ $v = fsdp_hang ] && extra="--fsdp --stop_each_rank"
+    rec accel_clm_$v 200 torchrun --standalone --nproc_per_node "$n" accel_clm.py $extra \
+      --per_device_train_batch_size 16 --mixed_precision bf16 --num_workers 2 \
+      --max_train_steps 100000 --seconds 45
+  fi
+done
