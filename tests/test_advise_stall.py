@@ -61,3 +61,78 @@ def test_evaluating_saving_or_a_silent_hook_is_no_stall(phase):
 
 def test_a_short_pause_is_no_stall():
     assert not stalled(run(0.0, 0.0, "train", gap=45))
+
+
+def test_a_stall_ends_once_the_hook_falls_silent():
+    """Flagged while the hook said it trains; then the process is gone (no more phase
+    lines): the stall ends, rather than reading back its last gap for minutes."""
+    e = Engine(load_rules())
+    for i in range(300):
+        training, heard = i < 30, i < 150
+        e.feed({"kind": "gpu", "t": T0 + i, "gpu": 0, "util": 0.9 if training else 1.0,
+                "sm_active": 0.8 if training else 0.05, "mem_used_bytes": 20 << 30,
+                "mem_total_bytes": 80 << 30,
+                "processes": [{"pid": 7, "mem_used_bytes": 20 << 30}] if heard else []})
+        if training:
+            e.feed({"kind": "steps", "t": T0 + i + 0.999, "begin_t": T0 + i, "pid": 7,
+                    "gpu": 0, "steps": 10, "timed": 10, "step_seconds": 0.999,
+                    "data_wait_seconds": 0.0})
+        if heard and i % 5 == 0:
+            e.feed({"kind": "phase", "t": T0 + i + 0.5, "pid": 7, "gpu": 0, "phase": "train",
+                    "seconds": {"train": float(i)}})
+    e.finish()
+    (f,) = stalled(e)
+    assert f.start < T0 + 150 and not f.active and f.ended <= T0 + 150 + 30
+
+
+def test_a_data_parallel_job_replaced_by_ddp_is_not_told_again():
+    """A DataParallel job on GPUs 0-1, then the same training relaunched as two DDP ranks
+    (new pids, their settings without data_parallel_gpus): the advice to move ends."""
+    e = Engine(load_rules())
+    for i in range(240):
+        dp = i < 100
+        for g in (0, 1):
+            pid = 7 if dp else 8 + g
+            e.feed({"kind": "gpu", "t": T0 + i, "gpu": g, "util": 0.6, "sm_active": 0.5,
+                    "mem_used_bytes": 20 << 30, "mem_total_bytes": 80 << 30,
+                    "processes": [{"pid": pid, "mem_used_bytes": 20 << 30}]})
+            if g == 0 or not dp:
+                e.feed({"kind": "steps", "t": T0 + i + 0.999, "begin_t": T0 + i, "pid": pid,
+                        "gpu": g, "steps": 10, "timed": 10, "step_seconds": 0.999,
+                        "data_wait_seconds": 0.0})
+            if i % 10 == 0 and (g == 0 or not dp):
+                e.feed({"kind": "config", "t": T0 + i + 0.5, "pid": pid, "gpu": g,
+                        "in_training": True, "optimizer": "AdamW", "fused_optimizer": True,
+                        **({"data_parallel_gpus": 2} if dp else {})})
+    e.finish()
+    got = [f for f in e.findings if f.rule.id == "use-ddp-not-dataparallel"]
+    assert {f.gpu for f in got} == {0, 1}  # GPU 1 read the job of GPU 0's process
+    assert all(not f.active and f.ended <= T0 + 140 for f in got)
+
+
+@pytest.mark.parametrize("step", [8.0, 20.0, 40.0])
+def test_slow_steps_keep_their_windows_and_their_whole_run(step):
+    """Steps of 8-40 s: the time between two of them lies between steps, so no window of
+    the run is cut short, and the whole run's time is the steps' own."""
+    e = Engine(load_rules())
+    nxt, none, windows = step, 0, 0
+    for i in range(600):
+        e.feed({"kind": "gpu", "t": T0 + i, "gpu": 0, "util": 0.9, "sm_active": 0.8,
+                "mem_used_bytes": 20 << 30, "mem_total_bytes": 80 << 30,
+                "processes": [{"pid": 7, "mem_used_bytes": 20 << 30}]})
+        if i + 1 >= nxt:
+            e.feed({"kind": "steps", "t": T0 + i + 0.999, "begin_t": T0 + i + 0.999 - step,
+                    "pid": 7, "gpu": 0, "steps": 1, "timed": 1, "step_seconds": step,
+                    "data_wait_seconds": 0.0})
+            nxt += step
+        if i % 5 == 0:
+            e.feed({"kind": "phase", "t": T0 + i + 0.5, "pid": 7, "gpu": 0, "phase": "train",
+                    "seconds": {"train": float(i)}})
+        if i > 2 * step + 20:
+            windows += 1
+            none += e.frame.job_window(e.frame.subjects[0], e.frame.idx, 15) is None
+    e.finish()
+    assert none == 0, (none, windows)
+    span = e.frame.subjects[0].span.total()
+    assert span.wall >= 0.9 * span.step_total
+    assert not stalled(e)

@@ -365,8 +365,8 @@ class Frame:
                 pid = pg("pid")
                 m = pg("mem_used_bytes")
                 if pid is not None:
-                    if main is None or (m or 0) > main[0]:
-                        main = (m or 0, pid)
+                    if m and (main is None or m > main[0]):
+                        main = (m, pid)
                     pids.add(pid)
                     was = self.pid_gpu.get(pid)
                     if was is None or was == gpu or (m or 0) > 2 * self._pid_mem.get(pid, 0):
@@ -699,6 +699,9 @@ class Frame:
                 subj.config[k] = _config_value(v)
         if not settled:
             return
+        for k in _ABSENT_IS_NONE:  # the hook leaves these out once there is none
+            if k not in values:
+                subj.config.pop(k, None)
         if "autocast_dtype" in values:
             dtype = values.get("autocast_dtype")
             subj.config["autocast"] = 1.0 if str(dtype).lower() in _AUTOCAST_ON else 0.0
@@ -711,7 +714,7 @@ class Frame:
         dp = values.get("data_parallel_gpus")
         if subj.config.get("autocast") != 1.0 and ("bf16" in fw or "fp16" in fw
                                                     or fw.startswith("16")) \
-                and not (isinstance(dp, int) and dp >= 2
+                and not (isinstance(dp, (int, float)) and dp >= 2
                          and values.get("framework") == "transformers"):
             subj.config["autocast"] = 1.0
             subj.config["autocast_dtype"] = "bfloat16" if "bf16" in fw else "float16"
@@ -988,6 +991,9 @@ class Frame:
         end = (idx + 1) * self.res
         if subj.hook_off or subj.phase != "train" or heard is None \
                 or end - heard > STALL_HEARD_SECONDS:
+            # not known to be training now (ended, silent, evaluating, saving): no gap,
+            # so a stall said before ends (a bare last() would read back a stale one)
+            subj.job.push(idx, "step_gap_seconds", 0.0)
             return
         subj.job.push(idx, "step_gap_seconds", (idx - subj.job_last) * self.res)
 
@@ -1083,7 +1089,7 @@ class Frame:
 
     def hook_dead(self, subj: Subject) -> bool:
         """Whether the hook that reported for ``subj``'s job stopped measuring."""
-        if subj.hook_off:
+        if subj.hook_off or (subj.job_via is not None and subj.job_via.hook_off):
             return True
         return (not subj.job.ever and not subj.hook_seen and len(self.subjects) <= 2
                 and self.host.hook_off)
@@ -1095,8 +1101,8 @@ class Frame:
         last = owner.job_last
         return last is not None and (idx - last) * self.res > grace
 
-    def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True
-                   ) -> JobWindow | None:
+    def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True,
+                   stopped: bool = True) -> JobWindow | None:
         """The attribution's inputs for ``subj`` over the ``n`` buckets before ``end``,
         from its job's first step on (None: nothing to attribute). Wall time is training
         time: where the hook's phases say part of the window went to evaluation,
@@ -1131,9 +1137,15 @@ class Frame:
             # final save, an upload), so the window ends at the last step's bucket; once a
             # step comes again, the gap lies between steps and counts
             last = owner.job_last
-            if last is not None and last + 1 < end:
+            if stopped and last is not None and last + 1 < end:
                 gap = (end - 1 - last) * self.res
-                step = step_total / (rate_sum * self.res) if rate_sum > 0 else 0.0
+                # the job's step time: its run's so far (a window of slow steps may hold
+                # none), else this window's
+                sp = owner.span.s
+                if sp.get("steps"):
+                    step = sp.get("step_total", 0.0) / sp["steps"]
+                else:
+                    step = step_total / (rate_sum * self.res) if rate_sum > 0 else 0.0
                 if gap > max(STEPS_GONE_SECONDS, STEPS_GONE_STEPS * step):
                     end = last + 1
                     if end - start < 1:
@@ -1342,7 +1354,9 @@ class Frame:
         """Bucket ``b`` of a job the hook reports into its whole-run span."""
         if subj.job_warm is None or b < subj.job_warm:
             return
-        w = self.job_window(subj, b + 1, 1, clamp=False)
+        # every bucket, a gap between steps too: the span is read as it stood at the
+        # job's last step (span_at_last_step), so what follows that step never counts
+        w = self.job_window(subj, b + 1, 1, clamp=False, stopped=False)
         if w is not None:
             subj.span.add(w)
             if subj.job_last == b:
@@ -1480,6 +1494,8 @@ STEPS_GONE_STEPS = 8.0
 # a job whose steps stopped counts as stalled only while its hook was heard saying it
 # trains within this many seconds (its `phase` lines come every few seconds)
 STALL_HEARD_SECONDS = 15.0
+# config keys a hook leaves out when there is none (a DataParallel dropped, FSDP gone)
+_ABSENT_IS_NONE = ("data_parallel_gpus", "fsdp_cpu_offload")
 # a second in which the GPU mostly idles (util under this) while its job's main process
 # writes at least this much to storage: what saving a checkpoint looks like from outside
 IDLE_WRITE_UTIL = 0.25

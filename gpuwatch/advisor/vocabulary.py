@@ -146,8 +146,8 @@ def _defs() -> dict[str, SignalDef]:
          "(window mean: total wait / total step time)"), True),
         ("step_rate", "job", "steps/s", "mean", "steps per second", True),
         ("step_gap_seconds", "job", "seconds", "last", ("seconds since the job's last step "
-         "while its hook still reports it training (0 while steps come; absent once the "
-         "hook is silent or another phase begins)"), True),
+         "while its hook still reports it training (0 while steps come, and once the hook "
+         "falls silent or another phase begins)"), True),
         ("samples_per_second", "job", "samples/s", "mean", "step_rate x batch_size", True),
         ("skipped_ratio", "job", "ratio", "mean", ("share of steps GradScaler skipped (or the "
          "loss scale fell)"), True),
@@ -226,8 +226,8 @@ def _defs() -> dict[str, SignalDef]:
         ("world_size", "config", "count", "last", "distributed world size", False),
         ("data_parallel_gpus", "config", "count", "last", ("devices one torch.nn.DataParallel "
          "replicates the model over (its device_ids; absent without one)"), False),
-        ("fsdp_cpu_offload", "config", "bool", "last", ("the job's FSDP units keep their "
-         "parameters on the CPU (cpu_offload; absent without FSDP)"), False),
+        ("fsdp_cpu_offload", "config", "bool", "last", ("the job's FSDP1 units keep their "
+         "parameters on the CPU (cpu_offload; absent without FSDP1)"), False),
         ("channels_last", "config", "bool", "last", ("the model's parameters are in "
          "torch.channels_last memory format"), False),
         ("cudnn_tf32", "config", "bool", "last", ("torch.backends.cudnn.allow_tf32: cuDNN "

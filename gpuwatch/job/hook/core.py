@@ -946,7 +946,8 @@ class _Hook:
         (``device_ids``; on a machine without CUDA none); None once it is gone."""
         ref = self.data_parallel
         dp = ref() if ref is not None else None
-        return None if dp is None else len(dp.device_ids)
+        ids = getattr(dp, "device_ids", None)  # set by __init__ after the module
+        return None if ids is None else len(ids)
 
     def _fsdp_cpu_offload(self) -> bool | None:
         """Whether the job's FSDP units keep their parameters on the CPU (FSDP1's
@@ -954,7 +955,8 @@ class _Hook:
         the unit is gone."""
         ref = self.fsdp
         unit = ref() if ref is not None else None
-        return None if unit is None else bool(unit.cpu_offload.offload_params)
+        offload = getattr(unit, "cpu_offload", None)  # set by __init__ after the module
+        return None if offload is None else bool(offload.offload_params)
 
     def _channels_last(self) -> bool | None:
         """Whether the conv weights are channels_last (the memory format a conv net gets
@@ -1420,13 +1422,15 @@ def _on_submodule(_parent: Any, _name: str, module: Any) -> None:
             h.uses_conv = True
             if len(h.convs) < 8 and isinstance(module, torch.nn.Conv2d):
                 h.convs.append(weakref.ref(module))
-        # the first of each that is alive (a notebook may build a new one after the last)
-        if isinstance(_parent, torch.nn.DataParallel):
-            if h.data_parallel is None or h.data_parallel() is None:
+        # the first of each that is alive (a notebook may build a new one after the
+        # last). The name first: DataParallel's replicate() sets every submodule of every
+        # replica at every step, and each of those calls comes here
+        if _name == "module":
+            if isinstance(_parent, torch.nn.DataParallel) and (
+                    h.data_parallel is None or h.data_parallel() is None):
                 h.data_parallel = weakref.ref(_parent)
-        elif type(_parent).__name__ == "FullyShardedDataParallel" \
-                and type(_parent).__module__.startswith("torch.distributed.fsdp") \
-                and (h.fsdp is None or h.fsdp() is None):
+        elif _name == "_fsdp_wrapped_module" and (h.fsdp is None or h.fsdp() is None) \
+                and type(_parent).__name__ == "FullyShardedDataParallel":
             h.fsdp = weakref.ref(_parent)
         if h.thread is None:
             h.start_reporting()
