@@ -81,7 +81,12 @@ def build_day(path: Path, gpus: int = 8, seconds: int = 86_400) -> dict[str, Any
                 _, lines, _ = segs[(k + g) % len(segs)]
                 for d in lines:
                     if d["kind"] == "gpu":
-                        per_t.setdefault(d["t"], []).append(dict(d, gpu=g))
+                        # GPU g's processes are its own (GPUs g and g + 6 play one
+                        # scenario: one pid on both would be one process on two GPUs)
+                        procs = [dict(p, pid=p["pid"] + 100_000 * g)
+                                 for p in d.get("processes") or ()] if g else \
+                            d.get("processes")
+                        per_t.setdefault(d["t"], []).append(dict(d, gpu=g, processes=procs))
                     elif g == 0:
                         per_t.setdefault(d["t"], []).append(dict(d))
             for t in sorted(per_t):

@@ -169,6 +169,7 @@ class Subject:
         # hook's device the first of its GPUs), that GPU's subject: its job is this one's
         self.main_pid: int | None = None
         self.job_via: Subject | None = None
+        self.gap_zero = False  # step_gap_seconds' newest value is 0 (pushed once)
         # without the hook: (launch digest, rank, world size) of this GPU's main process,
         # from its environment (host.py); the ranks of one launch are one job
         self.dist: tuple[str, int, int] | None = None
@@ -984,18 +985,18 @@ class Frame:
         """Seconds since the job's last step, while its hook still says, in the last
         STALL_HEARD_SECONDS, that it is training (a process that ended, or went on to
         evaluate, save or compile, is not stalled): ``step_gap_seconds``."""
-        if steps or subj.job_last is None:
-            subj.job.push(idx, "step_gap_seconds", 0.0)
-            return
         heard = subj.phase_t
-        end = (idx + 1) * self.res
-        if subj.hook_off or subj.phase != "train" or heard is None \
-                or end - heard > STALL_HEARD_SECONDS:
-            # not known to be training now (ended, silent, evaluating, saving): no gap,
-            # so a stall said before ends (a bare last() would read back a stale one)
-            subj.job.push(idx, "step_gap_seconds", 0.0)
+        if steps or subj.job_last is None or subj.hook_off or subj.phase != "train" \
+                or heard is None or (idx + 1) * self.res - heard > STALL_HEARD_SECONDS:
+            # stepping, or not known to be training now (ended, silent, evaluating,
+            # saving): no gap, so a stall said before ends (a bare last() reads back the
+            # newest value). Pushed once: the newest value stays 0 until a gap opens
+            if not subj.gap_zero:
+                subj.job.push(idx, "step_gap_seconds", 0.0)
+                subj.gap_zero = True
             return
         subj.job.push(idx, "step_gap_seconds", (idx - subj.job_last) * self.res)
+        subj.gap_zero = False
 
     def _close_job(self, idx: int, subj: Subject) -> None:
         job = subj.job
