@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from test_advise_live import play, registry_for
-from test_advise_support import DATA, advise_json, run_cli
+from test_advise_support import DATA, advise_json, one_gpu_second, run_cli
 
 from gpuwatch.advisor import LiveAdvisor
 from gpuwatch.advisor.attribution import (
@@ -378,13 +378,7 @@ def test_ranks_that_wait_on_rank_zeros_saves_say_so():
 
 def _steady(e, t0: float, seconds: range, util: float, steps: bool) -> None:
     for i in seconds:
-        e.feed({"kind": "gpu", "t": t0 + i, "gpu": 0, "util": util, "sm_active": util * 0.95,
-                "mem_used_bytes": 8 << 30, "mem_total_bytes": 80 << 30,
-                "processes": [{"pid": 7, "mem_used_bytes": 8 << 30}]})
-        if steps:
-            e.feed({"kind": "steps", "t": t0 + i + 0.999, "begin_t": t0 + i, "pid": 7,
-                    "gpu": 0, "steps": 10, "timed": 10, "step_seconds": 0.999,
-                    "data_wait_seconds": 0.0})
+        one_gpu_second(e, t0 + i, util, util * 0.95, 8, steps)
 
 
 def test_the_time_after_a_jobs_last_step_is_not_time_between_steps():

@@ -5,6 +5,7 @@ job that went on to evaluate, or whose hook fell silent, is not stalled."""
 from __future__ import annotations
 
 import pytest
+from test_advise_support import one_gpu_second
 
 from gpuwatch.advisor.engine import Engine
 from gpuwatch.advisor.rules import load_rules
@@ -18,15 +19,8 @@ def run(gap_util: float, gap_sm: float, gap_phase: str | None, gap: int = 120) -
     e = Engine(load_rules())
     for i in range(30 + gap):
         training = i < 30
-        e.feed({"kind": "gpu", "t": T0 + i, "gpu": 0,
-                "util": 0.9 if training else gap_util,
-                "sm_active": 0.8 if training else gap_sm,
-                "mem_used_bytes": 20 << 30, "mem_total_bytes": 80 << 30,
-                "processes": [{"pid": 7, "mem_used_bytes": 20 << 30}]})
-        if training:
-            e.feed({"kind": "steps", "t": T0 + i + 0.999, "begin_t": T0 + i, "pid": 7,
-                    "gpu": 0, "steps": 10, "timed": 10, "step_seconds": 0.999,
-                    "data_wait_seconds": 0.0})
+        one_gpu_second(e, T0 + i, 0.9 if training else gap_util,
+                       0.8 if training else gap_sm, 20, training)
         phase = "train" if training else gap_phase
         if phase is not None and i % 5 == 0:
             e.feed({"kind": "phase", "t": T0 + i + 0.5, "pid": 7, "gpu": 0, "phase": phase,
@@ -69,14 +63,8 @@ def test_a_stall_ends_once_the_hook_falls_silent():
     e = Engine(load_rules())
     for i in range(300):
         training, heard = i < 30, i < 150
-        e.feed({"kind": "gpu", "t": T0 + i, "gpu": 0, "util": 0.9 if training else 1.0,
-                "sm_active": 0.8 if training else 0.05, "mem_used_bytes": 20 << 30,
-                "mem_total_bytes": 80 << 30,
-                "processes": [{"pid": 7, "mem_used_bytes": 20 << 30}] if heard else []})
-        if training:
-            e.feed({"kind": "steps", "t": T0 + i + 0.999, "begin_t": T0 + i, "pid": 7,
-                    "gpu": 0, "steps": 10, "timed": 10, "step_seconds": 0.999,
-                    "data_wait_seconds": 0.0})
+        one_gpu_second(e, T0 + i, 0.9 if training else 1.0, 0.8 if training else 0.05, 20,
+                       training, held=heard)
         if heard and i % 5 == 0:
             e.feed({"kind": "phase", "t": T0 + i + 0.5, "pid": 7, "gpu": 0, "phase": "train",
                     "seconds": {"train": float(i)}})

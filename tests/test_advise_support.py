@@ -207,3 +207,17 @@ def io_bound(lines: list[dict[str, Any]], share: float, workers_cores: float = 0
                                   workers_cpu_cores=workers_cores) for j in d["jobs"]]
         return d
     return transform(lines, edit)
+
+
+def one_gpu_second(engine: Any, t: float, util: float, sm_active: float, mem_gib: int,
+                   steps: bool, held: bool = True, pid: int = 7) -> None:
+    """One second of GPU 0 fed to ``engine``: its NVML line (``pid`` holding ``mem_gib``
+    GiB of 80, none where not ``held``) and, with ``steps``, the hook's line of ten steps
+    of 0.1 s that ended in it."""
+    engine.feed({"kind": "gpu", "t": t, "gpu": 0, "util": util, "sm_active": sm_active,
+                 "mem_used_bytes": mem_gib << 30, "mem_total_bytes": 80 << 30,
+                 "processes": [{"pid": pid, "mem_used_bytes": mem_gib << 30}] if held else []})
+    if steps:
+        engine.feed({"kind": "steps", "t": t + 0.999, "begin_t": t, "pid": pid, "gpu": 0,
+                     "steps": 10, "timed": 10, "step_seconds": 0.999,
+                     "data_wait_seconds": 0.0})

@@ -1139,7 +1139,6 @@ class Frame:
             # step comes again, the gap lies between steps and counts
             last = owner.job_last
             if stopped and last is not None and last + 1 < end:
-                gap = (end - 1 - last) * self.res
                 # the job's step time: its run's so far (a window of slow steps may hold
                 # none), else this window's
                 sp = owner.span.s
@@ -1147,7 +1146,8 @@ class Frame:
                     step = sp.get("step_total", 0.0) / sp["steps"]
                 else:
                     step = step_total / (rate_sum * self.res) if rate_sum > 0 else 0.0
-                if gap > max(STEPS_GONE_SECONDS, STEPS_GONE_STEPS * step):
+                if self.steps_stopped(subj, end - 1,
+                                      max(STEPS_GONE_SECONDS, STEPS_GONE_STEPS * step)):
                     end = last + 1
                     if end - start < 1:
                         return None

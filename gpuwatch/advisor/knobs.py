@@ -86,6 +86,14 @@ KNOBS: dict[str, dict[str, str]] = {
                "(model.gradient_checkpointing_disable() for a Hugging Face model)",
         "transformers": "TrainingArguments(gradient_checkpointing=False)",
     },
+    "fsdp_offload": {
+        TORCH: "FullyShardedDataParallel(..., cpu_offload=CPUOffload(offload_params={new}))",
+        "accelerate": "FullyShardedDataParallelPlugin(cpu_offload={new}) (accelerate config: "
+                      "fsdp_offload_params: false)",
+        "transformers": 'TrainingArguments(fsdp=...) without "offload" (or fsdp_config\'s '
+                        "offload_params={new})",
+        "lightning": "FSDPStrategy(cpu_offload={new})",
+    },
     "compile": {
         TORCH: "model = torch.compile(model)",
         "transformers": "TrainingArguments(torch_compile=True)",

@@ -920,19 +920,13 @@ class _Hook:
         cfg["gradient_checkpointing"] = self.checkpointing
         cfg["uses_dataloader"] = self.loader_made
         cfg["uses_conv"] = self.uses_conv
-        read(cfg, "channels_last", self._channels_last, p)
-        if cfg.get("channels_last") is None:
-            cfg.pop("channels_last", None)
+        facts.read_known(cfg, "channels_last", self._channels_last, p)
         if self.source is not None:
             cfg["step_source"] = self.source
         if self.data_parallel is not None:
-            read(cfg, "data_parallel_gpus", self._data_parallel_gpus, p)
-            if cfg.get("data_parallel_gpus") is None:
-                cfg.pop("data_parallel_gpus", None)
+            facts.read_known(cfg, "data_parallel_gpus", self._data_parallel_gpus, p)
         if self.fsdp is not None:
-            read(cfg, "fsdp_cpu_offload", self._fsdp_cpu_offload, p)
-            if cfg.get("fsdp_cpu_offload") is None:
-                cfg.pop("fsdp_cpu_offload", None)
+            facts.read_known(cfg, "fsdp_cpu_offload", self._fsdp_cpu_offload, p)
         read(cfg, "device", lambda: None if self._device() is None else str(self._device()), p)
         cfg["torch_version"] = torch.__version__
         try:

@@ -54,6 +54,15 @@ def read(cfg: dict[str, Any], name: str, fn: Callable[[], Any], problems: Proble
         cfg[name] = value
 
 
+def read_known(cfg: dict[str, Any], name: str, fn: Callable[[], Any],
+               problems: Problems) -> None:
+    """:func:`read`, leaving ``name`` out where ``fn`` says None (a fact absent, not
+    unknown: no DataParallel, no conv weight that tells the formats apart)."""
+    read(cfg, name, fn, problems)
+    if cfg.get(name) is None:
+        cfg.pop(name, None)
+
+
 # -- precision -------------------------------------------------------------------------------
 # what an unset ("none") fp32_precision means at the root: torch's defaults, cuBLAS matmuls
 # in full FP32, cuDNN convolutions as TF32
