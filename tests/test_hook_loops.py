@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,14 +161,8 @@ def test_a_data_parallel_model_is_reported_with_its_device_count(attached: hook.
     assert not attached.problems.seen  # nothing failed on the way
 
 
-def test_fsdp_cpu_offload_is_reported(attached: hook._Hook, monkeypatch: pytest.MonkeyPatch,
-                                      ) -> None:
-    """An FSDP unit (FSDP1, as Accelerate, the Trainer and Lightning build it) registers the
-    module it wraps: the hook reads whether its parameters live on the CPU."""
+def _one_rank_group(monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
-
-    from torch.distributed.fsdp import CPUOffload
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -176,6 +171,16 @@ def test_fsdp_cpu_offload_is_reported(attached: hook._Hook, monkeypatch: pytest.
                  "WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(k, v)
     torch.distributed.init_process_group("gloo")
+
+
+def test_fsdp_cpu_offload_is_reported(attached: hook._Hook, monkeypatch: pytest.MonkeyPatch,
+                                      ) -> None:
+    """An FSDP unit (FSDP1, as Accelerate, the Trainer and Lightning build it) registers the
+    module it wraps: the hook reads whether its parameters live on the CPU."""
+    from torch.distributed.fsdp import CPUOffload
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    _one_rank_group(monkeypatch)
     try:
         assert "fsdp_cpu_offload" not in attached._config()
         unit = FSDP(torch.nn.Sequential(torch.nn.Linear(4, 4)), device_id=torch.device("cpu"),
@@ -191,6 +196,62 @@ def test_fsdp_cpu_offload_is_reported(attached: hook._Hook, monkeypatch: pytest.
         assert not attached.problems.seen
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_fsdp2_cpu_offload_is_read_from_the_optimizers_parameters(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FSDP2's ``fully_shard`` registers no module: its offload is read from the optimizer's
+    first parameter, a DTensor whose shard is on the CPU while its mesh is of GPUs. A
+    machine without CUDA has only CPU meshes, so the mesh is named a GPU one here, as it is
+    where fully_shard(offload_policy=CPUOffloadPolicy()) runs on GPUs; a CPU mesh (FSDP2
+    on the CPU) and the same model without FSDP report no offload."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    _one_rank_group(monkeypatch)
+    try:
+        plain = torch.nn.Linear(4, 4)
+        opt0 = torch.optim.AdamW(plain.parameters())
+        attached.primary = weakref.ref(opt0)
+        assert "fsdp_cpu_offload" not in attached._config()
+        mesh = init_device_mesh("cpu", (1,))
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        for layer in model:
+            fully_shard(layer, mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=False))
+        fully_shard(model, mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=False))
+        opt = torch.optim.AdamW(model.parameters())
+        attached.primary = weakref.ref(opt)
+        cfg = attached._config()
+        assert "fsdp_cpu_offload" not in cfg and "fsdp_version" not in cfg  # FSDP2 on CPUs
+        # the mesh fully_shard gets on a GPU host (a property over _device_type in torch
+        # 2.13, a plain attribute before)
+        attr = "_device_type" if isinstance(getattr(type(mesh), "device_type", None),
+                                            property) else "device_type"
+        setattr(mesh, attr, "cuda")
+        cfg = attached._config()
+        assert cfg["fsdp_cpu_offload"] is True and cfg["fsdp_version"] == 2
+        setattr(mesh, attr, "cpu")
+        assert "fsdp_version" not in attached._config()
+        assert not attached.problems.seen
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_the_compute_device_is_the_losss_where_the_parameters_stay_on_the_host(
+        attached: hook._Hook) -> None:
+    """With FSDP's CPU offload the optimizer's parameters live on the CPU while the steps
+    run on a GPU: the hook names the GPU the loss was computed on (its memory and its GPU
+    follow). The meta device stands in for the accelerator a CPU machine lacks."""
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    attached.primary = weakref.ref(opt)
+    assert attached._device().type == "cpu"  # a CPU job: its loss on the CPU too
+    attached.loss_of = (0, (w * 2).sum())
+    assert attached._device().type == "cpu"
+    attached.loss_of = (1, torch.empty((), device="meta"))
+    assert attached._device().type == "meta"
+    attached.loss_of = None  # read once by the reporter: the device is kept
+    assert attached._device().type == "meta"
 
 
 def test_new_window_and_step_fields_round_trip_and_are_validated() -> None:

@@ -1496,7 +1496,7 @@ STEPS_GONE_STEPS = 8.0
 # trains within this many seconds (its `phase` lines come every few seconds)
 STALL_HEARD_SECONDS = 15.0
 # config keys a hook leaves out when there is none (a DataParallel dropped, FSDP gone)
-_ABSENT_IS_NONE = ("data_parallel_gpus", "fsdp_cpu_offload")
+_ABSENT_IS_NONE = ("data_parallel_gpus", "fsdp_cpu_offload", "fsdp_version")
 # a second in which the GPU mostly idles (util under this) while its job's main process
 # writes at least this much to storage: what saving a checkpoint looks like from outside
 IDLE_WRITE_UTIL = 0.25

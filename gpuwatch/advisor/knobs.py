@@ -94,6 +94,17 @@ KNOBS: dict[str, dict[str, str]] = {
                         "offload_params={new})",
         "lightning": "FSDPStrategy(cpu_offload={new})",
     },
+    # FSDP2: fully_shard's offload_policy (OffloadPolicy() keeps the parameters on the GPU);
+    # Accelerate and the Trainer take the same setting as for FSDP1 (fsdp_version: 2)
+    "fsdp2_offload": {
+        TORCH: "fully_shard(module, ...) without offload_policy=CPUOffloadPolicy() (the "
+               "default OffloadPolicy() keeps them on the GPU)",
+        "accelerate": "FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload={new}) "
+                      "(accelerate config: fsdp_offload_params: false)",
+        "transformers": "fsdp_config's offload_params={new} (fsdp_version 2)",
+        "lightning": "fully_shard(...) in configure_model without "
+                     "offload_policy=CPUOffloadPolicy() (ModelParallelStrategy)",
+    },
     "compile": {
         TORCH: "model = torch.compile(model)",
         "transformers": "TrainingArguments(torch_compile=True)",

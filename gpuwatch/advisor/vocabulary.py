@@ -226,8 +226,12 @@ def _defs() -> dict[str, SignalDef]:
         ("world_size", "config", "count", "last", "distributed world size", False),
         ("data_parallel_gpus", "config", "count", "last", ("devices one torch.nn.DataParallel "
          "replicates the model over (its device_ids; absent without one)"), False),
-        ("fsdp_cpu_offload", "config", "bool", "last", ("the job's FSDP1 units keep their "
-         "parameters on the CPU (cpu_offload; absent without FSDP1)"), False),
+        ("fsdp_cpu_offload", "config", "bool", "last", ("the job's FSDP units keep their "
+         "parameters on the CPU (FSDP1's cpu_offload, FSDP2's CPUOffloadPolicy; absent "
+         "without FSDP1, and for FSDP2 without offload)"), False),
+        ("fsdp_version", "config", "count", "last", ("the FSDP whose offload the hook read: "
+         "1 (FullyShardedDataParallel) or 2 (fully_shard); absent with fsdp_cpu_offload"),
+         False),
         ("channels_last", "config", "bool", "last", ("the model's parameters are in "
          "torch.channels_last memory format"), False),
         ("cudnn_tf32", "config", "bool", "last", ("torch.backends.cudnn.allow_tf32: cuDNN "

@@ -148,8 +148,8 @@ class _Hook:
     __slots__ = ("paths", "pid", "off", "n", "skipped_known", "iter_start", "wait",
                  "samples", "first", "loader", "loader_seen", "loader_made", "train_info",
                  "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
-                 "uses_conv", "data_parallel", "fsdp", "scaler_mode", "in_scaler_step",
-                 "opt_stepped", "found_inf",
+                 "uses_conv", "data_parallel", "fsdp", "fsdp_version", "compute_device",
+                 "scaler_mode", "in_scaler_step", "opt_stepped", "found_inf",
                  "primary", "clock", "scaler", "stream", "amp_iter", "amp_n",
                  "autocast_seen", "checkpointing", "backwards", "bw_plain", "phase",
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
@@ -210,6 +210,7 @@ class _Hook:
         # the first FullyShardedDataParallel unit built (FSDP1: it registers the module it
         # wraps), for its CPU offload setting, read by the reporting thread
         self.fsdp: weakref.ref | None = None
+        self.fsdp_version: int | None = None  # 1 or 2, as _fsdp_cpu_offload found it
         self.scaler_mode = False  # an enabled GradScaler clocks iterations (at update())
         self.in_scaler_step = 0
         self.opt_stepped = False
@@ -296,6 +297,9 @@ class _Hook:
         self.error: str | None = None
         self.finished = False
         self.device: Any = None
+        # the device the steps run on where the parameters stay on the host (FSDP's CPU
+        # offload): the loss's, seen once
+        self.compute_device: Any = None
         self.gpu_ids: dict[int, tuple[int | None, str | None]] = {}
         self.sock: socket.socket | None = None
         self.thread: threading.Thread | None = None
@@ -566,6 +570,8 @@ class _Hook:
         # the newest iteration's loss, taken before its step record leaves `pending` (it
         # is appended first), so that its record is among those held below
         self.loss_taken = self.loss_of
+        if self.compute_device is None and self.loss_taken is not None:
+            self._guarded(self._loss_device, "device", None)
         pending = self.pending
         taken = []
         while pending:
@@ -846,14 +852,32 @@ class _Hook:
 
     # -- who we are --------------------------------------------------------------------------
     def _device(self) -> Any:
+        """The device the job trains on: its optimizer's first parameter's, or where the
+        parameters live on the host while the steps run on a GPU (FSDP's CPU offload, an
+        optimizer offloaded to the CPU), the loss's."""
         ref = self.primary
         opt = ref() if ref is not None else None
         if opt is not None:
             try:
-                self.device = opt.param_groups[0]["params"][0].device
+                dev = opt.param_groups[0]["params"][0].device
             except (IndexError, KeyError, AttributeError, TypeError):
-                pass
+                dev = None
+            if dev is not None and dev.type == "cpu":
+                dev = self._loss_device() or dev
+            if dev is not None:
+                self.device = dev
         return self.device
+
+    def _loss_device(self) -> Any:
+        """The accelerator the last loss backward() ran from was computed on (None before
+        one, or where it was on the CPU); kept once seen."""
+        if self.compute_device is None:
+            for held in (self.loss_taken, self.loss_of):
+                dev = getattr(held[1], "device", None) if held is not None else None
+                if dev is not None and dev.type != "cpu":
+                    self.compute_device = dev
+                    break
+        return self.compute_device
 
     def _gpu(self) -> tuple[int | None, str | None]:
         dev = self._device()
@@ -925,8 +949,9 @@ class _Hook:
             cfg["step_source"] = self.source
         if self.data_parallel is not None:
             facts.read_known(cfg, "data_parallel_gpus", self._data_parallel_gpus, p)
-        if self.fsdp is not None:
-            facts.read_known(cfg, "fsdp_cpu_offload", self._fsdp_cpu_offload, p)
+        facts.read_known(cfg, "fsdp_cpu_offload", self._fsdp_cpu_offload, p)
+        if cfg.get("fsdp_cpu_offload") is not None and self.fsdp_version is not None:
+            cfg["fsdp_version"] = self.fsdp_version
         read(cfg, "device", lambda: None if self._device() is None else str(self._device()), p)
         cfg["torch_version"] = torch.__version__
         try:
@@ -946,11 +971,33 @@ class _Hook:
     def _fsdp_cpu_offload(self) -> bool | None:
         """Whether the job's FSDP units keep their parameters on the CPU (FSDP1's
         ``cpu_offload.offload_params``: the optimizer step then runs on the CPU); None once
-        the unit is gone."""
+        the unit is gone. FSDP2 (``fully_shard``) registers no module, so its offload is
+        read from the optimizer's first parameter: a DTensor sharded over a mesh of GPUs
+        whose shard lives on the CPU (``CPUOffloadPolicy``). Sets ``fsdp_version``."""
         ref = self.fsdp
         unit = ref() if ref is not None else None
         offload = getattr(unit, "cpu_offload", None)  # set by __init__ after the module
-        return None if offload is None else bool(offload.offload_params)
+        if offload is not None:
+            self.fsdp_version = 1
+            return bool(offload.offload_params)
+        self.fsdp_version = None
+        ref = self.primary
+        opt = ref() if ref is not None else None
+        if opt is None:
+            return None
+        try:
+            param = opt.param_groups[0]["params"][0]
+        except (IndexError, KeyError, AttributeError, TypeError):
+            return None
+        # a DTensor's mesh names the device its collectives run on; its local shard's
+        # device is where the parameter is kept. Without offload FSDP2 and tensor
+        # parallelism look alike from here: absent, not False
+        mesh = getattr(param, "device_mesh", None) if type(param).__name__ == "DTensor" \
+            else None
+        if mesh is None or param.device.type != "cpu" or mesh.device_type == "cpu":
+            return None
+        self.fsdp_version = 2
+        return True
 
     def _channels_last(self) -> bool | None:
         """Whether the conv weights are channels_last (the memory format a conv net gets

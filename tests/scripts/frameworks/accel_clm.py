@@ -52,6 +52,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fsdp_offload", action="store_true",
                         help="with --fsdp: cpu_offload=True (parameters and the optimizer "
                              "step on the CPU)")
+    parser.add_argument("--fsdp_version", type=int, default=1, choices=(1, 2),
+                        help="with --fsdp: 1 (FullyShardedDataParallel) or 2 (fully_shard)")
     parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--stop_each_rank", action="store_true",
                         help="each rank stops on its own clock (--seconds), not agreeing: "
@@ -86,11 +88,14 @@ def main() -> None:
     if args.fsdp:
         from accelerate.utils import FullyShardedDataParallelPlugin
 
+        # FSDP2 has no sharding strategy (reshard_after_forward is full shard) and always
+        # keeps the original parameters
+        v1 = {"sharding_strategy": "FULL_SHARD", "use_orig_params": True}
         plugin["fsdp_plugin"] = FullyShardedDataParallelPlugin(
-            fsdp_version=1, sharding_strategy="FULL_SHARD",
-            auto_wrap_policy="transformer_based_wrap",
-            transformer_cls_names_to_wrap=["GPT2Block"], use_orig_params=True,
-            cpu_offload=args.fsdp_offload, state_dict_type="SHARDED_STATE_DICT")
+            fsdp_version=args.fsdp_version, auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=["GPT2Block"], cpu_offload=args.fsdp_offload,
+            state_dict_type="SHARDED_STATE_DICT",
+            **(v1 if args.fsdp_version == 1 else {"reshard_after_forward": True}))
     accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps,
                               mixed_precision=args.mixed_precision,
                               cpu=not torch.cuda.is_available(), **plugin)

@@ -46,6 +46,9 @@ p.add_argument("--samples", type=int, default=200_000)
 p.add_argument("--predict", action="store_true", help="Trainer.predict, no training")
 p.add_argument("--save-every", type=int, default=0,
                help="save_strategy='steps' with this save_steps (0: save_strategy='no')")
+p.add_argument("--lora", type=int, default=0,
+               help="LoRA of this rank on the attention's query and value (peft), the rest "
+                    "frozen")
 p.add_argument("--seconds", type=float, default=45.0)
 p.add_argument("--out")
 a = p.parse_args()
@@ -93,6 +96,11 @@ class Stop(TrainerCallback):
 model = BertForSequenceClassification(BertConfig(
     hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=max(1, a.hidden // 64),
     intermediate_size=4 * a.hidden, max_position_embeddings=max(512, a.seq), num_labels=4))
+if a.lora:
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=a.lora, lora_alpha=2 * a.lora,
+                                             target_modules=["query", "value"]))
 args = TrainingArguments(
     output_dir=tempfile.mkdtemp(prefix="ckpt-", dir="."), per_device_train_batch_size=a.batch,
     per_device_eval_batch_size=a.batch, gradient_accumulation_steps=a.accum,

@@ -197,3 +197,50 @@ for v in fsdp fsdp_offload fsdp_hang; do
       --max_train_steps 100000 --seconds 45
   fi
 done
+# 37. accel_clm.py under torchrun on every GPU with FSDP2 (fully_shard, fsdp_version=2); 38. the
+#     same with cpu_offload=True (CPUOffloadPolicy: the shards and the optimizer on the CPU)
+for v in fsdp2 fsdp2_offload; do
+  if want accel_clm_$v; then
+    n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    extra="--fsdp --fsdp_version 2"; [ $v = fsdp2_offload ] && extra="$extra --fsdp_offload"
+    rec accel_clm_$v 200 torchrun --standalone --nproc_per_node "$n" accel_clm.py $extra \
+      --per_device_train_batch_size 16 --mixed_precision bf16 --num_workers 2 \
+      --max_train_steps 100000 --seconds 45
+  fi
+done
+# 39. the Trainer under torchrun on every GPU fine-tuning LoRA adapters (peft, rank 8 on the
+#     attention's query and value; BERT-base frozen), bf16, batch 32 per rank
+if want hf_lora_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec hf_lora_ddp 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 32 \
+    --workers 4 --bf16 --lora 8 --seconds 45
+fi
+# 40. Trainer.predict under torchrun on every GPU (distributed inference), fp32, batch 16
+if want hf_predict_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec hf_predict_ddp 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 16 \
+    --workers 2 --predict --seconds 40
+fi
+# 41. the Trainer under torchrun on every GPU at micro-batch 4 with 16 accumulation steps, bf16
+if want hf_accum_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec hf_accum_ddp 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 4 \
+    --accum 16 --workers 2 --bf16 --seconds 40
+fi
+# 42. two single-GPU jobs on one host under one daemon, each given a GPU by
+#     CUDA_VISIBLE_DEVICES (the second GPU and the last; the others idle): the Trainer in fp16
+#     (BERT-base, 4 workers) and Lightning's ResNet-18 starved by two workers blurring twice
+if want two_jobs; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  if [ "$n" -ge 2 ]; then
+    t0=$SECONDS
+    (cd "$here" && timeout 150 python3 -m gpuwatch run --quiet \
+        --web.listen-address 127.0.0.1:0 --record "$out/fw_two_jobs.jsonl" -- bash -c "
+        CUDA_VISIBLE_DEVICES=1 python3 hf_textcls.py --batch 32 --workers 4 --fp16 \
+          --seconds 45 --out $out/fw_two_jobs.truth_fp16.json &
+        CUDA_VISIBLE_DEVICES=$((n - 1)) python3 lightning_cnn.py --batch 256 --workers 2 \
+          --blur 2 --seconds 45 --out $out/fw_two_jobs.truth_starved.json
+        wait") >"$out/fw_two_jobs.log" 2>&1
+    echo "two_jobs: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/fw_two_jobs.jsonl") lines"
+  fi
+fi
