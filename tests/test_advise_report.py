@@ -288,23 +288,41 @@ def test_markdown_shows_where_each_ranks_time_went():
 
 def test_the_same_advice_on_several_gpus_is_one_block():
     """Accelerate's DDP on 4 H100s: each rank is told to fuse its optimizer in the same
-    words. The text and Markdown reports show that once, naming the four GPUs, and the
-    header counts both; each rank's own batch advice (its own numbers) keeps its block; the
-    JSON keeps one item per GPU."""
+    words, and to raise the job's one batch size with its own figures. The text and
+    Markdown reports show each once, naming the four GPUs; the batch block says its
+    figures are GPU 0's and gives the range of each evidence entry that differs over the
+    four; the header counts both; the JSON keeps one item per GPU."""
+    from gpuwatch.advisor.report import evidence_value
+
     path = DATA / "fw_accelerate_ddp.jsonl"
     rep = json.loads(advise(path, "json"))
     fused = [a for a in rep["advice"] if a["id"] == "use-fused-optimizer"]
     assert sorted(a["gpu"] for a in fused) == [0, 1, 2, 3]
+    batch = [a for a in rep["advice"] if a["id"] == "raise-batch-size"]
+    assert sorted(a["gpu"] for a in batch) == [0, 1, 2, 3]
+    assert len({a["action"] for a in batch}) == 1  # one change: the job's batch size
+    assert len({a["message"] for a in batch}) > 1  # said with each rank's own figures
     n = len(rep["advice"])
-    blocks = n - 3
+    blocks = n - 6
     text = advise(path, "text")
     heads = [ln for ln in text.splitlines() if re.match(r"^\d+\. \[", ln)]
-    assert len(heads) == blocks
-    assert [h for h in heads if "use-fused-optimizer" in h] == [
-        f"{blocks}. [INFO] use-fused-optimizer on GPUs 0, 1, 2, 3, confidence 0.60"]
-    assert len([h for h in heads if "raise-batch-size on GPU " in h]) == 4
-    assert f"{n} pieces of advice ({blocks} blocks: the same on several GPUs is one)" \
-        in " ".join(text.split())
+    assert len(heads) == blocks == 2
+    assert heads[1] == "2. [INFO] use-fused-optimizer on GPUs 0, 1, 2, 3, confidence 0.60"
+    order = [a["gpu"] for a in batch]
+    assert heads[0].startswith(f"1. [WARNING] raise-batch-size on GPUs {', '.join(map(str, order))},")
+    flat = " ".join(text.split())
+    assert f"{n} pieces of advice ({blocks} blocks: the same on several GPUs is one)" in flat
+    assert " ".join(batch[0]["message"].split()) in flat  # the lead's own words
+    util = [a["evidence"]["util"] for a in batch]
+    lo, hi = evidence_value("util", min(util)), evidence_value("util", max(util))
+    assert lo != hi
+    assert (f"The figures above are GPU {order[0]}'s; over GPUs {', '.join(map(str, order))}:"
+            in flat)
+    assert f"util {lo} to {hi}" in flat
+    # an entry that reads alike on every GPU is not repeated as a range
+    assert "batch 64 to" not in flat and "ranks 4 to" not in flat
+    assert len({evidence_value("busy_in_steps", a["evidence"]["busy_in_steps"])
+                for a in batch}) == 1 and "busy in steps 2" not in flat.split("over GPUs")[1]
     md = advise(path, "markdown")
     assert md.count("### ") == blocks
     assert "`use-fused-optimizer` (info, GPUs 0, 1, 2, 3, confidence 0.60)" in md

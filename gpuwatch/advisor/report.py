@@ -688,24 +688,76 @@ def hook_text(report: dict[str, Any]) -> str:
 # several GPUs (the ranks of one job told to fuse their optimizer) is one block naming them
 _SHOWN = ("id", "severity", "active", "instance", "title", "message", "action",
           "expected_gain_text", "hook_would_add")
+# what must match for pieces that differ only in their figures (the ranks of one DDP job,
+# each busy 21-22 % of its steps) to be one block: the same change, said with one GPU's
+# figures and the evidence's range over all of them
+_SAME_CHANGE = ("id", "severity", "active", "instance", "title", "action", "hook_would_add")
 
 
 def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int | None]]]:
     """``advice`` in its order, each piece with the GPUs it reads the same on: a piece
-    whose every shown field equals an earlier one's joins that one's block."""
+    whose every shown field equals an earlier one's joins that one's block; so does one
+    that asks for the same change on the same evidence with other figures, and the block's
+    piece then carries ``spread``: each evidence entry that differs, as its range."""
     blocks: list[tuple[dict[str, Any], list[int | None]]] = []
+    members: list[list[dict[str, Any]]] = []
     seen: dict[str, int] = {}
+    alike: dict[str, int] = {}
     for a in advice:
+        ev = a.get("evidence") or {}
         key = json.dumps([a.get(k) for k in _SHOWN]
-                         + [f"{a.get('confidence', 0):.2f}",
-                            _evidence_text(a.get("evidence") or {})], default=str)
-        i = seen.get(key)
+                         + [f"{a.get('confidence', 0):.2f}", _evidence_text(ev)], default=str)
+        change = json.dumps([a.get(k) for k in _SAME_CHANGE]
+                            + [f"{a.get('confidence', 0):.2f}", sorted(ev)], default=str)
+        i = seen.get(key, alike.get(change))
         if i is not None and a.get("gpu") is not None and blocks[i][1][0] is not None:
             blocks[i][1].append(a["gpu"])
+            members[i].append(a)
             continue
         seen.setdefault(key, len(blocks))
+        alike.setdefault(change, len(blocks))
         blocks.append((a, [a.get("gpu")]))
-    return blocks
+        members.append([a])
+    out = []
+    for (lead, gpus), group in zip(blocks, members, strict=True):
+        spread = _spread(group)
+        out.append((dict(lead, spread=spread) if spread else lead, gpus))
+    return out
+
+
+def _spread(group: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(label, range) for each evidence entry whose value differs between the pieces of
+    one block: numbers as lowest-highest, anything else as its values in turn."""
+    if len(group) < 2:
+        return []
+    evs = [a.get("evidence") or {} for a in group]
+    lead = evs[0]
+    labels = dict(zip(lead, (label for label, _ in evidence_items(lead)), strict=True))
+    out = []
+    for k in lead:
+        values = [ev.get(k) for ev in evs]
+        shown = [evidence_value(k, v) for v in values]
+        if len(set(shown)) == 1:
+            continue
+        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v)]
+        if len(nums) == len(values):
+            lo, hi = evidence_value(k, min(nums)), evidence_value(k, max(nums))
+            text = lo if lo == hi else f"{lo} to {hi}"
+        else:
+            text = " / ".join(dict.fromkeys(shown))
+        out.append((labels[k], text))
+    return out
+
+
+def _spread_text(a: dict[str, Any], gpus: list[int | None]) -> str | None:
+    """The line under a block whose GPUs read alike but for their figures."""
+    spread = a.get("spread")
+    if not spread:
+        return None
+    ranges = ", ".join(f"{label} {text}" for label, text in spread)
+    return (f"The figures above are GPU {gpus[0]}'s; over GPUs "
+            f"{', '.join(str(g) for g in gpus)}: {ranges}.")
 
 
 def _where(a: dict[str, Any], gpus: list[int | None]) -> str:
@@ -766,6 +818,9 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
         lines += wrap.wrap(a["message"])
         if a.get("evidence"):
             lines += wrap.wrap("Evidence: " + _evidence_text(a["evidence"]))
+        spread = _spread_text(a, gpus)
+        if spread:
+            lines += wrap.wrap(spread)
         lines += wrap.wrap("Change: " + a["action"])
         if a.get("expected_gain_text"):
             lines += wrap.wrap("Expected gain: " + a["expected_gain_text"])
@@ -848,6 +903,9 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines += ["| evidence | value |", "| --- | --- |"]
             lines += [f"| `{k}` | {evidence_value(k, v)} |" for k, v in a["evidence"].items()]
             lines.append("")
+        spread = _spread_text(a, gpus)
+        if spread:
+            lines += [spread, ""]
         lines += [f"**Change:** {a['action']}", ""]
         if a.get("expected_gain_text"):
             lines += [f"**Expected gain:** {a['expected_gain_text']}", ""]
