@@ -139,7 +139,34 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                {"raise-batch-size", "gpu-underused", "reduce-launch-overhead",
                                 "training-stalled"}),
     "accel_clm_fsdp_hang": ({"training-stalled"}, {"disable-fsdp-cpu-offload"}),
+    # on 4 H100s (torch 2.11, Accelerate 1.15, peft): accel_clm.py with FSDP2 (fully_shard,
+    # fsdp_version=2), host-bound at batch 16 (370 steps in 45 s); with cpu_offload=True
+    # (CPUOffloadPolicy) 100 (the GPU busy 14 % of its steps, 15 % of its memory used)
+    "accel_clm_fsdp2": ({"raise-batch-size"}, {"disable-fsdp-cpu-offload",
+                                               "use-ddp-not-dataparallel"}),
+    "accel_clm_fsdp2_offload": ({"disable-fsdp-cpu-offload"},
+                                {"raise-batch-size", "gpu-underused",
+                                 "reduce-launch-overhead"}),
+    # the Trainer fine-tuning LoRA adapters (rank 8, BERT-base frozen) under torchrun at
+    # batch 32 per rank: host-bound (GPU work 12-13 %); and the Trainer at micro-batch 4
+    # with 16 accumulation steps on every rank
+    "hf_lora_ddp": ({"raise-batch-size"}, {"add-dataloader-workers", "straggler-rank",
+                                           "reduce-launch-overhead"}),
+    "hf_accum_ddp": ({"reduce-gradient-accumulation"}, {"raise-batch-size",
+                                                        "straggler-rank"}),
+    # two single-GPU jobs under one daemon (CUDA_VISIBLE_DEVICES=1 and 3; GPUs 0 and 2
+    # idle): the Trainer in fp16, and Lightning starved by two loader workers
+    "two_jobs": ({"use-bf16-not-fp16", "raise-batch-size", "add-dataloader-workers"},
+                 {"reduce-launch-overhead", "straggler-rank"}),
+    # Trainer.predict under torchrun on 4 GPUs, each rank stopping on its own clock: rank
+    # 1 left after its last round, the other three waited in its gather for 86 s at util
+    # 100 % (SMs 0.8 % active, no memory traffic) until killed
+    "hf_predict_ddp_hang": ({"gpu-spinning", "inference-in-fp32"},
+                            {"training-stalled", "raise-batch-size",
+                             "batch-inference-requests"}),
 }
+# what only a hung job gets: no other recording may
+HANG_RULES = {"gpu-spinning", "training-stalled"}
 # what the same runs must get from NVML and psutil alone (the hook's lines taken out)
 NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # the workers torch names pt_data_worker are told from Lightning's helper child: the
@@ -171,6 +198,11 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_dp": ({"use-ddp-not-dataparallel"}, {"add-dataloader-workers"}),
     "dp_loop": ({"use-ddp-not-dataparallel"}, {"add-dataloader-workers"}),
     "dp_loop_ddp": (set(), {"use-ddp-not-dataparallel", "gpu-underused"}),
+    # hung ranks seen from NVML alone: util pinned at 100 % with no memory traffic; and
+    # the host-time advice not said of the hang itself
+    "accel_clm_fsdp_hang": ({"gpu-spinning"}, set()),
+    "hf_predict_ddp_hang": ({"gpu-spinning"}, {"training-stalled"}),
+    "two_jobs": ({"add-dataloader-workers", "raise-batch-size"}, set()),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -223,6 +255,8 @@ def test_gets_its_advice_and_not_the_wrong_one(name):
     got = ids(report)
     assert must <= got, (must, got)
     assert not must_not & got, (must_not, got)
+    if not name.endswith("_hang"):
+        assert not HANG_RULES & got, got
     starts = first_step_end(path)
     for a in report["advice"]:
         first = starts.get(a["gpu"], min(starts.values(), default=None))
@@ -501,6 +535,8 @@ def test_without_the_hook_gets_what_nvml_and_psutil_show(tmp_path, name):
     got = ids(advise_json(without_hook(path_of(name), tmp_path)))
     assert must <= got, (must, got)
     assert not must_not & got, (must_not, got)
+    if not name.endswith("_hang"):
+        assert not HANG_RULES & got, got
 
 
 def test_the_workers_torch_names_are_the_loaders_not_the_helper_beside_them(tmp_path):
@@ -790,3 +826,84 @@ def test_no_run_that_ended_its_loop_is_called_stalled(name):
     """Evaluations, checkpoints, compiling, start-up and the exit after the last step
     (dp_loop_ddp's 40 s) are not a stall."""
     assert "training-stalled" not in ids(advise_json(path_of(name)))
+
+
+def _spin_start(path: Path, gpu: int) -> float:
+    """When the GPU's longest stretch at util >= 0.98 with no memory traffic began."""
+    start: float | None = None
+    best = (-1.0, 0.0)
+    for d in lines(path):
+        if d.get("kind") != "gpu" or d.get("gpu") != gpu:
+            continue
+        if d["util"] >= 0.98 and (d.get("dram_active") or 0) <= 0.01:
+            start = start or d["t"]
+            best = max(best, (d["t"] - start, start))
+        else:
+            start = None
+    assert best[0] >= 60, best
+    return best[1]
+
+
+@pytest.mark.parametrize("hook", [True, False])
+def test_ranks_hung_in_a_collective_are_told_from_the_gpu_alone(tmp_path, hook):
+    """Trainer.predict on 4 GPUs whose ranks stopped on their own clocks: rank 1 left, the
+    others spun in their gather. With or without the hook (it reports inference, not
+    training: training-stalled cannot say it), each spinning GPU is told within about a
+    minute and a half of the spin's start, and the GPU whose rank left is not; the
+    evidence is what the rule checked."""
+    path = path_of("hf_predict_ddp_hang")
+    report = advise_json(path if hook else without_hook(path, tmp_path))
+    spin = {a["gpu"]: a for a in report["advice"] if a["id"] == "gpu-spinning"}
+    assert sorted(spin) == [0, 2, 3]
+    for gpu, a in spin.items():
+        assert a["severity"] == "critical" and a["active"]
+        began = _spin_start(path, gpu)
+        assert 55 <= a["since"] - began <= 75, a["since"] - began
+        ev = a["evidence"]
+        assert ev["util_min"] >= 0.98 and ev["dram_active"] <= 0.01 and ev["sm_active"] < 0.05
+        assert "waits in a collective" in a["message"] and "py-spy dump" in a["action"]
+    if hook:
+        assert {j["phase"] for j in report["jobs"]} == {"inference"}
+    else:  # the host-time rules do not read the hang as training
+        assert not {"raise-batch-size", "gpu-underused", "add-dataloader-workers"} & ids(report)
+
+
+def test_fsdp2_offload_is_seen_and_changed_in_fully_shards_words():
+    """FSDP2 through Accelerate (fsdp_version=2, cpu_offload=True) on 4 H100s: the hook
+    reads the offload from the optimizer's parameters (DTensors kept on the CPU over a mesh
+    of GPUs) and names each rank's GPU from its loss (the parameters' device is the CPU);
+    each rank's steps are the script's own, and the change is FSDP2's."""
+    name = "fw_accel_clm_fsdp2_offload"
+    cfgs = [d for d in lines(DATA / f"{name}.jsonl")
+            if d.get("kind") == "config" and d.get("fsdp_cpu_offload")]
+    assert {d["fsdp_version"] for d in cfgs} == {2}
+    assert {d["device"] for d in cfgs} == {f"cuda:{r}" for r in range(4)}
+    report = advise_json(DATA / f"{name}.jsonl")
+    t = truth("accel_clm_fsdp2_offload")
+    assert sorted((j["gpu"], j["steps"]) for j in report["jobs"]) == [
+        (g, t["steps"]) for g in range(4)]
+    off = [a for a in report["advice"] if a["id"] == "disable-fsdp-cpu-offload"]
+    assert sorted(a["gpu"] for a in off) == [0, 1, 2, 3]
+    assert "FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=False)" in off[0]["action"]
+    assert "without offload_policy=CPUOffloadPolicy()" in off[0]["action"]
+    # FSDP2 without offload: nothing read as offloaded
+    plain = [d for d in lines(path_of("accel_clm_fsdp2")) if d.get("kind") == "config"]
+    assert not any("fsdp_cpu_offload" in d or "fsdp_version" in d for d in plain)
+
+
+def test_two_jobs_under_one_daemon_each_get_their_own_gpu_and_advice():
+    """Two single-GPU jobs started together under `gpuwatch run` (CUDA_VISIBLE_DEVICES=1
+    and 3 of 4): each job's steps land on its own GPU, equal to its script's count; each
+    GPU gets its own job's advice, and the idle GPUs none."""
+    report = advise_json(path_of("two_jobs"))
+    fp16 = json.loads((DATA / "fw_two_jobs.truth_fp16.json").read_text())
+    starved = json.loads((DATA / "fw_two_jobs.truth_starved.json").read_text())
+    jobs = {j["gpu"]: j for j in report["jobs"]}
+    assert sorted(jobs) == [1, 3]
+    assert jobs[1]["steps"] == fp16["steps"] and jobs[1]["framework"] == "transformers"
+    assert jobs[3]["steps"] == starved["steps"] and jobs[3]["framework"] == "lightning"
+    assert {"use-bf16-not-fp16", "raise-batch-size"} <= ids(report, 1)
+    assert "add-dataloader-workers" not in ids(report, 1)
+    assert "add-dataloader-workers" in ids(report, 3)
+    assert not {"use-bf16-not-fp16", "raise-batch-size"} & ids(report, 3)
+    assert not ids(report, 0) and not ids(report, 2)

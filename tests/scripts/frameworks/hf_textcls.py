@@ -49,6 +49,10 @@ p.add_argument("--save-every", type=int, default=0,
 p.add_argument("--lora", type=int, default=0,
                help="LoRA of this rank on the attention's query and value (peft), the rest "
                     "frozen")
+p.add_argument("--stop-each-rank", action="store_true",
+               help="with --predict under torchrun: each rank stops on its own clock, not "
+                    "agreeing; a rank that starts one more round than the others waits in "
+                    "its gather for ever (how fw_hf_predict_ddp_hang was made)")
 p.add_argument("--seconds", type=float, default=45.0)
 p.add_argument("--out")
 a = p.parse_args()
@@ -114,7 +118,17 @@ if a.predict:
     t0 = time.monotonic()
     rounds = 0
     small = torch.utils.data.Subset(data, range(4096))
-    while time.monotonic() - t0 < a.seconds:
+    def go_on() -> bool:
+        """Whether to predict another round: on every rank alike, unless told otherwise."""
+        more = time.monotonic() - t0 < a.seconds
+        dist = torch.distributed
+        if a.stop_each_rank or not (dist.is_available() and dist.is_initialized()):
+            return more
+        flag = torch.tensor([int(more)], device=trainer.args.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    while go_on():
         trainer.predict(small)
         rounds += 1
     truth.write(predict_rounds=rounds, batch=a.batch)

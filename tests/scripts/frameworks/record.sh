@@ -215,12 +215,17 @@ if want hf_lora_ddp; then
   rec hf_lora_ddp 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 32 \
     --workers 4 --bf16 --lora 8 --seconds 45
 fi
-# 40. Trainer.predict under torchrun on every GPU (distributed inference), fp32, batch 16
-if want hf_predict_ddp; then
-  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
-  rec hf_predict_ddp 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 16 \
-    --workers 2 --predict --seconds 40
-fi
+# 40. Trainer.predict under torchrun on every GPU (distributed inference), fp32, batch 16,
+#     the ranks agreeing when to stop; 40b. each rank stopping on its own clock: one starts
+#     a round fewer, the others wait in its gather until the 150 s limit kills the job
+for v in hf_predict_ddp hf_predict_ddp_hang; do
+  if want $v; then
+    n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    extra=""; [ $v = hf_predict_ddp_hang ] && extra="--stop-each-rank"
+    rec $v 150 torchrun --standalone --nproc_per_node "$n" hf_textcls.py --batch 16 \
+      --workers 2 --predict --seconds 40 $extra
+  fi
+done
 # 41. the Trainer under torchrun on every GPU at micro-batch 4 with 16 accumulation steps, bf16
 if want hf_accum_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
