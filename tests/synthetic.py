@@ -360,7 +360,8 @@ def grad_accum(seconds: float = 40.0, framework: str = "accelerate") -> Run:
                               "fw_grad_accum": 16, "fw_precision": "bf16"}})
 
 
-def eval_heavy(seconds: float = 60.0, train: float = 2.0, evaluate: float = 8.0) -> Run:
+def eval_heavy(seconds: float = 60.0, train: float = 2.0, evaluate: float = 8.0,
+               config: dict[str, Any] | None = None) -> Run:
     """The Trainer evaluating every few steps at per_device_eval_batch_size=8: ``train``
     seconds of steps, then ``evaluate`` seconds of evaluation (the GPU at 20 %), over and
     over. The hook leaves the evaluation out of the step times and says so in its phases."""
@@ -393,7 +394,7 @@ def eval_heavy(seconds: float = 60.0, train: float = 2.0, evaluate: float = 8.0)
                              "uses_dataloader": True, "batch_size": 32,
                              "autocast_dtype": "bfloat16", "framework": "transformers",
                              "fw_eval_batch_size": 8, "fw_eval_every": 20,
-                             "fw_batch_size": 32, "fw_grad_accum": 1}})
+                             "fw_batch_size": 32, "fw_grad_accum": 1, **(config or {})}})
     first = run.first_step
     extra = phase_lines(phases[1:], start=first, pid=4000, eval_batch_size=8)
     run = with_lines(run, extra)

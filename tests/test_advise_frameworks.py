@@ -10,6 +10,7 @@ CPU, by test_frameworks.py.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import synthetic
@@ -80,6 +81,37 @@ def test_evaluation_is_its_own_phase_and_gets_its_own_advice(tmp_path):
     assert j["time_share"]["gpu"] >= 0.7 and j["time_share"]["other"] <= 0.15
     text = run_cli("advise", "--replay", str(run.write(tmp_path / "e.jsonl"))).stdout
     assert "by phase:" in text and "evaluation" in text
+
+
+@pytest.mark.parametrize(("config", "says", "never"), [
+    # Lightning's default: val_check_interval=1.0 (a float: once an epoch) with
+    # check_val_every_n_epoch=1; an int val_check_interval would mean every N batches
+    ({"framework": "lightning", "fw_eval_every": 1.0, "fw_eval_epochs": 1},
+     lambda f: f"Trainer(check_val_every_n_epoch=1 → {math.ceil(f)}, val_check_interval=1.0)",
+     "val_check_interval=1 → "),
+    # a share of an epoch, raised while it stays within one
+    ({"framework": "lightning", "fw_eval_every": 0.02, "fw_eval_epochs": 1},
+     lambda f: f"Trainer(val_check_interval=0.02 → {round(0.02 * f, 2):.3g}) (in torch: "
+               f"evaluate every {round(0.02 * f, 2):.3g} of an epoch)",
+     "check_val_every_n_epoch"),
+    # validation by steps (check_val_every_n_epoch=None)
+    ({"framework": "lightning", "fw_eval_every": 20, "fw_eval_epochs": None},
+     lambda f: f"Trainer(val_check_interval=20 → {math.ceil(20 * f)})",
+     "check_val_every_n_epoch"),
+    # the Trainer evaluating once an epoch: eval_steps, left in the arguments, does nothing
+    ({"fw_eval_strategy": "epoch"}, lambda f: "or on part of the set", "eval_steps"),
+])
+def test_evaluating_less_often_in_the_frameworks_own_units(tmp_path, config, says, never):
+    """Most of the time evaluating: "evaluate less often" names the setting that controls
+    it in the unit the job uses (steps, a share of an epoch, epochs), by the factor that
+    brings evaluation to about a tenth of the time, never a setting that would mean
+    something else."""
+    report = judge(tmp_path, synthetic.eval_heavy(config=config))
+    a = advice(report, "speed-up-evaluation")
+    share = a["evidence"]["eval_time_ratio"]
+    assert share == pytest.approx(0.8, abs=0.05)
+    factor = 9 * share / max(1 - share, 0.05)
+    assert says(factor) in a["action"] and never not in a["action"], a["action"]
 
 
 @pytest.mark.parametrize("hook", [True, False])

@@ -695,6 +695,7 @@ class Frame:
         subj.hook_seen = True
         # older hooks send no in_training: their settings count as they did
         settled = values.get("in_training", True) is not False
+        values = _eval_interval(values)
         for k, v in values.items():
             if k in CONFIG_KEYS and (settled or k not in _MUTABLE):
                 subj.config[k] = _config_value(v)
@@ -1495,6 +1496,24 @@ STEPS_GONE_STEPS = 8.0
 # a job whose steps stopped counts as stalled only while its hook was heard saying it
 # trains within this many seconds (its `phase` lines come every few seconds)
 STALL_HEARD_SECONDS = 15.0
+def _eval_interval(values: dict[str, Any]) -> dict[str, Any]:
+    """The framework's evaluation interval as steps only where it is steps. Lightning's
+    ``val_check_interval`` is a number of batches as an int and a share of an epoch as a
+    float (1.0, its default: once an epoch); the Trainer's ``eval_steps`` counts steps only
+    under ``eval_strategy="steps"``, and as a float below 1 is a share of the whole run."""
+    every = values.get("fw_eval_every")
+    if every is None or isinstance(every, bool):
+        return values
+    fw = values.get("framework")
+    out = dict(values)
+    if fw == "lightning" and isinstance(every, float):
+        out["fw_eval_fraction"], out["fw_eval_every"] = every, None
+    elif fw == "transformers" and (values.get("fw_eval_strategy", "steps") != "steps"
+                                   or (isinstance(every, float) and every < 1)):
+        out["fw_eval_every"] = None
+    return out
+
+
 # config keys a hook leaves out when there is none (a DataParallel dropped, FSDP gone)
 _ABSENT_IS_NONE = ("data_parallel_gpus", "fsdp_cpu_offload", "fsdp_version")
 # a second in which the GPU mostly idles (util under this) while its job's main process

@@ -54,6 +54,16 @@ KNOBS: dict[str, dict[str, str]] = {
         "transformers": "TrainingArguments(eval_steps={change})",
         "lightning": "Trainer(val_check_interval={change})",
     },
+    # Lightning's validation by a share of an epoch (a float val_check_interval), and by
+    # epochs
+    "eval_fraction": {
+        TORCH: "evaluate every {new} of an epoch",
+        "lightning": "Trainer(val_check_interval={change})",
+    },
+    "eval_epochs": {
+        TORCH: "evaluate every {change} epochs",
+        "lightning": "Trainer(check_val_every_n_epoch={change}, val_check_interval=1.0)",
+    },
     "eval_batches": {
         TORCH: "evaluate on {new} of the evaluation set",
         "transformers": "a part of the eval_dataset "

@@ -258,8 +258,14 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("fw_eval_batch_size", "config", "samples", "last", ("the framework's eval batch "
          "(per_device_eval_batch_size; Lightning: the val DataLoader's)"), False),
-        ("fw_eval_every", "config", "steps", "last", ("how often the framework evaluates "
-         "(eval_steps; Lightning: val_check_interval)"), False),
+        ("fw_eval_every", "config", "steps", "last", ("how often the framework evaluates, in "
+         "training steps (eval_steps with eval_strategy \"steps\"; Lightning: an int "
+         "val_check_interval)"), False),
+        ("fw_eval_fraction", "config", "ratio", "last", ("Lightning: a float "
+         "val_check_interval, the share of an epoch between validations (1.0: once an "
+         "epoch, its default)"), False),
+        ("fw_eval_epochs", "config", "count", "last", ("Lightning: check_val_every_n_epoch "
+         "(absent for validation by steps)"), False),
         ("fw_eval_batches", "config", "batches", "last", "Lightning's limit_val_batches", False),
         ("fw_eval_accum", "config", "count", "last", "TrainingArguments(eval_accumulation_steps)",
          False),
