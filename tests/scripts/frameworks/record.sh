@@ -249,3 +249,28 @@ if want two_jobs; then
     echo "two_jobs: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/fw_two_jobs.jsonl") lines"
   fi
 fi
+# 43. Lightning's own BoringModel demo with the Trainer's defaults (a Linear(32, 2) at the
+#     DataLoader's default batch of 1, epochs of 64 samples, validation and a checkpoint every
+#     epoch), for 40 s: on one GPU; 44. on every GPU (DDP)
+want lightning_boring && rec lightning_boring 120 python3 lightning_boring.py --devices 1 \
+  --seconds 40
+if want lightning_boring_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec lightning_boring_ddp 150 python3 lightning_boring.py --devices "$n" --seconds 40
+fi
+# 45. item 44 without the hook: the daemon started on its own (`gpuwatch run --record`, as a
+#     systemd service runs it) and the job started beside it, not under it
+if want lightning_boring_ddp_bare; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  t0=$SECONDS
+  (cd "$here" && {
+    python3 -m gpuwatch run --quiet --web.listen-address 127.0.0.1:0 \
+      --record "$out/fw_lightning_boring_ddp_bare.jsonl" & d=$!
+    sleep 5
+    timeout 150 python3 lightning_boring.py --devices "$n" --seconds 40 \
+      --out "$out/fw_lightning_boring_ddp_bare.truth.json"; rc=$?
+    sleep 5; kill -INT $d; wait $d; exit $rc
+  }) >"$out/fw_lightning_boring_ddp_bare.log" 2>&1
+  echo "lightning_boring_ddp_bare: rc=$? $((SECONDS - t0)) s," \
+    "$(wc -l <"$out/fw_lightning_boring_ddp_bare.jsonl") lines"
+fi
