@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_advise_support import DATA, advise_json, ids
+from test_advise_support import DATA, advise_json, ids, load, without_gpm, write
 
 WARNING_ONSET = 20.0
 EVAL_TOLERANCE = 0.15  # the hook's evaluation time against the callback's, relative
@@ -866,6 +866,21 @@ def test_ranks_hung_in_a_collective_are_told_from_the_gpu_alone(tmp_path, hook):
         assert {j["phase"] for j in report["jobs"]} == {"inference"}
     else:  # the host-time rules do not read the hang as training
         assert not {"raise-batch-size", "gpu-underused", "add-dataloader-workers"} & ids(report)
+
+
+@pytest.mark.parametrize("name", ["fw_hf_predict_ddp_hang", "fw_accel_clm_fsdp_hang"])
+def test_a_hang_is_seen_without_gpm_from_util_memory_and_power(tmp_path, name):
+    """An A100 or L4 has no SM or DRAM activity (GPM): the spin is util pinned at 100 %
+    with the memory controller idle and the board at under 30 % of its power limit.
+    GPU-bound runs at util near 100 % move memory and draw power: not read as a hang."""
+    report = advise_json(write(tmp_path / "nogpm.jsonl", without_gpm(load(name))))
+    spin = [a for a in report["advice"] if a["id"] == "gpu-spinning"
+            or (a["id"] == "training-stalled" and name == "fw_accel_clm_fsdp_hang")]
+    assert spin and all(a["evidence"].get("sm_active") is None for a in spin)
+    for busy in ("fw_accel_clm_bf16", "fw_hf_large_bf16", "fw_lightning_wide_bf16", "tuned",
+                 "near_oom"):
+        got = ids(advise_json(write(tmp_path / f"{busy}.jsonl", without_gpm(load(busy)))))
+        assert not HANG_RULES & got, (busy, got)
 
 
 def test_fsdp2_offload_is_seen_and_changed_in_fully_shards_words():
