@@ -161,6 +161,16 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # Trainer.predict under torchrun on 4 GPUs, each rank stopping on its own clock: rank
     # 1 left after its last round, the other three waited in its gather for 86 s at util
     # 100 % (SMs 0.8 % active, no memory traffic) until killed
+    # Lightning's own BoringModel demo with the Trainer's defaults (batch 1, an epoch of 64
+    # steps then a validation of 64 batches, five a second; a checkpoint each epoch): 25 %
+    # of the time validating, the GPU 0.0 % busy in its steps; on 1 GPU and on 4 (DDP)
+    "lightning_boring": ({"raise-batch-size"}, {"add-dataloader-workers", "gpu-underused",
+                                                "enable-mixed-precision"}),
+    "lightning_boring_ddp": ({"raise-batch-size"}, {"add-dataloader-workers", "straggler-rank",
+                                                    "gpu-underused"}),
+    # Trainer.predict under torchrun on 4 GPUs, the ranks agreeing when to stop: fp32
+    "hf_predict_ddp": ({"inference-in-fp32"}, {"raise-batch-size", "batch-inference-requests",
+                                               "enable-mixed-precision"}),
     "hf_predict_ddp_hang": ({"gpu-spinning", "inference-in-fp32"},
                             {"training-stalled", "raise-batch-size",
                              "batch-inference-requests"}),
@@ -189,9 +199,9 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_save": ({"slow-checkpointing"}, set()),
     "lightning_cnn_ckpt": ({"slow-checkpointing"}, set()),
     "accelerate_save": ({"slow-checkpointing"}, set()),
-    # rank 0 alone writing: the seconds its GPU idles while it writes, and the rank that
-    # holds the others back
-    "hf_save_ddp": ({"slow-checkpointing", "straggler-rank"}, {"add-dataloader-workers"}),
+    # rank 0 alone writing: the seconds its GPU idles while it writes (straggler-rank, which
+    # it makes of rank 0, gives way to the checkpoints' own advice)
+    "hf_save_ddp": ({"slow-checkpointing"}, {"add-dataloader-workers", "straggler-rank"}),
     "lightning_cnn_ckpt_ddp": ({"slow-checkpointing"}, {"add-dataloader-workers"}),
     # one process the main user of both GPUs: DataParallel's shape, said as a suspicion
     # (a model split across the GPUs has it too: the host-time advice stays beside it)
@@ -203,6 +213,7 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "accel_clm_fsdp_hang": ({"gpu-spinning"}, set()),
     "hf_predict_ddp_hang": ({"gpu-spinning"}, {"training-stalled"}),
     "two_jobs": ({"add-dataloader-workers", "raise-batch-size"}, set()),
+    "lightning_boring_ddp": ({"raise-batch-size"}, {"add-dataloader-workers"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -922,3 +933,36 @@ def test_two_jobs_under_one_daemon_each_get_their_own_gpu_and_advice():
     assert "add-dataloader-workers" in ids(report, 3)
     assert not {"use-bf16-not-fp16", "raise-batch-size"} & ids(report, 3)
     assert not ids(report, 0) and not ids(report, 2)
+
+
+def test_the_boring_model_trains_by_batches_of_one_between_validations_five_a_second():
+    """Lightning's BoringModel: an epoch of 64 steps, then a validation of 64 batches and a
+    checkpoint, five times a second. Each rank's steps are the callback's; the time splits
+    into training, evaluation and checkpoints as its clock says; the windows are judged as
+    training (the phase at a bucket's last instant flickers; the bucket's share does not),
+    and the batch of 1 is raised in Lightning's words."""
+    for name, gpus in (("lightning_boring", [0]), ("lightning_boring_ddp", [0, 1, 2, 3])):
+        report = advise_json(path_of(name))
+        t = truth(name)
+        assert sorted((j["gpu"], j["steps"]) for j in report["jobs"]) == [
+            (g, t["steps"]) for g in gpus]
+        for j in report["jobs"]:
+            # the hook's evaluation runs from the first validation batch asked for to the
+            # next training batch: Lightning's own work around each of its 238-462
+            # validations falls in it, outside the callback's on_validation_start/_end
+            assert t["eval_seconds"] <= j["phases"]["eval"] <= 1.4 * t["eval_seconds"]
+            assert j["phases"]["checkpoint"] > 0 and j["phases"]["train"] > 20
+        batch = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
+        assert sorted(a["gpu"] for a in batch) == gpus
+        assert "the training DataLoader(batch_size=1 → " in batch[0]["action"]
+
+
+def test_a_daemon_started_on_its_own_judges_a_job_beside_it():
+    """The daemon as a service (no `gpuwatch run --`): Lightning DDP started beside it has
+    no hook, and its four ranks are found from the GPUs' processes and their environment;
+    the same advice as the run under the hook with its lines taken out."""
+    report = advise_json(path_of("lightning_boring_ddp_bare"))
+    assert not report["hook"]["steps"] and not report["hook"]["config"]
+    assert sorted((j["gpu"], j["rank"]) for j in report["jobs"]) == [(g, g) for g in range(4)]
+    assert ids(report) == {"raise-batch-size"}
+    assert sorted(a["gpu"] for a in report["advice"]) == [0, 1, 2, 3]

@@ -39,7 +39,7 @@ ATTRIBUTION_LAST_SECONDS = 15.0
 _PARTIAL_OK = frozenset({"delta", "increase", "rate", "last", "count"})
 # a training rule is judged only while its window is mostly training time (the rest:
 # evaluation, checkpoints, compiling, which the hook's phases tell apart)
-TRAIN_SHARE = 0.75
+TRAIN_SHARE = 0.6
 _TABLE_OF = {name: d.table for name, d in VOCABULARY.items()}
 
 
@@ -519,9 +519,13 @@ class Engine:
                 subj, end, round(self._train_window / self.res))
         now = owner.phase
         if phase == "train":
-            if now != "train":
-                return False
             ring = owner.phase_table.rings.get("phase_train")
+            # the newest bucket mostly training: not the phase at its last instant, which
+            # flickers where validation runs every fraction of a second (Lightning's
+            # BoringModel: an epoch of 64 steps and a validation of 64 batches, 5 a second)
+            newest = ring.mean(end, 1) if ring is not None else None
+            if (now != "train") if newest is None else newest < 0.5:
+                return False
             n = max(1, round(self._train_window / self.res))
             warm = frame.train_start(subj)
             if warm is not None:  # windows start at the first step: so does this share
