@@ -308,7 +308,7 @@ def test_the_same_advice_on_several_gpus_is_one_block():
     heads = [ln for ln in text.splitlines() if re.match(r"^\d+\. \[", ln)]
     assert len(heads) == blocks == 2
     assert heads[1] == "2. [INFO] use-fused-optimizer on GPUs 0, 1, 2, 3, confidence 0.60"
-    order = [a["gpu"] for a in batch]
+    order = sorted(a["gpu"] for a in batch)
     assert heads[0].startswith(f"1. [WARNING] raise-batch-size on GPUs {', '.join(map(str, order))},")
     flat = " ".join(text.split())
     assert f"{n} pieces of advice ({blocks} blocks: the same on several GPUs is one)" in flat
@@ -316,8 +316,8 @@ def test_the_same_advice_on_several_gpus_is_one_block():
     util = [a["evidence"]["util"] for a in batch]
     lo, hi = evidence_value("util", min(util)), evidence_value("util", max(util))
     assert lo != hi
-    assert (f"The figures above are GPU {order[0]}'s; over GPUs {', '.join(map(str, order))}:"
-            in flat)
+    assert (f"The figures above are GPU {batch[0]['gpu']}'s; over GPUs "
+            f"{', '.join(map(str, order))}:" in flat)
     assert f"util {lo} to {hi}" in flat
     # an entry that reads alike on every GPU is not repeated as a range
     assert "batch 64 to" not in flat and "ranks 4 to" not in flat

@@ -721,7 +721,8 @@ def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int
     out = []
     for (lead, gpus), group in zip(blocks, members, strict=True):
         spread = _spread(group)
-        out.append((dict(lead, spread=spread) if spread else lead, gpus))
+        shown = sorted(gpus) if None not in gpus else gpus  # named in order; led by its first
+        out.append((dict(lead, spread=spread) if spread else lead, shown))
     return out
 
 
@@ -756,7 +757,7 @@ def _spread_text(a: dict[str, Any], gpus: list[int | None]) -> str | None:
     if not spread:
         return None
     ranges = ", ".join(f"{label} {text}" for label, text in spread)
-    return (f"The figures above are GPU {gpus[0]}'s; over GPUs "
+    return (f"The figures above are GPU {a.get('gpu')}'s; over GPUs "
             f"{', '.join(str(g) for g in gpus)}: {ranges}.")
 
 
