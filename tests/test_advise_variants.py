@@ -170,6 +170,19 @@ def test_normal_loss_scale_calibration_is_not_a_collapse(tmp_path):
                                                                             scale)))
 
 
+@pytest.mark.parametrize("k", [3, 10])
+def test_calibration_at_slow_steps_is_not_a_collapse(tmp_path, k):
+    """TrainingArguments(fp16=True) on 4 H100s, its steps made k times slower: GradScaler
+    skips its first two steps while the scale halves from 65536 to 16384, as at any speed.
+    At 200 ms and more a step those two are over a tenth of the first 30 s; they are the
+    calibration (skips before the first step it did not skip), not a collapse. Real
+    collapses, slowed the same, still are."""
+    got = ids(judge(tmp_path, stretched(load("fw_hf_fp16_ddp"), k)))
+    assert "loss-scale-collapse" not in got and "use-bf16-not-fp16" in got
+    for name in ("gpu_fp16_overflow", "h200_fp16_collapse"):
+        assert "loss-scale-collapse" in ids(judge(tmp_path, stretched(load(name), k))), name
+
+
 def test_memory_held_by_another_process_is_not_checkpointing_advice(tmp_path):
     def small_job(d):
         if d["kind"] == "step":

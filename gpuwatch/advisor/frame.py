@@ -159,6 +159,10 @@ class Subject:
         self.facts: dict[str, Any] = {}
         self.pids: set[int] = set()
         self.prev_loss_scale: float | None = None
+        # GradScaler's calibration is over: a step it did not skip, at a known scale. The
+        # skips before it (the scale halving from 65536 until the gradients fit fp16, two
+        # to a few steps) are not counted as skipped steps
+        self.scale_settled = False
         self.proc_pids: set[int] = set()
         # the job the hook reports for this GPU: its pid and rank; its attribution's clock
         # starts when its first step ends (job_warm), not at process start
@@ -589,13 +593,17 @@ class Frame:
         scale = get("loss_scale")
         skipped = get("skipped")
         fell = False
+        had = subj.prev_loss_scale is not None
         if scale is not None:
             scale = float(scale)
             acc.add("loss_scale", scale)
-            fell = subj.prev_loss_scale is not None and scale < subj.prev_loss_scale
+            fell = had and scale < subj.prev_loss_scale
             subj.prev_loss_scale = scale
-        if skipped is not None or scale is not None:
-            acc.add("_skip", 1.0 if (skipped or fell) else 0.0)
+        if subj.scale_settled:
+            if skipped is not None or scale is not None:
+                acc.add("_skip", 1.0 if (skipped or fell) else 0.0)
+        elif scale is not None and not skipped and not fell and (skipped is False or had):
+            subj.scale_settled = True  # (a hook that sends no skip flags: the scale held)
         self._activations(acc, get("batch_size"), get("mem_allocated_bytes"),
                           get("max_mem_allocated_bytes"), micro)
 
@@ -666,7 +674,11 @@ class Frame:
             acc.add("loss_scale", scale)
             fell = subj.prev_loss_scale is not None and scale < subj.prev_loss_scale
             subj.prev_loss_scale = scale
-        if skipped is not None:
+        if not subj.scale_settled:
+            # a line that holds a step not skipped ends the calibration; its skips are
+            # the calibration's
+            subj.scale_settled = scale is not None and skipped is not None and skipped < n
+        elif skipped is not None:
             acc.add_n("_skip", float(skipped), n)
         elif scale is not None:
             acc.add("_skip", 1.0 if fell else 0.0)
