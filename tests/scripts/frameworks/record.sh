@@ -16,6 +16,20 @@ rec() {  # name, seconds allowed, then the command
       --out "$out/fw_$name.truth.json") >"$out/fw_$name.log" 2>&1
   echo "$name: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/fw_$name.jsonl") lines"
 }
+# the same without the hook: the daemon started on its own (`gpuwatch run --record`, as a
+# systemd service runs it) and the job started beside it, not under it
+rec_bare() {  # name, seconds allowed, then the command
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  (cd "$here" && {
+    python3 -m gpuwatch run --quiet --web.listen-address 127.0.0.1:0 \
+      --record "$out/fw_$name.jsonl" & d=$!
+    sleep 5
+    timeout "$limit" "$@" --out "$out/fw_$name.truth.json"; rc=$?
+    sleep 5; kill -INT $d; wait $d; exit $rc
+  }) >"$out/fw_$name.log" 2>&1
+  echo "$name: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/fw_$name.jsonl") lines"
+}
 want() { [ "$what" = all ] || [[ " $what " == *" $1 "* ]]; }
 bert="--hidden 768 --layers 12 --seq 128"
 # 1. the Trainer evaluating every 20 steps at per_device_eval_batch_size=8: ~70 % of the time
@@ -258,19 +272,15 @@ if want lightning_boring_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
   rec lightning_boring_ddp 150 python3 lightning_boring.py --devices "$n" --seconds 40
 fi
-# 45. item 44 without the hook: the daemon started on its own (`gpuwatch run --record`, as a
-#     systemd service runs it) and the job started beside it, not under it
+# 45. item 44 without the hook (rec_bare: the daemon on its own, the job beside it)
 if want lightning_boring_ddp_bare; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
-  t0=$SECONDS
-  (cd "$here" && {
-    python3 -m gpuwatch run --quiet --web.listen-address 127.0.0.1:0 \
-      --record "$out/fw_lightning_boring_ddp_bare.jsonl" & d=$!
-    sleep 5
-    timeout 150 python3 lightning_boring.py --devices "$n" --seconds 40 \
-      --out "$out/fw_lightning_boring_ddp_bare.truth.json"; rc=$?
-    sleep 5; kill -INT $d; wait $d; exit $rc
-  }) >"$out/fw_lightning_boring_ddp_bare.log" 2>&1
-  echo "lightning_boring_ddp_bare: rc=$? $((SECONDS - t0)) s," \
-    "$(wc -l <"$out/fw_lightning_boring_ddp_bare.jsonl") lines"
+  rec_bare lightning_boring_ddp_bare 150 python3 lightning_boring.py --devices "$n" --seconds 40
+fi
+# 46. item 40b without the hook: Trainer.predict's ranks hanging in a gather, seen by a
+#     daemon that never heard from the job
+if want hf_predict_ddp_hang_bare; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec_bare hf_predict_ddp_hang_bare 150 torchrun --standalone --nproc_per_node "$n" \
+    hf_textcls.py --batch 16 --workers 2 --predict --seconds 40 --stop-each-rank
 fi
