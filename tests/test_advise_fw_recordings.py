@@ -171,6 +171,14 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # Trainer.predict under torchrun on 4 GPUs, the ranks agreeing when to stop: fp32
     "hf_predict_ddp": ({"inference-in-fp32"}, {"raise-batch-size", "batch-inference-requests",
                                                "enable-mixed-precision"}),
+    # FSDP1 with cpu_offload=True again, on 4 H100s with this hook: each rank's GPU named
+    # from its loss (the parameters are on the CPU)
+    "accel_clm_fsdp_offload4": ({"disable-fsdp-cpu-offload"},
+                                {"raise-batch-size", "gpu-underused",
+                                 "reduce-launch-overhead"}),
+    # the predict hang again with the daemon started on its own and no hook: this time
+    # rank 0 alone waited (the three others had left) for 85 s
+    "hf_predict_ddp_hang_bare": ({"gpu-spinning"}, {"training-stalled", "raise-batch-size"}),
     "hf_predict_ddp_hang": ({"gpu-spinning", "inference-in-fp32"},
                             {"training-stalled", "raise-batch-size",
                              "batch-inference-requests"}),
@@ -266,7 +274,7 @@ def test_gets_its_advice_and_not_the_wrong_one(name):
     got = ids(report)
     assert must <= got, (must, got)
     assert not must_not & got, (must_not, got)
-    if not name.endswith("_hang"):
+    if "_hang" not in name:
         assert not HANG_RULES & got, got
     starts = first_step_end(path)
     for a in report["advice"]:
@@ -546,7 +554,7 @@ def test_without_the_hook_gets_what_nvml_and_psutil_show(tmp_path, name):
     got = ids(advise_json(without_hook(path_of(name), tmp_path)))
     assert must <= got, (must, got)
     assert not must_not & got, (must_not, got)
-    if not name.endswith("_hang"):
+    if "_hang" not in name:
         assert not HANG_RULES & got, got
 
 
@@ -915,6 +923,11 @@ def test_fsdp2_offload_is_seen_and_changed_in_fully_shards_words():
     assert sorted(a["gpu"] for a in off) == [0, 1, 2, 3]
     assert "FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=False)" in off[0]["action"]
     assert "without offload_policy=CPUOffloadPolicy()" in off[0]["action"]
+    # FSDP1 offloaded on the same host: the same GPUs named, version 1
+    four = [d for d in lines(path_of("accel_clm_fsdp_offload4"))
+            if d.get("kind") == "config" and d.get("fsdp_cpu_offload") and d["in_training"]]
+    assert {d["fsdp_version"] for d in four} == {1}
+    assert {d["device"] for d in four} == {f"cuda:{r}" for r in range(4)}
     # FSDP2 without offload: nothing read as offloaded
     plain = [d for d in lines(path_of("accel_clm_fsdp2")) if d.get("kind") == "config"]
     assert not any("fsdp_cpu_offload" in d or "fsdp_version" in d for d in plain)
@@ -979,3 +992,13 @@ def test_a_job_ending_while_its_loader_workers_are_joined_is_not_stalled(tmp_pat
     lines = stretched(load("fw_timm_fp16"), 3)
     got = ids(advise_json(write(tmp_path / "slow.jsonl", lines)))
     assert not HANG_RULES & got and "use-bf16-not-fp16" in got
+
+
+def test_a_hang_seen_by_a_daemon_that_never_heard_from_the_job():
+    """The predict hang with the daemon started on its own (no hook): the rank left waiting
+    is told, the ranks that left are not."""
+    report = advise_json(path_of("hf_predict_ddp_hang_bare"))
+    assert not report["hook"]["steps"] and not report["hook"]["config"]
+    spin = [a for a in report["advice"] if a["id"] == "gpu-spinning"]
+    assert [a["gpu"] for a in spin] == [0]
+    assert spin[0]["evidence"]["util_min"] >= 0.98 and spin[0]["evidence"]["dram_active"] <= 0.01
