@@ -4,6 +4,8 @@ job that went on to evaluate, or whose hook fell silent, is not stalled."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from test_advise_support import one_gpu_second
 
@@ -124,3 +126,41 @@ def test_slow_steps_keep_their_windows_and_their_whole_run(step):
     span = e.frame.subjects[0].span.total()
     assert span.wall >= 0.9 * span.step_total
     assert not stalled(e)
+
+
+def _with_trees(mine: Callable[[int], int], other: Callable[[int], int]) -> Engine:
+    """The idle stall of ``run`` with the host's process trees each second: this GPU's job
+    (pid 7, ``mine(i)`` processes: its main and its DataLoader workers) and a CPU-only
+    neighbour (pid 200, ``other(i)``)."""
+    e = Engine(load_rules())
+    for i in range(150):
+        training = i < 30
+        one_gpu_second(e, T0 + i, 0.9 if training else 0.0, 0.8 if training else 0.0, 20,
+                       training)
+        tree = {"name": "python3", "user": "u", "cpu_cores": 0.1, "main_cpu_cores": 0.1,
+                "workers_cpu_cores": 0.0, "rss_bytes": 1 << 30}
+        e.feed({"kind": "host", "t": T0 + i + 0.2, "cpu_util": 0.1, "load1": 1.0,
+                "mem_used_bytes": 1 << 34, "mem_total_bytes": 1 << 37,
+                "job_processes": mine(i) + other(i),
+                "jobs": [dict(tree, pid=7, processes=mine(i), gpus=[0]),
+                         dict(tree, pid=200, processes=other(i), gpus=[])]})
+        if i % 5 == 0:
+            e.feed({"kind": "phase", "t": T0 + i + 0.5, "pid": 7, "gpu": 0, "phase": "train",
+                    "seconds": {"train": float(min(i, 30))}})
+    e.finish()
+    return e
+
+
+def test_another_jobs_processes_coming_and_going_do_not_hide_a_stall():
+    """A CPU-only job beside it whose workers start and stop every 10 s: this job's own
+    tree holds still, so its stall is told as without the neighbour."""
+    steady = stalled(_with_trees(lambda i: 5, lambda i: 5))
+    cycling = stalled(_with_trees(lambda i: 5, lambda i: 5 if (i // 10) % 2 == 0 else 1))
+    assert len(steady) == len(cycling) == 1
+    assert cycling[0].start == steady[0].start and cycling[0].active
+
+
+def test_a_job_whose_loader_workers_exit_one_by_one_is_ending_not_stalled():
+    """Its own DataLoader workers joined one by one, 15 s each (a loop that left a loader
+    with six workers running, slowed 3x), the GPU idle: no stall."""
+    assert not stalled(_with_trees(lambda i: 7 - max(0, min(6, (i - 30) // 15)), lambda i: 5))

@@ -241,7 +241,11 @@ def test_the_compute_device_is_the_losss_where_the_parameters_stay_on_the_host(
         attached: hook._Hook) -> None:
     """With FSDP's CPU offload the optimizer's parameters live on the CPU while the steps
     run on a GPU: the hook names the GPU the loss was computed on (its memory and its GPU
-    follow). The meta device stands in for the accelerator a CPU machine lacks."""
+    follow). A machine without CUDA has no CUDA tensor: the loss here is an object that
+    names one, as a CUDA tensor's .device does; a loss on another device (meta) is not
+    taken for the GPU."""
+    import types
+
     w = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([w], lr=0.1)
     attached.primary = weakref.ref(opt)
@@ -249,9 +253,11 @@ def test_the_compute_device_is_the_losss_where_the_parameters_stay_on_the_host(
     attached.loss_of = (0, (w * 2).sum())
     assert attached._device().type == "cpu"
     attached.loss_of = (1, torch.empty((), device="meta"))
-    assert attached._device().type == "meta"
+    assert attached._device().type == "cpu"
+    attached.loss_of = (2, types.SimpleNamespace(device=torch.device("cuda", 1)))
+    assert attached._device() == torch.device("cuda", 1)
     attached.loss_of = None  # read once by the reporter: the device is kept
-    assert attached._device().type == "meta"
+    assert attached._device() == torch.device("cuda", 1)
 
 
 def test_new_window_and_step_fields_round_trip_and_are_validated() -> None:

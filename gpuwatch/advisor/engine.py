@@ -520,12 +520,14 @@ class Engine:
         now = owner.phase
         if phase == "train":
             ring = owner.phase_table.rings.get("phase_train")
-            # the newest bucket mostly training: not the phase at its last instant, which
+            # training now, or the newest closed bucket (the one before this: its share is
+            # written when it closes) mostly training: the phase at a bucket's last instant
             # flickers where validation runs every fraction of a second (Lightning's
             # BoringModel: an epoch of 64 steps and a validation of 64 batches, 5 a second)
-            newest = ring.mean(end, 1) if ring is not None else None
-            if (now != "train") if newest is None else newest < 0.5:
-                return False
+            if now != "train":
+                newest = ring.mean(end - 1, 1) if ring is not None else None
+                if newest is None or newest < 0.5:
+                    return False
             n = max(1, round(self._train_window / self.res))
             warm = frame.train_start(subj)
             if warm is not None:  # windows start at the first step: so does this share

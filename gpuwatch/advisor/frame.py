@@ -159,10 +159,11 @@ class Subject:
         self.facts: dict[str, Any] = {}
         self.pids: set[int] = set()
         self.prev_loss_scale: float | None = None
-        # GradScaler's calibration is over: a step it did not skip, at a known scale. The
-        # skips before it (the scale halving from 65536 until the gradients fit fp16, two
-        # to a few steps) are not counted as skipped steps
+        # GradScaler's calibration is over: a step it did not skip, at a known scale, or
+        # CALIBRATION_SKIPS skips. The skips before it (the scale halving from 65536 until
+        # the gradients fit fp16, two to a few steps) are not counted as skipped steps
         self.scale_settled = False
+        self.calibration_skips = 0
         self.proc_pids: set[int] = set()
         # the job the hook reports for this GPU: its pid and rank; its attribution's clock
         # starts when its first step ends (job_warm), not at process start
@@ -219,6 +220,12 @@ class Subject:
         self.nontrain_t0 = 0.0
         self.nontrain_t1 = 0.0
         self.micro_n = 0.0
+
+    def new_scaler(self) -> None:
+        """A new job's steps on this GPU: its GradScaler calibrates anew."""
+        self.prev_loss_scale = None
+        self.scale_settled = False
+        self.calibration_skips = 0
 
 
 class Frame:
@@ -537,6 +544,8 @@ class Frame:
         self.hook_steps = True
         pid, rank = get("pid"), get("rank")
         if pid is not None:
+            if subj.job_pid != pid:
+                subj.new_scaler()  # another job on this GPU: its own GradScaler
             subj.job_pid = pid
             if self.job_of_pid.get(pid) is not subj:
                 self.job_of_pid[pid] = subj
@@ -599,11 +608,15 @@ class Frame:
             acc.add("loss_scale", scale)
             fell = had and scale < subj.prev_loss_scale
             subj.prev_loss_scale = scale
-        if subj.scale_settled:
-            if skipped is not None or scale is not None:
-                acc.add("_skip", 1.0 if (skipped or fell) else 0.0)
-        elif scale is not None and not skipped and not fell and (skipped is False or had):
-            subj.scale_settled = True  # (a hook that sends no skip flags: the scale held)
+        if not subj.scale_settled:
+            if skipped or fell:
+                subj.calibration_skips += 1
+                # skips on and on from the first step: no calibration, a collapse
+                subj.scale_settled = subj.calibration_skips > CALIBRATION_SKIPS
+            elif scale is not None and (skipped is False or had):
+                subj.scale_settled = True  # (a hook without skip flags: the scale held)
+        if subj.scale_settled and (skipped is not None or scale is not None):
+            acc.add("_skip", 1.0 if (skipped or fell) else 0.0)
         self._activations(acc, get("batch_size"), get("mem_allocated_bytes"),
                           get("max_mem_allocated_bytes"), micro)
 
@@ -619,6 +632,8 @@ class Frame:
         self.hook_steps = True
         pid, rank = get("pid"), get("rank")
         if pid is not None:
+            if subj.job_pid != pid:
+                subj.new_scaler()
             subj.job_pid = pid
             if self.job_of_pid.get(pid) is not subj:
                 self.job_of_pid[pid] = subj
@@ -675,9 +690,11 @@ class Frame:
             fell = subj.prev_loss_scale is not None and scale < subj.prev_loss_scale
             subj.prev_loss_scale = scale
         if not subj.scale_settled:
-            # a line that holds a step not skipped ends the calibration; its skips are
-            # the calibration's
-            subj.scale_settled = scale is not None and skipped is not None and skipped < n
+            # a line that holds a step not skipped ends the calibration (its skips are the
+            # calibration's), as do more than CALIBRATION_SKIPS skips
+            subj.calibration_skips += int(skipped or 0)
+            subj.scale_settled = (scale is not None and skipped is not None and skipped < n) \
+                or subj.calibration_skips > CALIBRATION_SKIPS
         elif skipped is not None:
             acc.add_n("_skip", float(skipped), n)
         elif scale is not None:
@@ -1513,11 +1530,14 @@ def _eval_interval(values: dict[str, Any]) -> dict[str, Any]:
     ``val_check_interval`` is a number of batches as an int and a share of an epoch as a
     float (1.0, its default: once an epoch); the Trainer's ``eval_steps`` counts steps only
     under ``eval_strategy="steps"``, and as a float below 1 is a share of the whole run."""
-    every = values.get("fw_eval_every")
-    if every is None or isinstance(every, bool):
+    if "fw_eval_every" not in values:
         return values
-    fw = values.get("framework")
+    every = values.get("fw_eval_every")
     out = dict(values)
+    out.setdefault("fw_eval_fraction", None)  # not a share of an epoch unless below
+    if every is None or isinstance(every, bool):
+        return out
+    fw = values.get("framework")
     if fw == "lightning" and isinstance(every, float):
         out["fw_eval_fraction"], out["fw_eval_every"] = every, None
     elif fw == "transformers" and (values.get("fw_eval_strategy", "steps") != "steps"
@@ -1526,6 +1546,9 @@ def _eval_interval(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# GradScaler's calibration at the start: at most this many skipped steps (it halves its
+# scale from 65536 until the gradients fit fp16: a few halvings, never this many in a row)
+CALIBRATION_SKIPS = 8
 # config keys a hook leaves out when there is none (a DataParallel dropped, FSDP gone)
 _ABSENT_IS_NONE = ("data_parallel_gpus", "fsdp_cpu_offload", "fsdp_version")
 # a second in which the GPU mostly idles (util under this) while its job's main process

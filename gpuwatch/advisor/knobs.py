@@ -111,7 +111,8 @@ KNOBS: dict[str, dict[str, str]] = {
                "default OffloadPolicy() keeps them on the GPU)",
         "accelerate": "FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload={new}) "
                       "(accelerate config: fsdp_offload_params: false)",
-        "transformers": "fsdp_config's offload_params={new} (fsdp_version 2)",
+        "transformers": 'TrainingArguments(fsdp=...) without "offload" (fsdp_config '
+                        "fsdp_version 2)",
         "lightning": "fully_shard(...) in configure_model without "
                      "offload_policy=CPUOffloadPolicy() (ModelParallelStrategy)",
     },

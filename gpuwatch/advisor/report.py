@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import textwrap
 import time
@@ -692,6 +693,8 @@ _SHOWN = ("id", "severity", "active", "instance", "title", "message", "action",
 # each busy 21-22 % of its steps) to be one block: the same change, said with one GPU's
 # figures and the evidence's range over all of them
 _SAME_CHANGE = ("id", "severity", "active", "instance", "title", "action", "hook_would_add")
+# the figures of a message, left out where two messages are compared for their words
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int | None]]]:
@@ -708,7 +711,8 @@ def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int
         key = json.dumps([a.get(k) for k in _SHOWN]
                          + [f"{a.get('confidence', 0):.2f}", _evidence_text(ev)], default=str)
         change = json.dumps([a.get(k) for k in _SAME_CHANGE]
-                            + [f"{a.get('confidence', 0):.2f}", sorted(ev)], default=str)
+                            + [f"{a.get('confidence', 0):.2f}", sorted(ev),
+                               _NUMBER.sub("#", a.get("message") or "")], default=str)
         i = seen.get(key, alike.get(change))
         if i is not None and a.get("gpu") is not None and blocks[i][1][0] is not None:
             blocks[i][1].append(a["gpu"])
@@ -731,10 +735,15 @@ def _spread(group: list[dict[str, Any]]) -> list[tuple[str, str]]:
     one block: numbers as lowest-highest, anything else as its values in turn."""
     if len(group) < 2:
         return []
+    out = []
+    gains = [a.get("expected_gain") for a in group]
+    if all(isinstance(g, (int, float)) for g in gains) and len(
+            {evidence_value("expected_gain", g) for g in gains}) > 1:
+        out.append(("expected gain", f"{evidence_value('expected_gain', min(gains))} to "
+                                     f"{evidence_value('expected_gain', max(gains))}"))
     evs = [a.get("evidence") or {} for a in group]
     lead = evs[0]
     labels = dict(zip(lead, (label for label, _ in evidence_items(lead)), strict=True))
-    out = []
     for k in lead:
         values = [ev.get(k) for ev in evs]
         shown = [evidence_value(k, v) for v in values]

@@ -869,12 +869,12 @@ class _Hook:
         return self.device
 
     def _loss_device(self) -> Any:
-        """The accelerator the last loss backward() ran from was computed on (None before
-        one, or where it was on the CPU); kept once seen."""
+        """The GPU the last loss backward() ran from was computed on (None before one, or
+        where it was not on a GPU); kept once seen."""
         if self.compute_device is None:
             for held in (self.loss_taken, self.loss_of):
                 dev = getattr(held[1], "device", None) if held is not None else None
-                if dev is not None and dev.type != "cpu":
+                if getattr(dev, "type", None) == "cuda":
                     self.compute_device = dev
                     break
         return self.compute_device
