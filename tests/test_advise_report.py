@@ -326,3 +326,20 @@ def test_the_same_advice_on_several_gpus_is_one_block():
     md = advise(path, "markdown")
     assert md.count("### ") == blocks
     assert "`use-fused-optimizer` (info, GPUs 0, 1, 2, 3, confidence 0.60)" in md
+
+
+def test_blocks_join_only_words_that_match_and_give_the_gains_range():
+    """Two ranks told to raise the batch for different reasons (one "too little work", the
+    other kept waiting by its main process) keep their own blocks; four ranks told the
+    same with gains of 6.4x to 7.2x are one block whose line gives that range."""
+    hang = advise(DATA / "fw_accel_clm_fsdp_hang.jsonl", "text")
+    heads = [ln for ln in hang.splitlines() if re.match(r"^\d+\. \[", ln)]
+    assert sum("raise-batch-size on GPU " in h for h in heads) == 2
+    rep = json.loads(advise(DATA / "fw_accel_clm_fsdp2_offload.jsonl", "json"))
+    from gpuwatch.advisor.report import evidence_value
+
+    gains = [a["expected_gain"] for a in rep["advice"] if a["id"] == "disable-fsdp-cpu-offload"]
+    lo, hi = (evidence_value("expected_gain", g) for g in (min(gains), max(gains)))
+    assert lo != hi
+    flat = " ".join(advise(DATA / "fw_accel_clm_fsdp2_offload.jsonl", "text").split())
+    assert f"expected gain {lo} to {hi}" in flat

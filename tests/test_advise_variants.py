@@ -181,6 +181,35 @@ def test_calibration_at_slow_steps_is_not_a_collapse(tmp_path, k):
     assert "loss-scale-collapse" not in got and "use-bf16-not-fp16" in got
     for name in ("gpu_fp16_overflow", "h200_fp16_collapse"):
         assert "loss-scale-collapse" in ids(judge(tmp_path, stretched(load(name), k))), name
+        if k == 3:  # as recorded: skipping from the first step on is no calibration, and
+            # after 8 skips they count (the message once read "0 % of recent steps skipped")
+            (a,) = [a for a in judge(tmp_path, load(name))["advice"]
+                    if a["id"] == "loss-scale-collapse"]
+            assert a["evidence"]["skipped_ratio"] >= 0.3, name
+
+
+def test_each_job_on_a_gpu_calibrates_its_own_scaler(tmp_path):
+    """Two fp16 jobs one after the other on one GPU, each skipping its first three steps
+    while GradScaler calibrates: neither's calibration counts as skipped steps."""
+    from gpuwatch.advisor.engine import Engine
+    from gpuwatch.advisor.rules import load_rules
+
+    e = Engine(load_rules())
+    t0 = 1_800_000_000.0
+    for job, start in ((11, 0), (12, 60)):
+        for i in range(50):
+            t = t0 + start + i * 0.5
+            e.feed({"kind": "gpu", "t": t, "gpu": 0, "util": 0.9, "sm_active": 0.7,
+                    "mem_used_bytes": 20 << 30, "mem_total_bytes": 80 << 30,
+                    "processes": [{"pid": job, "mem_used_bytes": 20 << 30}]})
+            e.feed({"kind": "step", "t": t + 0.2, "pid": job, "gpu": 0, "step": i,
+                    "step_seconds": 0.5, "data_wait_seconds": 0.0, "skipped": i < 3,
+                    "loss_scale": 65536.0 / 2 ** min(i + 1, 3)})
+    e.finish()
+    assert not [f for f in e.findings if f.rule.id == "loss-scale-collapse"]
+    # the frame's count: every step after each calibration, none skipped
+    job = e.frame.subjects[0].job
+    assert job.rings["skipped_ratio"].mean(e.frame.idx, 200) == 0.0
 
 
 def test_memory_held_by_another_process_is_not_checkpointing_advice(tmp_path):
