@@ -91,8 +91,8 @@ def test_evaluation_is_its_own_phase_and_gets_its_own_advice(tmp_path):
      "val_check_interval=1 → "),
     # a share of an epoch, raised while it stays within one
     ({"framework": "lightning", "fw_eval_every": 0.02, "fw_eval_epochs": 1},
-     lambda f: f"Trainer(val_check_interval=0.02 → {round(0.02 * f, 2):.3g}) (in torch: "
-               f"evaluate every {round(0.02 * f, 2):.3g} of an epoch)",
+     lambda f: f"Trainer(val_check_interval=0.02 → {round(0.02 * f, 4):.3g}) (in torch: "
+               f"evaluate every {round(0.02 * f, 4):.3g} of an epoch)",
      "check_val_every_n_epoch"),
     # validation by steps (check_val_every_n_epoch=None)
     ({"framework": "lightning", "fw_eval_every": 20, "fw_eval_epochs": None},

@@ -260,6 +260,12 @@ def test_lightnings_rank_zero_and_the_ranks_it_started_are_one_launch() -> None:
     try:
         assert proc.stdout is not None
         kids = [int(x) for x in proc.stdout.readline().split()]
+        # a child started with env= has its parent's environment until it has exec'd (on
+        # a loaded machine, a while after its pid is known): wait for its own
+        deadline = time.time() + 20
+        while time.time() < deadline and not all(
+                b"LOCAL_RANK=" in Path(f"/proc/{k}/environ").read_bytes() for k in kids):
+            time.sleep(0.05)
         on = {proc.pid: (0,), kids[0]: (1,), kids[1]: (2,)}
         host = HostSampler()
         jobs = {j.pid: j for j in host.sample(time.time(), on, mains=on).jobs}
