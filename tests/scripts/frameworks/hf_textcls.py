@@ -46,6 +46,8 @@ p.add_argument("--samples", type=int, default=200_000)
 p.add_argument("--predict", action="store_true", help="Trainer.predict, no training")
 p.add_argument("--save-every", type=int, default=0,
                help="save_strategy='steps' with this save_steps (0: save_strategy='no')")
+p.add_argument("--grad-ckpt", action="store_true",
+               help="TrainingArguments(gradient_checkpointing=True)")
 p.add_argument("--lora", type=int, default=0,
                help="LoRA of this rank on the attention's query and value (peft), the rest "
                     "frozen")
@@ -109,6 +111,7 @@ args = TrainingArguments(
     output_dir=tempfile.mkdtemp(prefix="ckpt-", dir="."), per_device_train_batch_size=a.batch,
     per_device_eval_batch_size=a.batch, gradient_accumulation_steps=a.accum,
     dataloader_num_workers=a.workers, fp16=a.fp16, bf16=a.bf16, max_steps=10**7,
+    gradient_checkpointing=a.grad_ckpt,
     learning_rate=3e-5, logging_steps=100, report_to=[], disable_tqdm=True,
     **({"save_strategy": "steps", "save_steps": a.save_every, "save_total_limit": 2}
        if a.save_every else {"save_strategy": "no"}))

@@ -33,6 +33,10 @@ p.add_argument("--bf16", action="store_true")
 p.add_argument("--tf32-arg", action="store_true", help="TrainingArguments(tf32=True)")
 p.add_argument("--compile", action="store_true")
 p.add_argument("--grad-ckpt", action="store_true")
+p.add_argument("--eval-epoch", action="store_true",
+               help='eval_strategy="epoch" (eval_steps left as --eval-every, unused)')
+p.add_argument("--train-samples", type=int, default=None,
+               help="samples an epoch (default: steps x batch x accum, one epoch)")
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--seconds", type=float, default=None,
                help="stop training after this long (the Trainer stops at a step's end)")
@@ -97,12 +101,13 @@ args = TrainingArguments(
     output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hf-{os.getpid()}"),
     max_steps=a.steps, per_device_train_batch_size=a.batch,
     gradient_accumulation_steps=a.accum, per_device_eval_batch_size=a.eval_batch,
-    eval_strategy="steps", eval_steps=a.eval_every, logging_steps=1000, save_strategy="no",
+    eval_strategy="epoch" if a.eval_epoch else "steps", eval_steps=a.eval_every, logging_steps=1000, save_strategy="no",
     report_to=[], learning_rate=1e-4, dataloader_num_workers=a.workers,
     use_cpu=not torch.cuda.is_available(), bf16=a.bf16, torch_compile=a.compile,
     tf32=True if a.tf32_arg else None,
     gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0)
-trainer = Trainer(model=model, args=args, train_dataset=Tokens(a.steps * a.batch * a.accum),
+trainer = Trainer(model=model, args=args,
+                  train_dataset=Tokens(a.train_samples or a.steps * a.batch * a.accum),
                   eval_dataset=Tokens(a.eval_samples), callbacks=[Clock()])
 trainer.train()
 truth.write(micro_batches=a.accum, batch=a.batch, eval_batch=a.eval_batch)

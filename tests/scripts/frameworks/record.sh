@@ -284,3 +284,14 @@ if want hf_predict_ddp_hang_bare; then
   rec_bare hf_predict_ddp_hang_bare 150 torchrun --standalone --nproc_per_node "$n" \
     hf_textcls.py --batch 16 --workers 2 --predict --seconds 40 --stop-each-rank
 fi
+# 47. the Trainer fine-tuning LoRA adapters (peft, rank 8) with gradient_checkpointing=True
+#     on one GPU, bf16, batch 32: the frozen BERT-base recomputed for adapters that need
+#     little memory
+want hf_lora_gc && rec hf_lora_gc 120 python3 hf_textcls.py --batch 32 --workers 4 --bf16 \
+  --lora 8 --grad-ckpt --seconds 40
+# 48. the Trainer evaluating every epoch (eval_strategy="epoch"; eval_steps=50 left in the
+#     arguments, unused): epochs of 100 steps of 32, each followed by 2048 samples at eval
+#     batch 8, bf16
+want hf_eval_epoch && rec hf_eval_epoch 150 python3 hf_trainer.py $bert --steps 100000 \
+  --seconds 45 --batch 32 --accum 1 --eval-epoch --eval-every 50 --train-samples 3200 \
+  --eval-batch 8 --eval-samples 2048 --bf16 --workers 2
