@@ -168,6 +168,14 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                                 "enable-mixed-precision"}),
     "lightning_boring_ddp": ({"raise-batch-size"}, {"add-dataloader-workers", "straggler-rank",
                                                     "gpu-underused"}),
+    # 1 H100: the Trainer fine-tuning LoRA adapters with gradient_checkpointing=True (1.1 %
+    # of the memory held), and evaluating every epoch (eval_strategy="epoch", 42 % of the
+    # time at eval batch 8; its eval_steps=50 unused)
+    "hf_lora_gc": ({"disable-gradient-checkpointing", "raise-batch-size"},
+                   {"enable-gradient-checkpointing", "add-dataloader-workers"}),
+    # (its raise-batch-size comes 35 s in: its windows are 60 % training)
+    "hf_eval_epoch": ({"speed-up-evaluation"}, {"add-dataloader-workers",
+                                                "reduce-launch-overhead"}),
     # Trainer.predict under torchrun on 4 GPUs, the ranks agreeing when to stop: fp32
     "hf_predict_ddp": ({"inference-in-fp32"}, {"raise-batch-size", "batch-inference-requests",
                                                "enable-mixed-precision"}),
@@ -1002,3 +1010,17 @@ def test_a_hang_seen_by_a_daemon_that_never_heard_from_the_job():
     spin = [a for a in report["advice"] if a["id"] == "gpu-spinning"]
     assert [a["gpu"] for a in spin] == [0]
     assert spin[0]["evidence"]["util_min"] >= 0.98 and spin[0]["evidence"]["dram_active"] <= 0.01
+
+
+def test_evaluating_every_epoch_is_not_told_to_change_eval_steps():
+    """eval_strategy="epoch" with eval_steps=50 left in the arguments: the Trainer does not
+    read eval_steps then, so "evaluate less often" does not name it (it once said
+    eval_steps=50 → 330); the larger eval batch and part of the set remain."""
+    report = advise_json(path_of("hf_eval_epoch"))
+    (a,) = [a for a in report["advice"] if a["id"] == "speed-up-evaluation"]
+    assert "eval_steps" not in a["action"]
+    assert "TrainingArguments(per_device_eval_batch_size=8 → " in a["action"]
+    t = truth("hf_eval_epoch")
+    (j,) = report["jobs"]
+    assert j["steps"] == t["steps"]
+    assert j["phases"]["eval"] == pytest.approx(t["eval_seconds"], rel=EVAL_TOLERANCE)
