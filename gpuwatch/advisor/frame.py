@@ -537,12 +537,12 @@ class Frame:
                 subj.nontrain_t0 = self._nontrain(subj)
             subj.span_t0 = begin if subj.span_t0 is None else min(subj.span_t0, begin)
 
-    def feed_step(self, s: Any) -> None:
-        get = _get(s)
-        self._advance(get("t"))
-        subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
-        self.hook_steps = True
+    def _stepping(self, get: Callable[[str], Any], t_end: float) -> tuple[Subject, bool]:
+        """The subject a `step` or `steps` line ending at ``t_end`` reports for, told of its
+        job (pid, rank, the newest step); True where it is the job's first."""
         pid, rank = get("pid"), get("rank")
+        subj = self._job_subject(get("gpu"), pid, rank)
+        self.hook_steps = True
         if pid is not None:
             if subj.job_pid != pid:
                 subj.new_scaler()  # another job on this GPU: its own GradScaler
@@ -555,9 +555,15 @@ class Frame:
         first_step = subj.job_warm is None and self.idx is not None
         if first_step:
             self._hook_starts(subj)
-        t_end = get("t")
         subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
         subj.nontrain_t1 = self._nontrain(subj)
+        return subj, first_step
+
+    def feed_step(self, s: Any) -> None:
+        get = _get(s)
+        t_end = get("t")
+        self._advance(t_end)
+        subj, first_step = self._stepping(get, t_end)
         job = subj.job
         job.ever = True
         acc = job.acc
@@ -628,22 +634,7 @@ class Frame:
             return
         t_end = get("t")
         self._advance(t_end)
-        subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
-        self.hook_steps = True
-        pid, rank = get("pid"), get("rank")
-        if pid is not None:
-            if subj.job_pid != pid:
-                subj.new_scaler()
-            subj.job_pid = pid
-            if self.job_of_pid.get(pid) is not subj:
-                self.job_of_pid[pid] = subj
-        if rank is not None:
-            subj.job_rank = int(rank)
-        subj.job_last = self.idx
-        if subj.job_warm is None and self.idx is not None:
-            self._hook_starts(subj)
-        subj.job_t1 = t_end if subj.job_t1 is None else max(subj.job_t1, t_end)
-        subj.nontrain_t1 = self._nontrain(subj)
+        subj, _ = self._stepping(get, t_end)
         begin = get("begin_t")
         self._span_begins(subj, t_end if begin is None else min(float(begin), t_end))
         job = subj.job

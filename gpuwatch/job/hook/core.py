@@ -855,18 +855,21 @@ class _Hook:
         """The device the job trains on: its optimizer's first parameter's, or where the
         parameters live on the host while the steps run on a GPU (FSDP's CPU offload, an
         optimizer offloaded to the CPU), the loss's."""
+        dev = getattr(self._first_param(), "device", None)
+        if dev is not None and dev.type == "cpu":
+            dev = self._loss_device() or dev
+        if dev is not None:
+            self.device = dev
+        return self.device
+
+    def _first_param(self) -> Any:
+        """The primary optimizer's first parameter (None without one)."""
         ref = self.primary
         opt = ref() if ref is not None else None
-        if opt is not None:
-            try:
-                dev = opt.param_groups[0]["params"][0].device
-            except (IndexError, KeyError, AttributeError, TypeError):
-                dev = None
-            if dev is not None and dev.type == "cpu":
-                dev = self._loss_device() or dev
-            if dev is not None:
-                self.device = dev
-        return self.device
+        try:
+            return opt.param_groups[0]["params"][0] if opt is not None else None
+        except (IndexError, KeyError, AttributeError, TypeError):
+            return None
 
     def _loss_device(self) -> Any:
         """The GPU the last loss backward() ran from was computed on (None before one, or
@@ -981,14 +984,7 @@ class _Hook:
             self.fsdp_version = 1
             return bool(offload.offload_params)
         self.fsdp_version = None
-        ref = self.primary
-        opt = ref() if ref is not None else None
-        if opt is None:
-            return None
-        try:
-            param = opt.param_groups[0]["params"][0]
-        except (IndexError, KeyError, AttributeError, TypeError):
-            return None
+        param = self._first_param()
         # a DTensor's mesh names the device its collectives run on; its local shard's
         # device is where the parameter is kept. Without offload FSDP2 and tensor
         # parallelism look alike from here: absent, not False

@@ -32,3 +32,23 @@ class Truth:
         if self.path:
             with open(self.path, "w") as f:
                 json.dump(self.data, f)
+
+
+def lightning_clock(truth: Truth) -> type:
+    """A Lightning ``Callback`` class that counts ``truth``'s steps and times its
+    validations (the sanity check before training left out)."""
+    import lightning.pytorch as pl
+
+    class Clock(pl.Callback):
+        def on_validation_start(self, trainer, module):  # noqa: ANN001
+            if not trainer.sanity_checking:
+                truth.eval_begins()
+
+        def on_validation_end(self, trainer, module):  # noqa: ANN001
+            if not trainer.sanity_checking:
+                truth.eval_ends()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, i):  # noqa: ANN001
+            truth.data["steps"] = trainer.global_step
+
+    return Clock

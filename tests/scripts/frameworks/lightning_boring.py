@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
-from _truth import Truth  # noqa: E402
+from _truth import Truth, lightning_clock  # noqa: E402
 from lightning.pytorch.demos.boring_classes import BoringModel  # noqa: E402
 
 p = argparse.ArgumentParser()
@@ -28,18 +28,7 @@ a = p.parse_args()
 truth = Truth(a.out)
 
 
-class Clock(pl.Callback):
-    def on_validation_start(self, trainer, module):  # noqa: ANN001
-        if not trainer.sanity_checking:
-            truth.eval_begins()
-
-    def on_validation_end(self, trainer, module):  # noqa: ANN001
-        if not trainer.sanity_checking:
-            truth.eval_ends()
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, i):  # noqa: ANN001
-        truth.data["steps"] = trainer.global_step
-
+class Clock(lightning_clock(truth)):
     def on_train_epoch_end(self, trainer, module):  # noqa: ANN001
         truth.data["epochs"] = trainer.current_epoch + 1
 

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
-from _truth import Truth  # noqa: E402
+from _truth import Truth, lightning_clock  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
@@ -60,17 +60,7 @@ class Net(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-class Clock(pl.Callback):
-    def on_validation_start(self, trainer, module):  # noqa: ANN001
-        if not trainer.sanity_checking:
-            truth.eval_begins()
-
-    def on_validation_end(self, trainer, module):  # noqa: ANN001
-        if not trainer.sanity_checking:
-            truth.eval_ends()
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, i):  # noqa: ANN001
-        truth.data["steps"] = trainer.global_step
+Clock = lightning_clock(truth)
 
 
 class Data(torch.utils.data.Dataset):
