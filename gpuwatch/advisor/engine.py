@@ -96,7 +96,10 @@ class _Ctx:
     def knob(self, name: str, old: Any, new: Any) -> str | None:
         """A setting's change in the words of the framework that drives the job."""
         framework = self.frame.config_value(self.subj, "framework")
-        return knob_text(name, framework if isinstance(framework, str) else None, old, new)
+        sampler = self.frame.config_value(self.subj, "batch_sampler") \
+            if name == "batch_size" else None
+        return knob_text(name, framework if isinstance(framework, str) else None, old, new,
+                         sampler if isinstance(sampler, str) else None)
 
     def last(self, name: str) -> Any:
         if self.locals and name in self.locals:

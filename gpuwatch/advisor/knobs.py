@@ -3,7 +3,8 @@
 A rule's action names a knob (``knob("num_workers", nw, suggested)`` in its ``values``);
 this table writes it as the user would type it: ``TrainingArguments(dataloader_num_workers=0
 → 3)`` for the Hugging Face Trainer, ``Trainer(accumulate_grad_batches=16 → 4)`` for
-Lightning, ``Accelerator(gradient_accumulation_steps=…)`` for Accelerate, with the plain
+Lightning, ``Accelerator(gradient_accumulation_steps=…)`` for Accelerate, ``Fabric(precision=…)`` for
+Lightning Fabric (whose loop is the user's own: most of its knobs are torch's), with the plain
 torch form beside it; for a plain loop, the torch form alone. The framework is the hook's
 (``framework`` config key: docs/hook.md).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 TORCH = "torch"
-FRAMEWORKS = ("transformers", "lightning", "accelerate")
+FRAMEWORKS = ("transformers", "lightning", "accelerate", "fabric")
 
 # knob -> framework -> template ({old}, {new}: the values, "old → new" where both are known)
 KNOBS: dict[str, dict[str, str]] = {
@@ -27,6 +28,8 @@ KNOBS: dict[str, dict[str, str]] = {
         "transformers": "TrainingArguments(gradient_accumulation_steps={change})",
         "lightning": "Trainer(accumulate_grad_batches={change})",
         "accelerate": "Accelerator(gradient_accumulation_steps={change})",
+        "fabric": "{change} micro-batches per optimizer.step(), each backward but the last "
+                  "under fabric.no_backward_sync(model)",
     },
     "num_workers": {
         TORCH: "DataLoader(num_workers={change})",
@@ -80,6 +83,7 @@ KNOBS: dict[str, dict[str, str]] = {
         "transformers": "TrainingArguments(bf16=True, fp16=False)",
         "lightning": 'Trainer(precision="bf16-mixed")',
         "accelerate": 'Accelerator(mixed_precision="bf16")',
+        "fabric": 'Fabric(precision="bf16-mixed")',
     },
     "tf32": {
         TORCH: 'torch.backends.cuda.matmul.fp32_precision = "tf32" (torch 2.9+; '
@@ -103,6 +107,7 @@ KNOBS: dict[str, dict[str, str]] = {
         "transformers": 'TrainingArguments(fsdp=...) without "offload" (or fsdp_config\'s '
                         "offload_params={new})",
         "lightning": "FSDPStrategy(cpu_offload={new})",
+        "fabric": "FSDPStrategy(cpu_offload={new})",
     },
     # FSDP2: fully_shard's offload_policy (OffloadPolicy() keeps the parameters on the GPU);
     # Accelerate and the Trainer take the same setting as for FSDP1 (fsdp_version: 2)
@@ -128,18 +133,21 @@ KNOBS: dict[str, dict[str, str]] = {
                         "evaluate, or from_pretrained(..., dtype=torch.bfloat16)",
         "lightning": 'Trainer(precision="bf16-true") for trainer.predict',
         "accelerate": 'Accelerator(mixed_precision="bf16")',
+        "fabric": 'Fabric(precision="bf16-true")',
     },
     "save_every": {
         TORCH: "save a checkpoint every {change} steps",
         "transformers": "TrainingArguments(save_steps={change})",
         "lightning": "ModelCheckpoint(every_n_train_steps={change})",
         "accelerate": "accelerator.save_state() every {change} steps",
+        "fabric": "fabric.save(path, state) every {change} steps",
     },
     "save_only_model": {
         TORCH: "save the model's state_dict alone, not the optimizer's",
         "transformers": "TrainingArguments(save_only_model={change})",
         "lightning": "ModelCheckpoint(save_weights_only={change})",
         "accelerate": "accelerator.save_model(model, …) instead of save_state()",
+        "fabric": 'fabric.save(path, {{"model": model}}), without the optimizer',
     },
     # "": the framework has no such form (the torch one would not fit its loop)
     "async_save": {
@@ -171,12 +179,21 @@ def _fill(template: str, old: Any, new: Any) -> str:
     return template.format(change=change, old=_text(old), new=_text(new))
 
 
-def knob(name: str, framework: str | None, old: Any, new: Any) -> str | None:
+def knob(name: str, framework: str | None, old: Any, new: Any,
+         batch_sampler: str | None = None) -> str | None:
     """The change of ``name`` from ``old`` to ``new``, as the user of ``framework`` writes it;
-    None for a knob this table does not know (a rule file's typo is caught at load)."""
+    None for a knob this table does not know (a rule file's typo is caught at load).
+
+    ``batch_sampler``: the class of the training DataLoader's batch sampler where it makes
+    the batches (the DataLoader's own batch_size is None, whatever the framework): the
+    batch size is that sampler's to change."""
     forms = KNOBS.get(name)
     if forms is None or new is None:
         return None
+    if name == "batch_size" and batch_sampler:
+        return _fill(f"the batch size of the DataLoader's batch_sampler "
+                     f"({batch_sampler}(..., batch_size={{change}}), or however it is built)",
+                     old, new)
     if name == "fused_optimizer" and new != "AdamW":
         # the Trainer's optim="adamw_torch_fused" would swap another optimizer for AdamW
         forms = {TORCH: forms[TORCH]}

@@ -215,6 +215,9 @@ def _defs() -> dict[str, SignalDef]:
         ("pin_memory", "config", "bool", "last", "DataLoader pin_memory", False),
         ("persistent_workers", "config", "bool", "last", "DataLoader persistent_workers", False),
         ("prefetch_factor", "config", "batches", "last", "DataLoader prefetch_factor", False),
+        ("batch_sampler", "config", "text", "last", ("the class of the training DataLoader's "
+         "batch_sampler where it makes the batches (DataLoader(batch_sampler=...): its "
+         "batch_size is None); null otherwise"), False),
         ("autocast_dtype", "config", "text", "last", ("autocast dtype ('bfloat16', 'float16'; "
          "null when off)"), False),
         ("tf32", "config", "bool", "last", "TF32 matmuls allowed", False),

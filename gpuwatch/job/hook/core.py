@@ -1288,8 +1288,13 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         try:
             init = _perf() - t0
             batch = loader.batch_size
+            sampler = None
             if batch is None:
-                batch = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+                # batches made by a batch_sampler of the job's own: its batch_size (where it
+                # has one) is the one to change, and its class names where
+                bs = getattr(loader, "batch_sampler", None)
+                batch = getattr(bs, "batch_size", None)
+                sampler = type(bs).__name__ if bs is not None else None
             # [batch size, config facts, seconds spent creating it until its first batch
             # (None after it), when its creation began]
             self._gpuwatch = [batch if isinstance(batch, int) else None, {
@@ -1298,6 +1303,7 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
                 "persistent_workers": bool(loader.persistent_workers),
                 "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
                 "batch_size": batch if isinstance(batch, int) else None,
+                "batch_sampler": sampler,
             }, init, t0, id(loader), id(loader) in h.train_loaders or None]
             # starting the workers is waiting for data too: the cost that persistent
             # workers save at each epoch

@@ -22,6 +22,7 @@ from gpuwatch.job.hook.facts import Problems, read
 TRANSFORMERS = "transformers"
 LIGHTNING = "lightning"
 ACCELERATE = "accelerate"
+FABRIC = "fabric"  # Lightning Fabric: the user's own loop, Fabric's strategy and precision
 MAX_FRAMES = 80  # how far up the stack to look
 
 
@@ -43,10 +44,23 @@ def _lightning_trainer(obj: Any) -> Any:
     return None
 
 
+def _fabric_strategy(obj: Any) -> Any:
+    """Fabric's strategy from one of its objects on the optimizer step's stack (the strategy
+    itself, or the optimizer wrapper that holds it); None for any other."""
+    if _is(obj, ("lightning.fabric",), "Strategy"):
+        return obj
+    strategy = getattr(obj, "_strategy", None)
+    if strategy is not None and _is(strategy, ("lightning.fabric",), "Strategy"):
+        return strategy
+    return None
+
+
 def detect(frame: Any) -> tuple[str, Any] | None:
     """(framework, its object) from the frames above ``frame``; None for a plain loop.
 
-    A Hugging Face Trainer also runs Accelerate underneath, so it wins over it."""
+    A Hugging Face Trainer also runs Accelerate underneath, so it wins over it; a Lightning
+    Trainer wins over Fabric's objects (none are on its stack today, but its classes share
+    Fabric's utilities)."""
     found: tuple[str, Any] | None = None
     depth = 0
     while frame is not None and depth < MAX_FRAMES:
@@ -63,6 +77,11 @@ def detect(frame: Any) -> tuple[str, Any] | None:
                     trainer = _lightning_trainer(obj)
                     if trainer is not None:
                         return LIGHTNING, trainer
+                    if mod.startswith("lightning.fabric") and (
+                            found is None or found[0] != FABRIC):
+                        strategy = _fabric_strategy(obj)
+                        if strategy is not None:
+                            found = (FABRIC, strategy)
                 if mod.startswith("accelerate") and found is None:
                     found = (ACCELERATE, None)
         frame = frame.f_back
@@ -152,6 +171,14 @@ def _accelerate(cfg: dict[str, Any], problems: Problems) -> None:
         state.AcceleratorState._shared_state.get("_mixed_precision")), problems)
 
 
+def _fabric(cfg: dict[str, Any], strategy: Any, problems: Problems) -> None:
+    read(cfg, "framework_version", _version("lightning"), problems)
+    # the precision plugin's setting as Fabric(precision=...) takes it: "32-true",
+    # "bf16-mixed", "16-mixed", "bf16-true"
+    read(cfg, "fw_precision", lambda: str(strategy.precision.precision), problems)
+    read(cfg, "fw_world_size", lambda: strategy.world_size, problems)
+
+
 class Framework:
     """The framework found (or not) for this process, and a weak reference to its object."""
 
@@ -195,3 +222,5 @@ class Framework:
             _lightning(cfg, obj, problems)
         elif self.name == ACCELERATE:
             _accelerate(cfg, problems)
+        elif self.name == FABRIC and obj is not None:
+            _fabric(cfg, obj, problems)

@@ -295,3 +295,31 @@ want hf_lora_gc && rec hf_lora_gc 120 python3 hf_textcls.py --batch 32 --workers
 want hf_eval_epoch && rec hf_eval_epoch 150 python3 hf_trainer.py $bert --steps 100000 \
   --seconds 45 --batch 32 --accum 1 --eval-epoch --eval-every 50 --train-samples 3200 \
   --eval-batch 8 --eval-samples 2048 --bf16 --workers 2
+# 49. Lightning's own Transformer demo (LightningTransformer: DataLoader(dataset), batch 1,
+#     fp32, SGD) with the Trainer's defaults on one GPU; 50. Lightning's own LSTM demo
+#     (LightningLSTM: batches of 20 made by its SequenceSampler, a batch_sampler); 51. the
+#     README's Fabric loop around the same Transformer at batch 64 in 32-true
+want lightning_transformer && rec lightning_transformer 120 python3 lightning_demos.py \
+  --model transformer --devices 1 --seconds 40
+want lightning_lstm && rec lightning_lstm 120 python3 lightning_demos.py --model lstm \
+  --devices 1 --seconds 40
+want fabric_fp32 && rec fabric_fp32 120 python3 lightning_demos.py --model fabric --devices 1 \
+  --batch 64 --precision 32-true --seconds 40
+# 52. the Fabric loop on every GPU (DDP), bf16-mixed, micro-batch 8 with 8 micro-batches per
+#     step under fabric.no_backward_sync; 53. Lightning's Transformer demo on every GPU; 54.
+#     the LSTM demo on every GPU without the hook (rec_bare)
+if want fabric_accum_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec fabric_accum_ddp 150 python3 lightning_demos.py --model fabric --devices "$n" --batch 8 \
+    --accum 8 --precision bf16-mixed --seconds 40
+fi
+if want lightning_transformer_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec lightning_transformer_ddp 150 python3 lightning_demos.py --model transformer \
+    --devices "$n" --seconds 40
+fi
+if want lightning_lstm_ddp_bare; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec_bare lightning_lstm_ddp_bare 150 python3 lightning_demos.py --model lstm --devices "$n" \
+    --seconds 40
+fi
