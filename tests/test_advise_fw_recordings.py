@@ -13,7 +13,16 @@ import re
 from pathlib import Path
 
 import pytest
-from test_advise_support import DATA, advise_json, ids, load, stretched, without_gpm, write
+from test_advise_support import (
+    DATA,
+    advise_json,
+    advise_text,
+    ids,
+    load,
+    stretched,
+    without_gpm,
+    write,
+)
 
 WARNING_ONSET = 20.0
 EVAL_TOLERANCE = 0.15  # the hook's evaluation time against the callback's, relative
@@ -979,6 +988,12 @@ def test_the_boring_model_trains_by_batches_of_one_between_validations_five_a_se
         batch = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
         assert sorted(a["gpu"] for a in batch) == gpus
         assert "the training DataLoader(batch_size=1 → " in batch[0]["action"]
+        # a Linear(32, 2) in 80 GB: its batch would fit tens of millions of times over,
+        # which the report says without the digits
+        assert all(a["evidence"]["batch_room"] > 1e6 for a in batch)
+        text = advise_text(path_of(name))
+        assert "batch room over 10,000x" in text
+        assert not re.search(r"batch room \d{5,}", text)
 
 
 def test_a_daemon_started_on_its_own_judges_a_job_beside_it():

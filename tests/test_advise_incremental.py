@@ -196,7 +196,10 @@ class ReferenceCtx:
 
     def knob(self, name: str, old: Any, new: Any) -> Any:
         framework = self.frame.config_value(self.subj, "framework")
-        return knob_text(name, framework if isinstance(framework, str) else None, old, new)
+        sampler = self.frame.config_value(self.subj, "batch_sampler")
+        return knob_text(name, framework if isinstance(framework, str) else None, old, new,
+                         sampler if name == "batch_size" and isinstance(sampler, str)
+                         else None)
 
     def last(self, name: str) -> Any:
         if name in self.locals:

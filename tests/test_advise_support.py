@@ -49,6 +49,12 @@ def advise_json(path: str | Path, *extra: str) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
+def advise_text(path: str | Path, *extra: str) -> str:
+    proc = run_cli("advise", "--replay", str(path), *extra)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def ids(report: dict[str, Any], gpu: int | None = None) -> set[str]:
     return {a["id"] for a in report["advice"] if gpu is None or a["gpu"] == gpu}
 

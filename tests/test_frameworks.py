@@ -291,6 +291,38 @@ def test_a_data_parallel_loop_reports_its_wrapper(tmp_path: Path) -> None:
     assert cfg["data_parallel_gpus"] == 0 and "framework" not in cfg
 
 
+def test_a_fabric_loop_names_fabric_and_its_precision(tmp_path: Path) -> None:
+    """The loop of Lightning's README for Fabric (lightning_demos.py --model fabric:
+    fabric.setup, setup_dataloaders, fabric.backward, two micro-batches per step under
+    no_backward_sync): each optimizer step one step of two micro-batches, and the framework
+    is Fabric, found from its strategy on the step's stack, with Fabric's precision."""
+    rec, truth = record(tmp_path, "lightning_demos", "--model", "fabric", "--cpu", "--batch",
+                        "4", "--accum", "2", "--seconds", "1", "--words", "20000")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"] >= 50
+    assert {s["micro_batches"] for s in lines(rec, "step")} == {2}
+    cfg = last_config(rec)
+    assert cfg["framework"] == "fabric" and cfg["fw_precision"] == "32-true"
+    assert cfg["fw_world_size"] == 1 and cfg["batch_size"] == 4
+    assert cfg["batch_sampler"] is None
+    (job,) = advise(rec)["jobs"]
+    assert job["framework"] == "fabric"
+
+
+def test_lightnings_lstm_demo_batches_by_its_own_sampler(tmp_path: Path) -> None:
+    """Lightning's LSTM demo makes its batches with a batch_sampler (SequenceSampler, 20 a
+    batch): the DataLoader's own batch_size is None; the hook reports the sampler's batch
+    size and class, so advice can name the setting that exists."""
+    rec, truth = record(tmp_path, "lightning_demos", "--model", "lstm", "--cpu", "--seconds",
+                        "2", "--words", "20000")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"] > 0
+    cfg = last_config(rec)
+    assert cfg["framework"] == "lightning" and cfg["batch_sampler"] == "SequenceSampler"
+    assert cfg["batch_size"] == 20 and cfg.get("fw_batch_size") is None
+    assert cfg["fw_max_epochs"] == -1  # the script's max_epochs=-1: no limit
+
+
 def test_the_scripts_run_without_gpuwatch(tmp_path: Path) -> None:
     """The same scripts, with no gpuwatch anywhere, train the same number of steps (the
     hook changes nothing of the job)."""

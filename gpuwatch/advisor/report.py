@@ -438,6 +438,8 @@ def evidence_value(name: str, v: Any) -> str:
     if name.endswith("_r2"):  # a fit's R²: a plain number 0-1, not a share of anything
         return f"{v:.3f}"
     if name.endswith(("_gain", "speedup")) or unit == "times":  # a factor
+        if v >= 10_000:  # a tiny model's room in a large GPU: the digits say nothing more
+            return "over 10,000x"
         return f"{v:.2g}x" if v < 10 else f"{v:.0f}x"
     if unit == "ratio":
         return percent(v, fine_top="mem" in name)

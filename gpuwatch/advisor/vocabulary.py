@@ -269,6 +269,8 @@ def _defs() -> dict[str, SignalDef]:
          "epoch, its default)"), False),
         ("fw_eval_epochs", "config", "count", "last", ("Lightning: check_val_every_n_epoch "
          "(absent for validation by steps)"), False),
+        ("fw_max_epochs", "config", "count", "last", ("Lightning: max_epochs, the run's "
+         "length in epochs (absent or -1: no limit)"), False),
         ("fw_eval_batches", "config", "batches", "last", "Lightning's limit_val_batches", False),
         ("fw_eval_accum", "config", "count", "last", "TrainingArguments(eval_accumulation_steps)",
          False),
