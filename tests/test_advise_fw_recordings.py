@@ -199,6 +199,24 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_predict_ddp_hang": ({"gpu-spinning", "inference-in-fp32"},
                             {"training-stalled", "raise-batch-size",
                              "batch-inference-requests"}),
+    # Lightning's own language-model demos with the Trainer's defaults (fp32, SGD): the
+    # Transformer at the DataLoader's default batch of 1 (GPU work 2.2 %, host 96 %), on 1
+    # H100 and on 4 (DDP); the LSTM at 20 a batch from its SequenceSampler (GPU work 20 %)
+    "lightning_transformer": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                                     "enable-mixed-precision", "gpu-underused"}),
+    "lightning_transformer_ddp": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                                         "enable-mixed-precision",
+                                                         "straggler-rank"}),
+    "lightning_lstm": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                              "enable-mixed-precision"}),
+    # the README's Fabric loop around the same Transformer: at batch 64 in 32-true on 1
+    # H100 (GPU work 16 %); on 4 (DDP) in bf16-mixed at micro-batch 8 with 8 micro-batches
+    # a step under fabric.no_backward_sync
+    "fabric_fp32": ({"raise-batch-size"}, {"add-dataloader-workers", "enable-mixed-precision",
+                                           "gpu-underused"}),
+    "fabric_accum_ddp": ({"reduce-gradient-accumulation"}, {"raise-batch-size",
+                                                            "add-dataloader-workers",
+                                                            "straggler-rank"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -239,6 +257,11 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_predict_ddp_hang": ({"gpu-spinning"}, {"training-stalled"}),
     "two_jobs": ({"add-dataloader-workers", "raise-batch-size"}, set()),
     "lightning_boring_ddp": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    "lightning_transformer_ddp": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                                         "straggler-rank"}),
+    "lightning_lstm": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    # the accumulation is the hook's to see: from outside, a host-bound job
+    "fabric_accum_ddp": ({"raise-batch-size"}, {"add-dataloader-workers"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -1039,3 +1062,61 @@ def test_evaluating_every_epoch_is_not_told_to_change_eval_steps():
     (j,) = report["jobs"]
     assert j["steps"] == t["steps"]
     assert j["phases"]["eval"] == pytest.approx(t["eval_seconds"], rel=EVAL_TOLERANCE)
+
+
+def test_lightnings_language_model_demos_and_fabric_in_their_own_words():
+    """Lightning's Transformer and LSTM demos run as shipped, and the README's Fabric loop:
+    every rank's steps are the script's own count; the batch to raise is the one that
+    exists (the DataLoader's default of 1; the LSTM's batch_sampler, whose DataLoader has
+    no batch_size; Fabric's plain DataLoader) and Fabric's accumulation is undone in
+    Fabric's calls."""
+    for name, gpus in (("lightning_transformer", [0]), ("lightning_transformer_ddp",
+                                                        [0, 1, 2, 3]),
+                       ("lightning_lstm", [0]), ("fabric_fp32", [0]),
+                       ("fabric_accum_ddp", [0, 1, 2, 3])):
+        report = advise_json(path_of(name))
+        t = truth(name)
+        assert sorted((j["gpu"], j["steps"]) for j in report["jobs"]) == [
+            (g, t["steps"]) for g in gpus], name
+        fw = "fabric" if name.startswith("fabric") else "lightning"
+        assert {j["framework"] for j in report["jobs"]} == {fw}
+        rule = "reduce-gradient-accumulation" if "accum" in name else "raise-batch-size"
+        got = [a for a in report["advice"] if a["id"] == rule]
+        assert sorted(a["gpu"] for a in got) == gpus, name
+        text = got[0]["action"]
+        if name.startswith("lightning_transformer"):
+            assert "the training DataLoader(batch_size=1 → " in text
+        elif name == "lightning_lstm":
+            assert "batch_sampler (SequenceSampler(..., batch_size=20 → " in text
+            assert "DataLoader(batch_size=" not in text
+        elif name == "fabric_fp32":
+            assert text.startswith("Raise the batch size: DataLoader(batch_size=64 → ")
+        else:
+            assert {j["micro_batches"] for j in report["jobs"]} == {8}
+            assert "DataLoader(batch_size=8 → 64) and no gradient accumulation " \
+                "(micro-batches per optimizer.step(): 8 → 1; one fabric.backward() each, " \
+                "without fabric.no_backward_sync)" in text
+
+
+def test_the_ranks_of_one_job_are_one_block_whatever_their_memory_reads():
+    """The four ranks of Lightning's Transformer demo are told the same batch (1 → 8, one
+    number for the job), while each measured its own activations per sample (66-82 MiB)
+    and so its own room: one block, the figures GPU 0's, their ranges on one line."""
+    text = advise_text(path_of("lightning_transformer_ddp"))
+    blocks = re.findall(r"^\d+\. \[\w+\] (\S+) on GPUs? (\d+(?:, \d+)*)", text, re.M)
+    assert ("raise-batch-size", "0, 1, 2, 3") in blocks, blocks
+    assert [b for b in blocks if b[0] == "raise-batch-size"] == [
+        ("raise-batch-size", "0, 1, 2, 3")]
+    assert re.search(r"activations per sample \d+\.\d MiB to \d+\.\d MiB", text)
+
+
+def test_without_gpm_a_host_bound_fp32_job_is_not_called_busy(tmp_path):
+    """Without GPM (A100, L4, T4) NVML util stands in for SM activity, and it counts any
+    kernel running: a host-bound fp32 job reads 50-65 % (Lightning's Transformer demo at
+    batch 1 on 4 ranks, GPU work 6-9 %; Accelerate's DDP at 26 %) and is not told that a
+    busy GPU trains in full precision; a GPU-bound one (GPT-2 in fp32, util 97 %) still is."""
+    for name in ("lightning_transformer_ddp", "accelerate_ddp"):
+        bare = write(tmp_path / f"{name}.jsonl", without_gpm(load(f"fw_{name}")))
+        assert "enable-mixed-precision" not in ids(advise_json(bare)), name
+    busy = write(tmp_path / "fp32.jsonl", without_gpm(load("fw_accel_clm_fp32")))
+    assert "enable-mixed-precision" in ids(advise_json(busy))

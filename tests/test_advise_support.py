@@ -100,8 +100,12 @@ def stretched(lines: list[dict[str, Any]], k: float) -> list[dict[str, Any]]:
 
     def stretch(d: dict[str, Any]) -> dict[str, Any]:
         d["t"] = t0 + (d["t"] - t0) * k
-        if d["kind"] == "step":
-            for f in ("step_seconds", "data_wait_seconds"):
+        if d["kind"] in ("step", "steps"):  # a step, or the hook's summary of many
+            if d.get("begin_t") is not None:
+                d["begin_t"] = t0 + (d["begin_t"] - t0) * k
+            for f in ("step_seconds", "data_wait_seconds", "sample_seconds",
+                      "step_seconds_min", "step_seconds_p50", "step_seconds_p90",
+                      "step_seconds_p99", "step_seconds_max"):
                 if d.get(f) is not None:
                     d[f] = d[f] * k
         return d

@@ -199,7 +199,12 @@ def knob(name: str, framework: str | None, old: Any, new: Any,
         forms = {TORCH: forms[TORCH]}
     if name == "grad_accum" and new == 1:  # accumulation gone: say so in plain words
         forms = dict(forms, **{TORCH: "no gradient accumulation (one backward() per "
-                                      "optimizer.step())"})
+                                      "optimizer.step())",
+                               "fabric": ""})
+        if framework == "fabric":  # the user's own loop: torch's words, Fabric's calls
+            return _fill("no gradient accumulation (micro-batches per optimizer.step(): "
+                         "{change}; one fabric.backward() each, without "
+                         "fabric.no_backward_sync)", old, new)
     torch_form = _fill(forms[TORCH], old, new)
     own = forms.get(framework) if framework in FRAMEWORKS else None
     if own == "":

@@ -694,9 +694,13 @@ _SHOWN = ("id", "severity", "active", "instance", "title", "message", "action",
 # what must match for pieces that differ only in their figures (the ranks of one DDP job,
 # each busy 21-22 % of its steps) to be one block: the same change, said with one GPU's
 # figures and the evidence's range over all of them
-_SAME_CHANGE = ("id", "severity", "active", "instance", "title", "action", "hook_would_add")
+_SAME_CHANGE = ("id", "severity", "active", "instance", "title", "hook_would_add")
 # the figures of a message, left out where two messages are compared for their words
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# the figures of an action that describe the GPU rather than the change (its memory per
+# sample, how many would fit: "~816", "66.5 MiB", "85 %"); the change itself ("=1 → 8",
+# "x8") must be the same for pieces to join
+_ACTION_FIGURE = re.compile(r"~\d+(?:\.\d+)?|\d+(?:\.\d+)?(?= ?(?:[KMGT]i?B|%))")
 
 
 def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int | None]]]:
@@ -713,7 +717,8 @@ def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int
         key = json.dumps([a.get(k) for k in _SHOWN]
                          + [f"{a.get('confidence', 0):.2f}", _evidence_text(ev)], default=str)
         change = json.dumps([a.get(k) for k in _SAME_CHANGE]
-                            + [f"{a.get('confidence', 0):.2f}", sorted(ev),
+                            + [_ACTION_FIGURE.sub("#", a.get("action") or ""),
+                               f"{a.get('confidence', 0):.2f}", sorted(ev),
                                _NUMBER.sub("#", a.get("message") or "")], default=str)
         i = seen.get(key, alike.get(change))
         if i is not None and a.get("gpu") is not None and blocks[i][1][0] is not None:

@@ -307,7 +307,8 @@ want fabric_fp32 && rec fabric_fp32 120 python3 lightning_demos.py --model fabri
   --batch 64 --precision 32-true --seconds 40
 # 52. the Fabric loop on every GPU (DDP), bf16-mixed, micro-batch 8 with 8 micro-batches per
 #     step under fabric.no_backward_sync; 53. Lightning's Transformer demo on every GPU; 54.
-#     the LSTM demo on every GPU without the hook (rec_bare)
+#     the same without the hook (rec_bare). (The LSTM demo does not run under DDP: Lightning
+#     cannot put a distributed sampler into a batch sampler that is no BatchSampler.)
 if want fabric_accum_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
   rec fabric_accum_ddp 150 python3 lightning_demos.py --model fabric --devices "$n" --batch 8 \
@@ -318,8 +319,8 @@ if want lightning_transformer_ddp; then
   rec lightning_transformer_ddp 150 python3 lightning_demos.py --model transformer \
     --devices "$n" --seconds 40
 fi
-if want lightning_lstm_ddp_bare; then
+if want lightning_transformer_ddp_bare; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
-  rec_bare lightning_lstm_ddp_bare 150 python3 lightning_demos.py --model lstm --devices "$n" \
-    --seconds 40
+  rec_bare lightning_transformer_ddp_bare 150 python3 lightning_demos.py --model transformer \
+    --devices "$n" --seconds 40
 fi
