@@ -324,3 +324,15 @@ if want lightning_transformer_ddp_bare; then
   rec_bare lightning_transformer_ddp_bare 150 python3 lightning_demos.py --model transformer \
     --devices "$n" --seconds 40
 fi
+# 55. accel_clm.py started by `accelerate launch --multi_gpu` on every GPU (not torchrun: the
+#     launcher's own process tree), with its defaults: fp32 (mixed_precision="no"), batch 8,
+#     GPT-2 small at 512 tokens; 56. the same without the hook (rec_bare)
+for v in accel_clm_launch accel_clm_launch_bare; do
+  if want $v; then
+    n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    r=rec; [ $v = accel_clm_launch_bare ] && r=rec_bare
+    $r $v 200 accelerate launch --multi_gpu --num_processes "$n" --num_machines 1 \
+      --mixed_precision no --dynamo_backend no accel_clm.py --per_device_train_batch_size 8 \
+      --num_workers 2 --max_train_steps 100000 --seconds 45
+  fi
+done
