@@ -217,6 +217,19 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "fabric_accum_ddp": ({"reduce-gradient-accumulation"}, {"raise-batch-size",
                                                             "add-dataloader-workers",
                                                             "straggler-rank"}),
+    # the Transformer demo on 4 GPUs with the daemon on its own (no hook)
+    "lightning_transformer_ddp_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                                              "enable-mixed-precision",
+                                                              "straggler-rank"}),
+    # accel_clm.py under `accelerate launch --multi_gpu` on 4 GPUs with its defaults: GPT-2
+    # small in fp32 at batch 8, GPU-bound (SMs 88 % active, FP32 pipe 47 %, tensor 1.3 %);
+    # with the hook and with the daemon on its own
+    "accel_clm_launch": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused",
+                                                      "add-dataloader-workers",
+                                                      "straggler-rank"}),
+    "accel_clm_launch_bare": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused",
+                                                           "add-dataloader-workers",
+                                                           "straggler-rank"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -262,6 +275,7 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "lightning_lstm": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     # the accumulation is the hook's to see: from outside, a host-bound job
     "fabric_accum_ddp": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    "accel_clm_launch": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -1120,3 +1134,22 @@ def test_without_gpm_a_host_bound_fp32_job_is_not_called_busy(tmp_path):
         assert "enable-mixed-precision" not in ids(advise_json(bare)), name
     busy = write(tmp_path / "fp32.jsonl", without_gpm(load("fw_accel_clm_fp32")))
     assert "enable-mixed-precision" in ids(advise_json(busy))
+
+
+def test_accelerate_launch_ranks_are_found_with_and_without_the_hook():
+    """`accelerate launch --multi_gpu` starts the ranks through its own launcher process:
+    each GPU's job is its rank (from the hook, and from the processes' environment when the
+    daemon runs on its own), every rank's steps are the script's own count, and the fp32
+    GPT-2 is told bf16 in Accelerate's words where the hook names the framework."""
+    report = advise_json(path_of("accel_clm_launch"))
+    t = truth("accel_clm_launch")
+    assert sorted((j["gpu"], j["rank"], j["steps"]) for j in report["jobs"]) == [
+        (g, g, t["steps"]) for g in range(4)]
+    assert {j["framework"] for j in report["jobs"]} == {"accelerate"}
+    text = action(report, "enable-mixed-precision")
+    assert 'Accelerator(mixed_precision="bf16")' in text
+    bare = advise_json(path_of("accel_clm_launch_bare"))
+    assert not bare["hook"]["steps"]
+    assert sorted((j["gpu"], j["rank"]) for j in bare["jobs"]) == [(g, g) for g in range(4)]
+    assert sorted(a["gpu"] for a in bare["advice"] if a["id"] == "enable-mixed-precision") == [
+        0, 1, 2, 3]
