@@ -336,3 +336,11 @@ for v in accel_clm_launch accel_clm_launch_bare; do
       --num_workers 2 --max_train_steps 100000 --seconds 45
   fi
 done
+# 57. the Fabric loop in 16-mixed (fp16 autocast and Fabric's GradScaler) at batch 64 on one
+#     GPU that has bf16; 58. the Trainer's defaults on a GPU-bound model: BERT-large at
+#     sequence 512, batch 16, fp32 (no bf16, no tf32)
+want fabric_fp16 && rec fabric_fp16 120 python3 lightning_demos.py --model fabric --devices 1 \
+  --batch 64 --precision 16-mixed --seconds 40
+want hf_large_fp32 && rec hf_large_fp32 150 python3 hf_trainer.py --hidden 1024 --layers 24 \
+  --seq 512 --steps 100000 --seconds 50 --batch 16 --accum 1 --eval-every 100000 \
+  --eval-samples 64 --workers 4
