@@ -94,8 +94,12 @@ def test_evaluation_is_its_own_phase_and_gets_its_own_advice(tmp_path):
     # would never validate)
     ({"framework": "lightning", "fw_eval_every": 1.0, "fw_eval_epochs": 1, "fw_max_epochs": 3},
      lambda f: "Trainer(check_val_every_n_epoch=1 → 3, val_check_interval=1.0) (in torch: "
-               "evaluate every 3 epochs) (the run's max_epochs=3: once, at its end)",
+               "evaluate every 3 epochs) (the run's max_epochs=3: only after its last epoch)",
      r"epoch=1 → \d\d"),
+    # ... on a run of one epoch validated once an epoch: it validates once already, so no
+    # "less often" in epochs at all (check_val_every_n_epoch=1 → 1 would change nothing)
+    ({"framework": "lightning", "fw_eval_every": 1.0, "fw_eval_epochs": 1, "fw_max_epochs": 1},
+     lambda f: "Trainer(limit_val_batches=0.25)", "check_val_every_n_epoch"),
     # Lightning's max_epochs=-1 (no limit) is no cap
     ({"framework": "lightning", "fw_eval_every": 1.0, "fw_eval_epochs": 1, "fw_max_epochs": -1},
      lambda f: f"Trainer(check_val_every_n_epoch=1 → {math.ceil(f)}, val_check_interval=1.0)",

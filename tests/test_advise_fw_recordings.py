@@ -217,6 +217,16 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "fabric_accum_ddp": ({"reduce-gradient-accumulation"}, {"raise-batch-size",
                                                             "add-dataloader-workers",
                                                             "straggler-rank"}),
+    # the same loop in 16-mixed (fp16 autocast, Fabric's GradScaler) on an H100: bf16 in
+    # Fabric's words; no collapse (no step skipped after the scaler's calibration)
+    "fabric_fp16": ({"raise-batch-size", "use-bf16-not-fp16"}, {"enable-mixed-precision",
+                                                                "loss-scale-collapse",
+                                                                "add-dataloader-workers"}),
+    # the Trainer's defaults on a GPU-bound model: BERT-large at 512 tokens, batch 16, fp32
+    # (SMs 90 % active, FP32 pipe 55 %, tensor 4.4 %)
+    "hf_large_fp32": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused",
+                                                   "add-dataloader-workers",
+                                                   "reduce-launch-overhead"}),
     # the Transformer demo on 4 GPUs with the daemon on its own (no hook)
     "lightning_transformer_ddp_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
                                                               "enable-mixed-precision",
@@ -276,6 +286,7 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # the accumulation is the hook's to see: from outside, a host-bound job
     "fabric_accum_ddp": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     "accel_clm_launch": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused"}),
+    "hf_large_fp32": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -1086,7 +1097,7 @@ def test_lightnings_language_model_demos_and_fabric_in_their_own_words():
     Fabric's calls."""
     for name, gpus in (("lightning_transformer", [0]), ("lightning_transformer_ddp",
                                                         [0, 1, 2, 3]),
-                       ("lightning_lstm", [0]), ("fabric_fp32", [0]),
+                       ("lightning_lstm", [0]), ("fabric_fp32", [0]), ("fabric_fp16", [0]),
                        ("fabric_accum_ddp", [0, 1, 2, 3])):
         report = advise_json(path_of(name))
         t = truth(name)
@@ -1103,8 +1114,10 @@ def test_lightnings_language_model_demos_and_fabric_in_their_own_words():
         elif name == "lightning_lstm":
             assert "batch_sampler (SequenceSampler(..., batch_size=20 → " in text
             assert "DataLoader(batch_size=" not in text
-        elif name == "fabric_fp32":
+        elif name in ("fabric_fp32", "fabric_fp16"):
             assert text.startswith("Raise the batch size: DataLoader(batch_size=64 → ")
+            if name == "fabric_fp16":  # each step clocked through Fabric's GradScaler
+                assert 'Fabric(precision="bf16-mixed")' in action(report, "use-bf16-not-fp16")
         else:
             assert {j["micro_batches"] for j in report["jobs"]} == {8}
             assert "DataLoader(batch_size=8 → 64) and no gradient accumulation " \

@@ -323,6 +323,68 @@ def test_lightnings_lstm_demo_batches_by_its_own_sampler(tmp_path: Path) -> None
     assert cfg["fw_max_epochs"] == -1  # the script's max_epochs=-1: no limit
 
 
+def test_a_frameworks_own_batch_sampler_is_not_the_jobs() -> None:
+    """Accelerate's prepare() under several processes rebuilds the DataLoader around a
+    BatchSamplerShard of torch's BatchSampler (its batch_size None): the batch size is still
+    the loader's (the Trainer's per_device_train_batch_size), not a sampler of the job's.
+    A sampler of the job's own, wrapped by Accelerate the same way, is named."""
+    import torch
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    from gpuwatch.advisor.knobs import knob
+    from gpuwatch.job.hook.core import _own_batch_sampler
+
+    class Chunks(torch.utils.data.Sampler):
+        batch_size = 20
+
+        def __iter__(self):  # noqa: ANN204
+            return iter([list(range(k, k + 20)) for k in range(0, 80, 20)])
+
+        def __len__(self) -> int:
+            return 4
+
+    data = list(range(100))
+    shard = prepare_data_loader(DataLoader(data, batch_size=16), num_processes=2,
+                                process_index=0, put_on_device=False)
+    assert shard.batch_size is None and type(shard.batch_sampler).__name__ == \
+        "BatchSamplerShard"
+    assert _own_batch_sampler(shard.batch_sampler) is None
+    own = DataLoader(data, batch_sampler=Chunks())
+    assert _own_batch_sampler(own.batch_sampler) == "Chunks"
+    wrapped = prepare_data_loader(own, num_processes=2, process_index=0, put_on_device=False)
+    assert _own_batch_sampler(wrapped.batch_sampler) == "Chunks"
+    # Lightning's wrapper (its predict loop) keeps the sampler as _batch_sampler; its demos'
+    # own samplers live in lightning's modules too and are the job's
+    from lightning.pytorch.demos.lstm import SequenceSampler
+    from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
+    assert _own_batch_sampler(_IndexBatchSamplerWrapper(DataLoader(
+        data, batch_size=4).batch_sampler)) is None
+    lstm = SequenceSampler(data, batch_size=20)
+    assert _own_batch_sampler(lstm) == "SequenceSampler"
+    assert _own_batch_sampler(_IndexBatchSamplerWrapper(lstm)) == "SequenceSampler"
+    # what a recording made before this reads as (the hook reported the wrapper)
+    assert knob("batch_size", "accelerate", 16, 32, "BatchSamplerShard") == \
+        "DataLoader(batch_size=16 → 32)"
+    assert knob("batch_size", "transformers", 8, 16, "Chunks").startswith(
+        "TrainingArguments(per_device_train_batch_size=8 → 16)")
+
+
+def test_fabric_from_the_standalone_package_is_fabric() -> None:
+    """`pip install lightning-fabric` names its modules lightning_fabric.*, not
+    lightning.fabric.*: its strategy on the optimizer step's stack is Fabric all the
+    same."""
+    from gpuwatch.job.hook import frameworks
+
+    src = ("class Strategy:\n    pass\n\n\nclass SingleDeviceStrategy(Strategy):\n"
+           "    def optimizer_step(self, probe):\n        return probe()\n")
+    ns: dict = {"__name__": "lightning_fabric.strategies.single_device"}
+    exec(compile(src, "/env/site-packages/lightning_fabric/strategies/strategy.py", "exec"), ns)
+    strategy = ns["SingleDeviceStrategy"]()
+    got = strategy.optimizer_step(lambda: frameworks.detect(sys._getframe(1)))
+    assert got == ("fabric", strategy)
+
+
 def test_the_scripts_run_without_gpuwatch(tmp_path: Path) -> None:
     """The same scripts, with no gpuwatch anywhere, train the same number of steps (the
     hook changes nothing of the job)."""

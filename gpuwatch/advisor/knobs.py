@@ -133,7 +133,6 @@ KNOBS: dict[str, dict[str, str]] = {
                         "evaluate, or from_pretrained(..., dtype=torch.bfloat16)",
         "lightning": 'Trainer(precision="bf16-true") for trainer.predict',
         "accelerate": 'Accelerator(mixed_precision="bf16")',
-        "fabric": 'Fabric(precision="bf16-true")',
     },
     "save_every": {
         TORCH: "save a checkpoint every {change} steps",
@@ -161,6 +160,11 @@ KNOBS: dict[str, dict[str, str]] = {
 }
 
 
+# batch samplers a framework builds around the DataLoader's own batch size
+_FRAMEWORK_SAMPLERS = frozenset({"BatchSamplerShard", "SkipBatchSampler",
+                                 "_IndexBatchSamplerWrapper"})
+
+
 def _text(v: Any) -> str:
     if isinstance(v, bool):
         return "True" if v else "False"
@@ -185,12 +189,15 @@ def knob(name: str, framework: str | None, old: Any, new: Any,
     None for a knob this table does not know (a rule file's typo is caught at load).
 
     ``batch_sampler``: the class of the training DataLoader's batch sampler where it makes
-    the batches (the DataLoader's own batch_size is None, whatever the framework): the
-    batch size is that sampler's to change."""
+    the batches (the DataLoader's own batch_size is None): the batch size is that sampler's
+    to change. Not under the Hugging Face Trainer, which builds its loaders from
+    ``per_device_train_batch_size``, nor for a framework's own wrapper (Accelerate's
+    ``BatchSamplerShard``, which an older hook reported) around the loader's batch size."""
     forms = KNOBS.get(name)
     if forms is None or new is None:
         return None
-    if name == "batch_size" and batch_sampler:
+    if name == "batch_size" and batch_sampler and framework != "transformers" \
+            and batch_sampler not in _FRAMEWORK_SAMPLERS:
         return _fill(f"the batch size of the DataLoader's batch_sampler "
                      f"({batch_sampler}(..., batch_size={{change}}), or however it is built)",
                      old, new)

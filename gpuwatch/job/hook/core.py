@@ -1277,6 +1277,33 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
         h.fault()
 
 
+# frameworks that rebuild a DataLoader around a batch sampler of their own (Accelerate's
+# prepare() under several processes: DataLoaderShard(batch_sampler=BatchSamplerShard(...)))
+_FRAMEWORK_MODULES = ("accelerate", "lightning", "pytorch_lightning", "lightning_fabric",
+                      "transformers")
+
+
+def _own_batch_sampler(bs: Any) -> str | None:
+    """The class of the job's own batch sampler, or None where the batches come from torch's
+    BatchSampler that a framework built from the DataLoader's batch_size (its own setting,
+    ``per_device_train_batch_size``, is then the one to change). A framework's wrapper is
+    looked through to the sampler it wraps."""
+    wrapped = False
+    for _ in range(4):
+        if bs is None:
+            return None
+        inner = getattr(bs, "batch_sampler", None) or getattr(bs, "_batch_sampler", None) \
+            if type(bs).__module__.startswith(_FRAMEWORK_MODULES) else None
+        if inner is None:  # not a wrapper (Lightning's demos ship samplers of their own)
+            break
+        wrapped, bs = True, inner
+    else:
+        return None
+    if wrapped and type(bs) is torch.utils.data.BatchSampler:
+        return None
+    return type(bs).__name__
+
+
 def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
@@ -1290,11 +1317,11 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
             batch = loader.batch_size
             sampler = None
             if batch is None:
-                # batches made by a batch_sampler of the job's own: its batch_size (where it
-                # has one) is the one to change, and its class names where
+                # batches made by a batch_sampler: its batch_size (where it has one) is the
+                # one to change, and its class names where
                 bs = getattr(loader, "batch_sampler", None)
                 batch = getattr(bs, "batch_size", None)
-                sampler = type(bs).__name__ if bs is not None else None
+                sampler = _own_batch_sampler(bs)
             # [batch size, config facts, seconds spent creating it until its first batch
             # (None after it), when its creation began]
             self._gpuwatch = [batch if isinstance(batch, int) else None, {

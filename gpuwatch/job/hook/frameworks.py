@@ -44,13 +44,17 @@ def _lightning_trainer(obj: Any) -> Any:
     return None
 
 
+# Fabric inside the lightning package, and the standalone lightning-fabric package
+_FABRIC_MODULES = ("lightning.fabric", "lightning_fabric")
+
+
 def _fabric_strategy(obj: Any) -> Any:
     """Fabric's strategy from one of its objects on the optimizer step's stack (the strategy
     itself, or the optimizer wrapper that holds it); None for any other."""
-    if _is(obj, ("lightning.fabric",), "Strategy"):
+    if _is(obj, _FABRIC_MODULES, "Strategy"):
         return obj
     strategy = getattr(obj, "_strategy", None)
-    if strategy is not None and _is(strategy, ("lightning.fabric",), "Strategy"):
+    if strategy is not None and _is(strategy, _FABRIC_MODULES, "Strategy"):
         return strategy
     return None
 
@@ -77,7 +81,7 @@ def detect(frame: Any) -> tuple[str, Any] | None:
                     trainer = _lightning_trainer(obj)
                     if trainer is not None:
                         return LIGHTNING, trainer
-                    if mod.startswith("lightning.fabric") and (
+                    if mod.startswith(_FABRIC_MODULES) and (
                             found is None or found[0] != FABRIC):
                         strategy = _fabric_strategy(obj)
                         if strategy is not None:
@@ -173,7 +177,9 @@ def _accelerate(cfg: dict[str, Any], problems: Problems) -> None:
 
 
 def _fabric(cfg: dict[str, Any], strategy: Any, problems: Problems) -> None:
-    read(cfg, "framework_version", _version("lightning"), problems)
+    read(cfg, "framework_version", lambda: getattr(
+        sys.modules.get("lightning") or sys.modules.get("lightning_fabric"), "__version__",
+        None), problems)
     # the precision plugin's setting as Fabric(precision=...) takes it: "32-true",
     # "bf16-mixed", "16-mixed", "bf16-true"
     read(cfg, "fw_precision", lambda: str(strategy.precision.precision), problems)
