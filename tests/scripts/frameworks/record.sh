@@ -344,3 +344,13 @@ want fabric_fp16 && rec fabric_fp16 120 python3 lightning_demos.py --model fabri
 want hf_large_fp32 && rec hf_large_fp32 150 python3 hf_trainer.py --hidden 1024 --layers 24 \
   --seq 512 --steps 100000 --seconds 50 --batch 16 --accum 1 --eval-every 100000 \
   --eval-samples 64 --workers 4
+# 59. generate() at batch 1 from a GPT-2 of 24 layers at width 1024 (~1.3 GB in fp32) loaded
+#     with from_pretrained(device_map="auto") and 500 MiB allowed per GPU: its layers spread
+#     over every GPU, one process using them in turn; 60. the same without the hook
+for v in generate_device_map generate_device_map_bare; do
+  if want $v; then
+    r=rec; [ $v = generate_device_map_bare ] && r=rec_bare
+    $r $v 150 python3 generate.py --seconds 45 --width 1024 --layers 24 --new-tokens 32 \
+      --device-map auto --gpu-mib 500
+  fi
+done
