@@ -227,6 +227,16 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_large_fp32": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused",
                                                    "add-dataloader-workers",
                                                    "reduce-launch-overhead"}),
+    # generate() at batch 1 from a GPT-2 that from_pretrained(device_map="auto") spread over
+    # 4 GPUs (one process, the GPUs in turn): an inference process on every GPU it holds,
+    # never DataParallel, never a training job read from outside; without the hook the
+    # same shape is DataParallel's, said as a suspicion that names device_map="auto"
+    "generate_device_map": ({"batch-inference-requests"},
+                            {"use-ddp-not-dataparallel", "raise-batch-size",
+                             "add-dataloader-workers", "gpu-underused",
+                             "reduce-launch-overhead"}),
+    "generate_device_map_bare": ({"use-ddp-not-dataparallel"}, {"raise-batch-size",
+                                                                 "batch-inference-requests"}),
     # the Transformer demo on 4 GPUs with the daemon on its own (no hook)
     "lightning_transformer_ddp_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
                                                               "enable-mixed-precision",
@@ -1166,3 +1176,21 @@ def test_accelerate_launch_ranks_are_found_with_and_without_the_hook():
     assert sorted((j["gpu"], j["rank"]) for j in bare["jobs"]) == [(g, g) for g in range(4)]
     assert sorted(a["gpu"] for a in bare["advice"] if a["id"] == "enable-mixed-precision") == [
         0, 1, 2, 3]
+
+
+def test_a_model_spread_over_the_gpus_is_one_inference_process():
+    """from_pretrained(device_map="auto") put a GPT-2's layers on all four GPUs of one
+    process that only generates. The hook reports for the GPU of its first parameter; the
+    other GPUs, whose main process it is, are that job's too: an inference process at batch
+    1 on each, and no job "estimated without the hook" on the others (which once read as
+    DataParallel training, host-bound on each GPU)."""
+    report = advise_json(path_of("generate_device_map"))
+    assert [(j["gpu"], j["pid"]) for j in report["jobs"]] == [
+        (0, report["jobs"][0]["pid"])]
+    got = [a for a in report["advice"] if a["id"] == "batch-inference-requests"]
+    assert sorted(a["gpu"] for a in got) == [0, 1, 2, 3]
+    assert truth("generate_device_map")["generate_calls"] >= got[0]["evidence"][
+        "inference_batches"] > 50
+    bare = advise_json(path_of("generate_device_map_bare"))
+    assert all('device_map="auto"' in a["action"] for a in bare["advice"]
+               if a["id"] == "use-ddp-not-dataparallel")

@@ -763,6 +763,11 @@ class Frame:
             subj.phase_pid = pid  # another process on this GPU: its own totals
             subj.phase_seconds = {}
             subj.phase_t = None
+        if pid is not None and subj.gpu is not None and pid not in self.job_of_pid:
+            # a process that reports phases and no steps yet (inference: generate() from a
+            # model that device_map="auto" spread over several GPUs): the other GPUs it is
+            # the main process of are its job's too (job_via), not jobs seen from outside
+            self.job_of_pid[pid] = subj
         gains: dict[str, float] = {}
         for name, total in seconds.items():
             gained = float(total) - subj.phase_seconds.get(name, 0.0)
