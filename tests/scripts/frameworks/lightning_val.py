@@ -1,5 +1,7 @@
 """A LightningModule trained by ``lightning.pytorch.Trainer`` with a validation loop inside
-the epoch (``val_check_interval``), on the CPU or GPUs (``--devices`` >1: DDP).
+the epoch (``val_check_interval``), on the CPU or GPUs (``--devices`` >1: DDP; ``--strategy
+fsdp`` or ``fsdp_offload``: Lightning's FSDPStrategy, with ``cpu_offload=True`` for the
+latter).
 
 A Lightning ``Callback`` times the validations (the script's own truth, --out).
 """
@@ -28,6 +30,8 @@ p.add_argument("--workers", type=int, default=0)
 p.add_argument("--devices", type=int, default=1)
 p.add_argument("--precision", default="32-true")
 p.add_argument("--accum", type=int, default=1)
+p.add_argument("--strategy", choices=("auto", "fsdp", "fsdp_offload"), default="auto",
+               help="fsdp: FSDPStrategy(); fsdp_offload: FSDPStrategy(cpu_offload=True)")
 p.add_argument("--val-ms", type=float, default=0.0, help="extra work per validation batch")
 p.add_argument("--warm-seconds", type=float, default=0.0,
                help="each loader worker spins the CPU this long before its first sample "
@@ -88,7 +92,12 @@ train = torch.utils.data.DataLoader(data(a.steps * a.batch * a.accum, 1), batch_
                                     num_workers=a.workers, persistent_workers=a.workers > 0)
 val = torch.utils.data.DataLoader(data(a.val_samples, 2), batch_size=a.val_batch,
                                   num_workers=a.workers, persistent_workers=a.workers > 0)
-trainer = pl.Trainer(max_steps=a.steps,
+strategy = "auto"
+if a.strategy != "auto":
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    strategy = FSDPStrategy(cpu_offload=a.strategy == "fsdp_offload")
+trainer = pl.Trainer(max_steps=a.steps, strategy=strategy,
                      max_time=None if a.seconds is None else {"seconds": a.seconds}, val_check_interval=a.val_every * a.accum,
                      check_val_every_n_epoch=None, accumulate_grad_batches=a.accum,
                      accelerator="gpu" if torch.cuda.is_available() else "cpu",

@@ -354,3 +354,11 @@ for v in generate_device_map generate_device_map_bare; do
       --device-map auto --gpu-mib 500
   fi
 done
+# 61. Lightning's FSDPStrategy(cpu_offload=True) on every GPU: an MLP of width 2048 at batch
+#     256 per rank, bf16-mixed, 2 workers (the parameters and optimizer state on the CPU)
+if want lightning_fsdp_offload; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec lightning_fsdp_offload 150 python3 lightning_val.py --devices "$n" --strategy fsdp_offload \
+    --steps 100000 --seconds 40 --batch 256 --val-every 100000 --val-samples 512 --width 2048 \
+    --workers 2 --precision bf16-mixed
+fi
