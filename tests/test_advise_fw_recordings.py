@@ -237,6 +237,12 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                              "reduce-launch-overhead"}),
     "generate_device_map_bare": ({"use-ddp-not-dataparallel"}, {"raise-batch-size",
                                                                  "batch-inference-requests"}),
+    # Lightning's FSDPStrategy(cpu_offload=True) on 4 GPUs (an MLP of width 2048 at batch
+    # 256, bf16-mixed): the steps wait on the host (GPU work 0.2-0.8 %); the optimizer steps
+    # on the CPU's copy, so no fused-optimizer advice
+    "lightning_fsdp_offload": ({"disable-fsdp-cpu-offload"},
+                               {"raise-batch-size", "gpu-underused", "reduce-launch-overhead",
+                                "use-fused-optimizer", "straggler-rank"}),
     # the Transformer demo on 4 GPUs with the daemon on its own (no hook)
     "lightning_transformer_ddp_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
                                                               "enable-mixed-precision",
@@ -1194,3 +1200,16 @@ def test_a_model_spread_over_the_gpus_is_one_inference_process():
     bare = advise_json(path_of("generate_device_map_bare"))
     assert all('device_map="auto"' in a["action"] for a in bare["advice"]
                if a["id"] == "use-ddp-not-dataparallel")
+
+
+def test_lightnings_fsdp_offload_is_named_in_lightnings_words():
+    """Lightning's FSDPStrategy(cpu_offload=True) builds FSDP1 units: the hook sees the
+    offload on every rank, each rank's steps are the callback's, and the change is
+    Lightning's own setting."""
+    report = advise_json(path_of("lightning_fsdp_offload"))
+    t = truth("lightning_fsdp_offload")
+    assert sorted((j["gpu"], j["steps"]) for j in report["jobs"]) == [
+        (g, t["steps"]) for g in range(4)]
+    got = [a for a in report["advice"] if a["id"] == "disable-fsdp-cpu-offload"]
+    assert sorted(a["gpu"] for a in got) == [0, 1, 2, 3]
+    assert "FSDPStrategy(cpu_offload=False)" in got[0]["action"]
