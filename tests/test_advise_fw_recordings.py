@@ -1213,3 +1213,24 @@ def test_lightnings_fsdp_offload_is_named_in_lightnings_words():
     got = [a for a in report["advice"] if a["id"] == "disable-fsdp-cpu-offload"]
     assert sorted(a["gpu"] for a in got) == [0, 1, 2, 3]
     assert "FSDPStrategy(cpu_offload=False)" in got[0]["action"]
+
+
+def test_checkpointing_stays_where_the_activations_it_drops_may_not_fit(tmp_path):
+    """GPT-2 small at 512 tokens, micro-batch 8, with gradient checkpointing: on its 80 GB
+    H100 the micro-batch's activations fit 19 times over in the free memory, so turning
+    checkpointing off (up to ~17x the activations for a transformer block) is advised. The
+    same job on a 24 GB card holds a quarter of it or less too, but its activations fit
+    only ~5 times over: turning checkpointing off may not fit, and nothing is said."""
+    from test_advise_support import on_card
+
+    a = [x for x in advise_json(path_of("accel_clm_grad_ckpt"))["advice"]
+         if x["id"] == "disable-gradient-checkpointing"]
+    assert a and a[0]["evidence"]["batch_room"] >= 17
+    assert "fit 19 times over" in a[0]["message"]
+    small = write(tmp_path / "l4.jsonl", on_card(load("fw_accel_clm_grad_ckpt"),
+                                                 total=24 * 2**30, name="NVIDIA L4"))
+    report = advise_json(small)
+    assert "disable-gradient-checkpointing" not in ids(report)
+    rooms = [x["evidence"].get("batch_room") for x in report["advice"]
+             if x["id"] == "raise-batch-size"]
+    assert all(r is None or r < 17 for r in rooms)
