@@ -362,3 +362,16 @@ if want lightning_fsdp_offload; then
     --steps 100000 --seconds 40 --batch 256 --val-every 100000 --val-samples 512 --width 2048 \
     --workers 2 --precision bf16-mixed
 fi
+# 62. item 8c (BERT-large at sequence 512, batch 32, bf16) with gradient_checkpointing=True:
+#     how much memory checkpointing saves there, against 8c's own peak without it
+want hf_large_gc && rec hf_large_gc 150 python3 hf_trainer.py --hidden 1024 --layers 24 --seq 512 \
+  --steps 100000 --seconds 50 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 \
+  --tf32-arg --workers 4 --grad-ckpt
+# 63. the Trainer under torchrun on every GPU with torch_compile=True, bf16, BERT-base at batch
+#     32 per rank: each rank compiles before its first steps
+if want hf_compile_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec hf_compile_ddp 240 torchrun --standalone --nproc_per_node "$n" hf_trainer.py $bert \
+    --steps 100000 --seconds 70 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
+    --bf16 --tf32-arg --compile --workers 2
+fi
