@@ -368,10 +368,11 @@ want hf_large_gc && rec hf_large_gc 150 python3 hf_trainer.py --hidden 1024 --la
   --steps 100000 --seconds 50 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 \
   --tf32-arg --workers 4 --grad-ckpt
 # 63. the Trainer under torchrun on every GPU with torch_compile=True, bf16, BERT-base at batch
-#     32 per rank: each rank compiles before its first steps
+#     32 per rank, 1000 steps (a step count: every rank stops at the same one): each rank
+#     compiles before its first steps
 if want hf_compile_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
   rec hf_compile_ddp 240 torchrun --standalone --nproc_per_node "$n" hf_trainer.py $bert \
-    --steps 100000 --seconds 70 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
+    --steps 1000 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
     --bf16 --tf32-arg --compile --workers 2
 fi
