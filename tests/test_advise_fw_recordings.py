@@ -243,6 +243,16 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "lightning_fsdp_offload": ({"disable-fsdp-cpu-offload"},
                                {"raise-batch-size", "gpu-underused", "reduce-launch-overhead",
                                 "use-fused-optimizer", "straggler-rank"}),
+    # item 8c (BERT-large, sequence 512, batch 32, bf16) with gradient_checkpointing=True:
+    # 6 % of the memory, its activations fit 40 times over
+    "hf_large_gc": ({"disable-gradient-checkpointing", "raise-batch-size"},
+                    {"enable-gradient-checkpointing", "add-dataloader-workers"}),
+    # the Trainer with torch_compile=True under torchrun on 4 GPUs (BERT-base, batch 32 per
+    # rank, bf16): 53 s compiling (27 graphs) on each rank, then host-bound steps (its
+    # raise-batch-size comes 35 s after the first step: compiling goes on into the first
+    # seconds of training, which the training windows leave out; test below)
+    "hf_compile_ddp": ({"long-compile"},
+                       {"straggler-rank", "add-dataloader-workers", "gpu-underused"}),
     # the Transformer demo on 4 GPUs with the daemon on its own (no hook)
     "lightning_transformer_ddp_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
                                                               "enable-mixed-precision",
@@ -1234,3 +1244,33 @@ def test_checkpointing_stays_where_the_activations_it_drops_may_not_fit(tmp_path
     rooms = [x["evidence"].get("batch_room") for x in report["advice"]
              if x["id"] == "raise-batch-size"]
     assert all(r is None or r < 17 for r in rooms)
+
+
+def test_what_checkpointing_saved_on_bert_large_is_within_the_gate():
+    """The same BERT-large run (sequence 512, batch 32, bf16, SDPA attention) with and
+    without gradient checkpointing: its activations grew about 8x without it, under the
+    17x that disable-gradient-checkpointing requires room for; the run with it is told to
+    turn it off, and the run without it peaked under a quarter of the memory."""
+    report = advise_json(path_of("hf_large_gc"))
+    assert "disable-gradient-checkpointing" in ids(report)
+    (per_sample,) = {a["evidence"]["act_mem_per_sample_bytes"] for a in report["advice"]
+                     if a["id"] == "raise-batch-size"}
+
+    def peak(name: str) -> float:
+        return max(d.get("max_mem_allocated_bytes") or 0 for d in lines(path_of(name))
+                   if d.get("kind") in ("step", "steps"))
+    grown = 1 + (peak("hf_large_bf16") - peak("hf_large_gc")) / (32 * per_sample)
+    assert 4 <= grown <= 17, grown
+    assert peak("hf_large_bf16") < 0.25 * 80e9
+
+
+def test_the_trainer_compiling_under_torchrun_is_told_of_both():
+    """torch_compile=True on 4 ranks: the compile (53 s, before and into the first training
+    seconds) is named on each rank, and once training runs, the host-bound steps too, one
+    batch size for the job; no rank is a straggler for compiling as long as the others."""
+    report = advise_json(path_of("hf_compile_ddp"))
+    for rule in ("long-compile", "raise-batch-size"):
+        assert sorted(a["gpu"] for a in report["advice"] if a["id"] == rule) == [0, 1, 2, 3]
+    t = truth("hf_compile_ddp")
+    assert sorted(j["steps"] for j in report["jobs"]) == [t["steps"]] * 4
+    assert all(j["phases"]["compile"] > 40 for j in report["jobs"])
