@@ -244,7 +244,7 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                {"raise-batch-size", "gpu-underused", "reduce-launch-overhead",
                                 "use-fused-optimizer", "straggler-rank"}),
     # item 8c (BERT-large, sequence 512, batch 32, bf16) with gradient_checkpointing=True:
-    # 6 % of the memory, its activations fit 40 times over
+    # 6 % of the memory, its activations would fit 40 times in what they hold and what is free
     "hf_large_gc": ({"disable-gradient-checkpointing", "raise-batch-size"},
                     {"enable-gradient-checkpointing", "add-dataloader-workers"}),
     # the Trainer with torch_compile=True under torchrun on 4 GPUs (BERT-base, batch 32 per
@@ -1227,7 +1227,7 @@ def test_lightnings_fsdp_offload_is_named_in_lightnings_words():
 
 def test_checkpointing_stays_where_the_activations_it_drops_may_not_fit(tmp_path):
     """GPT-2 small at 512 tokens, micro-batch 8, with gradient checkpointing: on its 80 GB
-    H100 the micro-batch's activations fit 19 times over in the free memory, so turning
+    H100 the micro-batch's activations fit 19 times in what they hold and what is free, so turning
     checkpointing off (up to ~17x the activations for a transformer block) is advised. The
     same job on a 24 GB card holds a quarter of it or less too, but its activations fit
     only ~5 times over: turning checkpointing off may not fit, and nothing is said."""
@@ -1236,7 +1236,7 @@ def test_checkpointing_stays_where_the_activations_it_drops_may_not_fit(tmp_path
     a = [x for x in advise_json(path_of("accel_clm_grad_ckpt"))["advice"]
          if x["id"] == "disable-gradient-checkpointing"]
     assert a and a[0]["evidence"]["batch_room"] >= 17
-    assert "fit 19 times over" in a[0]["message"]
+    assert "would fit 19 times in what they hold and what is free" in a[0]["message"]
     small = write(tmp_path / "l4.jsonl", on_card(load("fw_accel_clm_grad_ckpt"),
                                                  total=24 * 2**30, name="NVIDIA L4"))
     report = advise_json(small)

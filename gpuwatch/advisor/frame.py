@@ -763,11 +763,15 @@ class Frame:
             subj.phase_pid = pid  # another process on this GPU: its own totals
             subj.phase_seconds = {}
             subj.phase_t = None
-        if pid is not None and subj.gpu is not None and pid not in self.job_of_pid:
+        if pid is not None and subj.gpu is not None and subj.job_pid in (None, pid):
             # a process that reports phases and no steps yet (inference: generate() from a
             # model that device_map="auto" spread over several GPUs): the other GPUs it is
-            # the main process of are its job's too (job_via), not jobs seen from outside
-            self.job_of_pid[pid] = subj
+            # the main process of are its job's too (job_via), not jobs seen from outside.
+            # Where its steps named a GPU, that stands; a GPU another process steps on is
+            # not taken; a pid used again by a later process moves with it
+            cur = self.job_of_pid.get(pid)
+            if cur is not subj and (cur is None or cur.job_pid != pid):
+                self.job_of_pid[pid] = subj
         gains: dict[str, float] = {}
         for name, total in seconds.items():
             gained = float(total) - subj.phase_seconds.get(name, 0.0)
