@@ -13,7 +13,8 @@
 
 The demos read ``./data/wikitext-2.txt``, which they would download; here it is written
 first: a deterministic text of Zipf-distributed words (so every rank of a DDP run makes the
-same one). The script's own truth (steps, --out) is written by global rank 0.
+same one). Where ``requests`` is not installed (the demo's loader asks for it before it
+looks for the file), the demo's own ``train_dataloader`` is used with ``download=False``. The script's own truth (steps, --out) is written by global rank 0.
 """
 
 from __future__ import annotations
@@ -121,9 +122,25 @@ else:
     else:
         from lightning.pytorch.demos.lstm import LightningLSTM as Demo
 
+    from lightning.pytorch.demos import transformer as demo_text
+
     class Local(Demo):
         def prepare_data(self) -> None:
             pass  # the demo would download the text (written above)
+
+    if not demo_text._REQUESTS_AVAILABLE:
+        # the demo's WikiText2() checks for requests before it looks for the file: where
+        # requests is not installed, the demo's own loader with download=False
+        from lightning.pytorch.demos.lstm import SequenceSampler
+        from torch.utils.data import DataLoader
+
+        def train_dataloader(self):  # noqa: ANN001, ANN202
+            dataset = demo_text.WikiText2(download=False)
+            if a.model == "transformer":
+                return DataLoader(dataset)
+            return DataLoader(dataset, batch_sampler=SequenceSampler(dataset, batch_size=20))
+
+        Local.train_dataloader = train_dataloader
 
     trainer = pl.Trainer(max_epochs=-1, max_time={"seconds": a.seconds},
                          accelerator=accelerator, devices=a.devices,
