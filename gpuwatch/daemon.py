@@ -120,6 +120,7 @@ class Daemon:
         self.http: HttpServer | None = None
         self._started: list[Any] = []
         self._stop = threading.Event()
+        self._previous_handlers: dict[int, Any] = {}  # while catch_signals() holds them
         self._stopped = False
         self._start_time = 0.0
         self._last_sample = 0.0
@@ -181,9 +182,14 @@ class Daemon:
         self._started.clear()
         self.store.unsubscribe(self._saw_sample)
 
-    def serve_forever(self) -> None:
-        """Run until SIGINT or SIGTERM (or ``stop()`` from another thread), then stop."""
-        previous: dict[int, Any] = {}
+    def catch_signals(self) -> None:
+        """From now on SIGINT and SIGTERM stop the daemon cleanly (main thread only). Called
+        before the daemon says it serves, so a stop sent the moment it does (a test, a
+        service manager) finds the handler in place; ``serve_forever`` puts the previous
+        handlers back."""
+        previous = self._previous_handlers
+        if previous or threading.current_thread() is not threading.main_thread():
+            return
 
         def on_signal(signum: int, _frame: Any) -> None:
             log.info("received %s, shutting down", signal.Signals(signum).name)
@@ -192,15 +198,19 @@ class Daemon:
                 signal.signal(sig, handler)
             self._stop.set()
 
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, on_signal)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+
+    def serve_forever(self) -> None:
+        """Run until SIGINT or SIGTERM (or ``stop()`` from another thread), then stop."""
+        self.catch_signals()
         try:
             while not self._stop.wait(0.5):
                 pass
         finally:
-            for sig, handler in previous.items():
+            for sig, handler in self._previous_handlers.items():
                 signal.signal(sig, handler)
+            self._previous_handlers.clear()
             self.stop()
 
     def health(self) -> tuple[bool, str]:
@@ -354,6 +364,7 @@ def _serve(config: Config, replay: str | None, what: str | None, name: str | Non
     notifier = sdnotify.Notifier.from_environ()
     daemon = Daemon(config, replay=replay, replay_name=name)
     daemon.start()
+    daemon.catch_signals()  # before it says it serves: a stop sent then is a clean one
     doing = f"replaying {what}" if replay else "sampling"
     hook = f"; hook socket {daemon.hook_socket}" if daemon.hook_socket else ""
     print(f"gpuwatch: serving {daemon.url}/metrics ({doing}); advice at {daemon.url}/api/advice"

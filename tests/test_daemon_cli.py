@@ -10,6 +10,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -585,3 +586,21 @@ def test_the_slow_tier_follows_the_flags_interval_unless_the_file_set_it(tmp_pat
     cfg.write_text("interval: 60\nslow_interval: 120\n")
     config = config_from_args(Namespace(config_file=str(cfg), interval=1.0))
     assert (config.interval, config.slow_interval) == (1.0, 120.0)
+
+
+def test_a_stop_sent_the_moment_it_serves_is_a_clean_stop(tmp_path):
+    """The daemon says it serves only once SIGTERM stops it cleanly: a service manager or a
+    test that stops it on that line gets exit status 0, not death by the signal (the
+    handler was installed a moment after the line, and a loaded machine hit the gap)."""
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-m", "gpuwatch", "run", "--demo",
+                                 "--web.listen-address", "127.0.0.1:0"],
+                                stderr=subprocess.PIPE, text=True, env=env)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "gpuwatch: serving" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        proc.stderr.close()
+        assert proc.wait(timeout=60) == 0
