@@ -327,6 +327,16 @@ def truth(name: str) -> dict:
     return json.loads((DATA / f"fw_{name}.truth.json").read_text())
 
 
+def steps_by_gpu(report: dict) -> list[tuple[int, int]]:
+    """(GPU, steps the hook counted) for each job of the report, by GPU."""
+    return sorted((j["gpu"], j["steps"]) for j in report["jobs"])
+
+
+def gpus_told(report: dict, rule: str) -> list[int]:
+    """The GPUs ``rule`` was said for, in order."""
+    return sorted(a["gpu"] for a in report["advice"] if a["id"] == rule)
+
+
 def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
@@ -1008,7 +1018,7 @@ def test_fsdp2_offload_is_seen_and_changed_in_fully_shards_words():
     assert {d["device"] for d in cfgs} == {f"cuda:{r}" for r in range(4)}
     report = advise_json(DATA / f"{name}.jsonl")
     t = truth("accel_clm_fsdp2_offload")
-    assert sorted((j["gpu"], j["steps"]) for j in report["jobs"]) == [
+    assert steps_by_gpu(report) == [
         (g, t["steps"]) for g in range(4)]
     off = [a for a in report["advice"] if a["id"] == "disable-fsdp-cpu-offload"]
     assert sorted(a["gpu"] for a in off) == [0, 1, 2, 3]
@@ -1051,7 +1061,7 @@ def test_the_boring_model_trains_by_batches_of_one_between_validations_five_a_se
     for name, gpus in (("lightning_boring", [0]), ("lightning_boring_ddp", [0, 1, 2, 3])):
         report = advise_json(path_of(name))
         t = truth(name)
-        assert sorted((j["gpu"], j["steps"]) for j in report["jobs"]) == [
+        assert steps_by_gpu(report) == [
             (g, t["steps"]) for g in gpus]
         for j in report["jobs"]:
             # the hook's evaluation runs from the first validation batch asked for to the
@@ -1127,7 +1137,7 @@ def test_lightnings_language_model_demos_and_fabric_in_their_own_words():
                        ("fabric_accum_ddp", [0, 1, 2, 3])):
         report = advise_json(path_of(name))
         t = truth(name)
-        assert sorted((j["gpu"], j["steps"]) for j in report["jobs"]) == [
+        assert steps_by_gpu(report) == [
             (g, t["steps"]) for g in gpus], name
         fw = "fabric" if name.startswith("fabric") else "lightning"
         assert {j["framework"] for j in report["jobs"]} == {fw}
@@ -1190,7 +1200,7 @@ def test_accelerate_launch_ranks_are_found_with_and_without_the_hook():
     bare = advise_json(path_of("accel_clm_launch_bare"))
     assert not bare["hook"]["steps"]
     assert sorted((j["gpu"], j["rank"]) for j in bare["jobs"]) == [(g, g) for g in range(4)]
-    assert sorted(a["gpu"] for a in bare["advice"] if a["id"] == "enable-mixed-precision") == [
+    assert gpus_told(bare, "enable-mixed-precision") == [
         0, 1, 2, 3]
 
 
@@ -1218,7 +1228,7 @@ def test_lightnings_fsdp_offload_is_named_in_lightnings_words():
     Lightning's own setting."""
     report = advise_json(path_of("lightning_fsdp_offload"))
     t = truth("lightning_fsdp_offload")
-    assert sorted((j["gpu"], j["steps"]) for j in report["jobs"]) == [
+    assert steps_by_gpu(report) == [
         (g, t["steps"]) for g in range(4)]
     got = [a for a in report["advice"] if a["id"] == "disable-fsdp-cpu-offload"]
     assert sorted(a["gpu"] for a in got) == [0, 1, 2, 3]
@@ -1270,7 +1280,7 @@ def test_the_trainer_compiling_under_torchrun_is_told_of_both():
     batch size for the job; no rank is a straggler for compiling as long as the others."""
     report = advise_json(path_of("hf_compile_ddp"))
     for rule in ("long-compile", "raise-batch-size"):
-        assert sorted(a["gpu"] for a in report["advice"] if a["id"] == rule) == [0, 1, 2, 3]
+        assert gpus_told(report, rule) == [0, 1, 2, 3]
     t = truth("hf_compile_ddp")
     assert sorted(j["steps"] for j in report["jobs"]) == [t["steps"]] * 4
     assert all(j["phases"]["compile"] > 40 for j in report["jobs"])

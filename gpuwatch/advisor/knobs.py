@@ -206,8 +206,7 @@ def knob(name: str, framework: str | None, old: Any, new: Any,
         forms = {TORCH: forms[TORCH]}
     if name == "grad_accum" and new == 1:  # accumulation gone: say so in plain words
         forms = dict(forms, **{TORCH: "no gradient accumulation (one backward() per "
-                                      "optimizer.step())",
-                               "fabric": ""})
+                                      "optimizer.step())"})
         if framework == "fabric":  # the user's own loop: torch's words, Fabric's calls
             return _fill("no gradient accumulation (micro-batches per optimizer.step(): "
                          "{change}; one fabric.backward() each, without "

@@ -97,8 +97,12 @@ def _enum_value(v: Any) -> Any:
     return v if isinstance(v, (bool, int, float, str)) or v is None else str(v)
 
 
-def _version(module: str) -> Any:
-    return lambda: getattr(sys.modules.get(module), "__version__", None)
+def _version(*modules: str) -> Any:
+    """The version of the first of ``modules`` the job has loaded (read when called)."""
+    def version() -> Any:
+        loaded = next((sys.modules[m] for m in modules if m in sys.modules), None)
+        return getattr(loaded, "__version__", None)
+    return version
 
 
 def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None:
@@ -135,9 +139,7 @@ def _first_loader(loaders: Any) -> Any:
 
 
 def _lightning(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None:
-    read(cfg, "framework_version", lambda: getattr(
-        sys.modules.get("lightning") or sys.modules.get("pytorch_lightning"), "__version__",
-        None), problems)
+    read(cfg, "framework_version", _version("lightning", "pytorch_lightning"), problems)
     read(cfg, "fw_precision", lambda: str(trainer.precision), problems)
     read(cfg, "fw_grad_accum", lambda: trainer.accumulate_grad_batches, problems)
     read(cfg, "fw_eval_every", lambda: trainer.val_check_interval, problems)
@@ -177,9 +179,7 @@ def _accelerate(cfg: dict[str, Any], problems: Problems) -> None:
 
 
 def _fabric(cfg: dict[str, Any], strategy: Any, problems: Problems) -> None:
-    read(cfg, "framework_version", lambda: getattr(
-        sys.modules.get("lightning") or sys.modules.get("lightning_fabric"), "__version__",
-        None), problems)
+    read(cfg, "framework_version", _version("lightning", "lightning_fabric"), problems)
     # the precision plugin's setting as Fabric(precision=...) takes it: "32-true",
     # "bf16-mixed", "16-mixed", "bf16-true"
     read(cfg, "fw_precision", lambda: str(strategy.precision.precision), problems)
