@@ -17,7 +17,7 @@ from typing import Any
 import browser
 import pytest
 
-from gpuwatch.advisor.report import evidence_value
+from gpuwatch.advisor.report import blocks_of, evidence_value, where_text
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
@@ -143,10 +143,16 @@ def test_html_report_of_each_recording_renders_offline_with_the_json_numbers(nam
         # a chart per GPU at least (busy; memory, power and clocks where recorded)
         assert dom.count('class="chart"') >= len(report["gpus"])
         assert "GPU 0" in dom
-    for i, a in enumerate(report["advice"], 1):
-        # each card, numbered in the JSON's order, with its message and its change
-        assert f"-advice-{i}" in dom
-        assert escape(a["message"]) in html and escape(a["action"]) in html
+    blocks = blocks_of(report["advice"])
+    for i, (lead, gpus, group) in enumerate(blocks, 1):
+        # a card per block of the text report (the same piece on several GPUs is one),
+        # numbered in the JSON's order, naming its GPUs; every piece's message and change
+        # are on the page (the block's first in full, the others folded where they differ)
+        assert f'-advice-{i}"' in dom
+        assert escape(where_text(lead, gpus)) in html
+        for a in group:
+            assert escape(a["message"]) in html and escape(a["action"]) in html
+    assert f'-advice-{len(blocks) + 1}"' not in dom
     if report["jobs"] and any(j.get("step_seconds") for j in report["jobs"]):
         assert n >= len(report["jobs"]) * 6  # the shares, the step time, the steps
     assert parsed.tags.get("svg", 0) >= (1 if report["gpus"] else 0)
@@ -218,3 +224,38 @@ def test_a_daemon_report_renders_without_charts(tmp_path, gpuwatch_daemon):
     assert rendered.console == [] and rendered.page_requests == []
     # a replaying daemon hands over the recording judged ahead (as `advise --replay`)
     assert "No charts" in rendered.dom and f"replayed by the daemon at {d.url}" in rendered.dom
+
+
+def test_the_ranks_of_one_job_told_the_same_are_one_card(tmp_path):
+    """Lightning's Transformer demo on 4 GPUs: each piece of advice said for all four ranks
+    is one card naming GPUs 0-3 (as the text report's block), the ranks' own figures folded
+    under it; the chart marks of every GPU link to that card."""
+    name = "fw_lightning_transformer_ddp.jsonl"
+    report = json.loads(gpuwatch("advise", "--replay", str(DATA / name), "--format",
+                                 "json").stdout)
+    got = gpuwatch("advise", "--replay", str(DATA / name), "--format", "html")
+    assert got.returncode == 0, got.stderr
+    html = got.stdout
+    pieces = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
+    assert sorted(a["gpu"] for a in pieces) == [0, 1, 2, 3]
+    cards = re.findall(r'<div class="card" id="(gw[0-9a-f]+-advice-\d+)"', html)
+    assert len(cards) == len(blocks_of(report["advice"])) < len(report["advice"])
+    card = html[html.index(f'id="{cards[0]}"'):html.index(f'id="{cards[1]}"')]
+    assert "raise-batch-size</code> on GPUs 0, 1, 2, 3" in card
+    # the other ranks' own evidence, keyed to their own pieces of the JSON
+    assert card.count("<h4>GPU ") == 3 and "<details>" in card
+    for a in pieces:
+        i = report["advice"].index(a)
+        assert f'data-key="advice.{i}.evidence.batch_size"' in card
+    # the verdict lists the blocks, not the pieces
+    toc = html[html.index('<ol class="toc">'):html.index("</ol>")]
+    assert toc.count("<li>") == len(cards)
+    # every GPU's chart marks raise-batch-size with the one card's number
+    marks = set(re.findall(r'href="#(gw[0-9a-f]+-advice-\d+)"', html[:html.index("<h2>Advice")]))
+    assert cards[0] in marks
+    page = tmp_path / "report.html"
+    page.write_text(html)
+    rendered = browser.render(page, tmp_path)
+    assert rendered.console == [] and rendered.page_requests == []
+    check_numbers(report, rendered.dom)
+

@@ -25,6 +25,7 @@ from gpuwatch.advisor import svg
 from gpuwatch.advisor.report import (
     MIN_TRAINING_SECONDS,
     advice_order,
+    blocks_of,
     duration,
     evidence_items,
     evidence_value,
@@ -32,7 +33,10 @@ from gpuwatch.advisor.report import (
     no_advice_text,
     not_judged_text,
     percent,
+    same_on,
     source_line,
+    spread_text,
+    where_text,
 )
 from gpuwatch.advisor.rules import human_bytes
 from gpuwatch.advisor.timeline import PHASES, Timeline
@@ -58,6 +62,8 @@ STYLE = """
  font-variant-numeric:tabular-nums}
 .gw-report .verdict{padding:8px 12px;border-radius:6px;background:#f3f5f7;margin:8px 0}
 .gw-report ol.toc{margin:4px 0 4px 18px;padding:0}
+.gw-report details{margin:6px 0}.gw-report summary{cursor:pointer;color:#57606a}
+.gw-report h4{font-size:14px;margin:10px 0 2px}
 .gw-report .card{border:1px solid #d8dee4;border-left:5px solid var(--sev);border-radius:6px;
  padding:8px 12px;margin:10px 0}
 .gw-report .badge{display:inline-block;color:#fff;background:var(--sev);border-radius:10px;
@@ -107,13 +113,15 @@ def render(report: dict[str, Any], timeline: Timeline | None = None, *,
     style for a notebook's output (the style is scoped to it, its ids are unique)."""
     uid = "gw" + secrets.token_hex(3)
     advice = sorted(report.get("advice", []), key=advice_order)
-    # the numbering of the advice: the JSON's order (advice_order), as the text report's
-    numbers = {id(a): i for i, a in enumerate(advice, 1)}
+    # the numbering of the advice: the text report's blocks (the same piece on several GPUs
+    # is one card), in the JSON's order (advice_order); each piece carries its block's number
+    blocks = blocks_of(advice)
+    numbers = {id(a): n for n, (_, _, group) in enumerate(blocks, 1) for a in group}
     body: list[str] = []
     body.append("<h1>gpuwatch report</h1>")
     body.append(f'<p class="src">{escape(source_line(report))} · torch hook data: '
                 f"{hook_text(report)} · {escape(report.get('format', ''))}</p>")
-    body.append(_verdict(report, advice, uid))
+    body.append(_verdict(report, advice, blocks, uid))
     body.append(_gpu_facts(report, timeline))
     if report.get("jobs"):
         body.append(_breakdown_table(report))
@@ -131,7 +139,7 @@ def render(report: dict[str, Any], timeline: Timeline | None = None, *,
                     "Record the run (<code>gpuwatch run --record FILE</code>) and use "
                     "<code>gpuwatch advise --replay FILE --format html</code> for charts."
                     "</p>")
-    body.append(_advice_cards(report, timeline, advice, uid))
+    body.append(_advice_cards(report, timeline, blocks, uid))
     if report.get("job_ends"):
         body.append("<h2>How jobs ended</h2><ul>" + "".join(
             f"<li>{escape(e['summary'])}.</li>" for e in report["job_ends"]) + "</ul>")
@@ -149,7 +157,8 @@ def render(report: dict[str, Any], timeline: Timeline | None = None, *,
             f"<title>{title}</title>{style}</head><body>{content}</body></html>\n")
 
 
-def _verdict(rep: dict[str, Any], advice: list[dict[str, Any]], uid: str) -> str:
+def _verdict(rep: dict[str, Any], advice: list[dict[str, Any]], blocks: list[Any],
+             uid: str) -> str:
     if not advice:
         return f'<div class="verdict">{escape(no_advice_text(rep))}</div>'
     head = ""
@@ -157,16 +166,15 @@ def _verdict(rep: dict[str, Any], advice: list[dict[str, Any]], uid: str) -> str
         head = f"<p>{escape(not_judged_text(rep))}</p>"
     n = len(advice)
     items = []
-    for i, a in enumerate(advice, 1):
-        where = "host" if a.get("gpu") is None else f"GPU {a['gpu']}"
+    for i, (a, gpus, _) in enumerate(blocks, 1):
         gain = (f" · expected gain {evidence_value('expected_gain', a['expected_gain'])}"
                 if a.get("expected_gain") else "")
         items.append(f'<li><a href="#{uid}-advice-{i}"><code>{escape(a["id"])}</code></a> on '
-                     f"{where}: {escape(a.get('title', ''))}{gain}</li>")
+                     f"{escape(where_text(a, gpus))}: {escape(a.get('title', ''))}{gain}</li>")
     what = "1 piece of advice" if n == 1 else f"{n} pieces of advice"
     order = "" if n == 1 else ", the one that wins back the most time first"
-    return (f'<div class="verdict">{head}<b>{what}</b>{order}:<ol class="toc">'
-            f'{"".join(items)}</ol></div>')
+    return (f'<div class="verdict">{head}<b>{what}</b>{escape(same_on(n, len(blocks)))}{order}:'
+            f'<ol class="toc">{"".join(items)}</ol></div>')
 
 
 def _gpu_facts(rep: dict[str, Any], tl: Timeline | None) -> str:
@@ -403,16 +411,28 @@ def _axis_seconds(v: float) -> str:
     return "0" if v == 0 else duration(v)
 
 
-def _advice_cards(rep: dict[str, Any], tl: Timeline | None, advice: list[dict[str, Any]],
+def _evidence_table(a: dict[str, Any], i: int) -> str:
+    rows = []
+    for (label, shown), (k, v) in zip(evidence_items(a["evidence"]), a["evidence"].items(),
+                                      strict=True):
+        rows.append(f"<tr><td>{escape(label)} <span class=\"muted\"><code>"
+                    f"{escape(k)}</code></span></td><td class=\"num\""
+                    f"{_key(f'advice.{i}.evidence.{k}', v)}>{escape(shown)}</td></tr>")
+    return "<table><tr><th>evidence</th><th>value</th></tr>" + "".join(rows) + "</table>"
+
+
+def _advice_cards(rep: dict[str, Any], tl: Timeline | None, blocks: list[Any],
                   uid: str) -> str:
-    if not advice:
+    """A card per block of the text report: the piece of its first GPU in full, the others'
+    own words and figures folded under it where they differ."""
+    if not blocks:
         return ""
     out = ["<h2>Advice</h2>"]
     index = {id(a): i for i, a in enumerate(rep.get("advice", []))}
-    for n, a in enumerate(advice, 1):
-        i = index.get(id(a), n - 1)
+    for n, (a, gpus, group) in enumerate(blocks, 1):
+        i = index.get(id(group[0]), n - 1)
         color = SEVERITY_COLORS.get(a.get("severity"), "#444")
-        where = "host" if a.get("gpu") is None else f"GPU {a['gpu']}"
+        where = where_text(a, gpus)
         when = f"started at {_since(rep, tl, a.get('since'))}"
         if a.get("active") is False:
             when += f", ended (held {duration(a.get('held_seconds') or 0)})"
@@ -422,21 +442,17 @@ def _advice_cards(rep: dict[str, Any], tl: Timeline | None, advice: list[dict[st
         parts = [f'<div class="card" id="{uid}-advice-{n}" style="--sev:{color}">',
                  f'<div><span class="num-badge">{n}</span><span class="badge">'
                  f"{escape(a.get('severity', ''))}</span> <code>{escape(a['id'])}</code> on "
-                 f"{where} · {escape(when)} · confidence "
+                 f"{escape(where)} · {escape(when)} · confidence "
                  f"<span{_key(f'advice.{i}.confidence', conf)}>{conf:.2f}</span></div>"
                  if isinstance(conf, (int, float)) else
                  f"<div><span class=\"num-badge\">{n}</span><code>{escape(a['id'])}</code></div>",
                  f"<h3>{escape(a.get('title', ''))}</h3>",
                  f"<p>{escape(a.get('message', ''))}</p>"]
         if a.get("evidence"):
-            rows = []
-            for (label, shown), (k, v) in zip(evidence_items(a["evidence"]),
-                                              a["evidence"].items(), strict=True):
-                rows.append(f"<tr><td>{escape(label)} <span class=\"muted\"><code>"
-                            f"{escape(k)}</code></span></td><td class=\"num\""
-                            f"{_key(f'advice.{i}.evidence.{k}', v)}>{escape(shown)}</td></tr>")
-            parts.append("<table><tr><th>evidence</th><th>value</th></tr>"
-                         + "".join(rows) + "</table>")
+            parts.append(_evidence_table(a, i))
+        spread = spread_text(a, gpus)
+        if spread:
+            parts.append(f'<p class="muted">{escape(spread)}</p>')
         parts.append(f"<p><b>Change:</b> {escape(a.get('action', ''))}</p>")
         if a.get("expected_gain_text"):
             gain = a.get("expected_gain")
@@ -447,6 +463,26 @@ def _advice_cards(rep: dict[str, Any], tl: Timeline | None, advice: list[dict[st
         if a.get("hook_would_add"):
             parts.append(f"<p class=\"muted\"><i>With the hook:</i> "
                          f"{escape(a['hook_would_add'])}</p>")
+        others = [m for m in group[1:] if _differs(m, group[0])]
+        if others:
+            parts.append(f"<details><summary>The other GPUs' own words and figures "
+                         f"({len(others)})</summary>")
+            for m in others:
+                j = index.get(id(m), i)
+                parts.append(f"<h4>GPU {m.get('gpu')}</h4><p>{escape(m.get('message', ''))}"
+                             "</p>")
+                if m.get("evidence"):
+                    parts.append(_evidence_table(m, j))
+                if m.get("action") != a.get("action"):
+                    parts.append(f"<p><b>Change:</b> {escape(m.get('action', ''))}</p>")
+            parts.append("</details>")
         parts.append(f'<p class="muted">Rule {escape(a.get("rule_file", ""))}</p></div>')
         out.append("".join(parts))
     return "".join(out)
+
+
+def _differs(a: dict[str, Any], lead: dict[str, Any]) -> bool:
+    """Whether a piece of a block says or shows anything its block's first does not."""
+    return (a.get("message") != lead.get("message") or a.get("action") != lead.get("action")
+            or [evidence_value(k, v) for k, v in (a.get("evidence") or {}).items()]
+            != [evidence_value(k, v) for k, v in (lead.get("evidence") or {}).items()])

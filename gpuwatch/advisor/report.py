@@ -708,6 +708,12 @@ def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int
     whose every shown field equals an earlier one's joins that one's block; so does one
     that asks for the same change on the same evidence with other figures, and the block's
     piece then carries ``spread``: each evidence entry that differs, as its range."""
+    return [(lead, gpus) for lead, gpus, _ in blocks_of(advice)]
+
+
+def blocks_of(advice: list[dict[str, Any]]
+              ) -> list[tuple[dict[str, Any], list[int | None], list[dict[str, Any]]]]:
+    """As ``grouped``, with each block's pieces (``advice``'s own dicts, in its order)."""
     blocks: list[tuple[dict[str, Any], list[int | None]]] = []
     members: list[list[dict[str, Any]]] = []
     seen: dict[str, int] = {}
@@ -733,7 +739,7 @@ def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int
     for (lead, gpus), group in zip(blocks, members, strict=True):
         spread = _spread(group)
         shown = sorted(gpus) if None not in gpus else gpus  # named in order; led by its first
-        out.append((dict(lead, spread=spread) if spread else lead, shown))
+        out.append((dict(lead, spread=spread) if spread else lead, shown, group))
     return out
 
 
@@ -767,7 +773,7 @@ def _spread(group: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return out
 
 
-def _spread_text(a: dict[str, Any], gpus: list[int | None]) -> str | None:
+def spread_text(a: dict[str, Any], gpus: list[int | None]) -> str | None:
     """The line under a block whose GPUs read alike but for their figures."""
     spread = a.get("spread")
     if not spread:
@@ -777,7 +783,7 @@ def _spread_text(a: dict[str, Any], gpus: list[int | None]) -> str | None:
             f"{', '.join(str(g) for g in gpus)}: {ranges}.")
 
 
-def _where(a: dict[str, Any], gpus: list[int | None]) -> str:
+def where_text(a: dict[str, Any], gpus: list[int | None]) -> str:
     if gpus[0] is None:
         where = "host"
     elif len(gpus) == 1:
@@ -787,7 +793,7 @@ def _where(a: dict[str, Any], gpus: list[int | None]) -> str:
     return f"{a['instance']} {where}" if a.get("instance") else where
 
 
-def _same_on(n: int, blocks: int) -> str:
+def same_on(n: int, blocks: int) -> str:
     """The header's note where some blocks stand for several GPUs."""
     if n == blocks:
         return ""
@@ -822,11 +828,11 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
             lines += textwrap.wrap(not_judged_text(report), width=width) + [""]
     blocks = grouped(advice)
     if advice:
-        lines += textwrap.wrap(f"{_pieces(len(advice))}{_same_on(len(advice), len(blocks))}"
+        lines += textwrap.wrap(f"{_pieces(len(advice))}{same_on(len(advice), len(blocks))}"
                                f", {_order_text(advice)}:", width=width)
     wrap = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="    ")
     for i, (a, gpus) in enumerate(blocks, 1):
-        where = _where(a, gpus)
+        where = where_text(a, gpus)
         state = "" if a.get("active", True) else " (ended)"
         lines.append("")
         lines.append(f"{i}. [{a['severity'].upper()}] {a['id']} on {where}, confidence "
@@ -835,7 +841,7 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
         lines += wrap.wrap(a["message"])
         if a.get("evidence"):
             lines += wrap.wrap("Evidence: " + _evidence_text(a["evidence"]))
-        spread = _spread_text(a, gpus)
+        spread = spread_text(a, gpus)
         if spread:
             lines += wrap.wrap(spread)
         lines += wrap.wrap("Change: " + a["action"])
@@ -909,9 +915,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [not_judged_text(report), ""]
     blocks = grouped(advice)
     if len(blocks) < len(advice):
-        lines += [f"{_pieces(len(advice))}{_same_on(len(advice), len(blocks))}.", ""]
+        lines += [f"{_pieces(len(advice))}{same_on(len(advice), len(blocks))}.", ""]
     for i, (a, gpus) in enumerate(blocks, 1):
-        where = _where(a, gpus)
+        where = where_text(a, gpus)
         state = "" if a.get("active", True) else ", ended"
         lines += [(f"### {i}. `{a['id']}` ({a['severity']}, {where}, confidence "
                   f"{a['confidence']:.2f}{state})"), "", f"**{a['title']}**", "", a["message"], ""]
@@ -920,7 +926,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines += ["| evidence | value |", "| --- | --- |"]
             lines += [f"| `{k}` | {evidence_value(k, v)} |" for k, v in a["evidence"].items()]
             lines.append("")
-        spread = _spread_text(a, gpus)
+        spread = spread_text(a, gpus)
         if spread:
             lines += [spread, ""]
         lines += [f"**Change:** {a['action']}", ""]

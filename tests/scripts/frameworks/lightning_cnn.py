@@ -8,6 +8,10 @@ several (DDP).
 ``--leak N`` keeps every Nth step's input batch on the GPU in a list on the module (the
 mistake of collecting samples for an image grid at ``on_train_epoch_end`` without
 ``.cpu()``): allocated memory grows step after step.
+``--compile`` wraps the model in ``torch.compile`` inside the module (Lightning has no
+switch of its own: the tutorials compile the model they hand it). ``--no-persistent`` leaves
+``persistent_workers`` at the DataLoader's default (False): each epoch starts its workers
+anew (with ``--samples`` small, epochs are short).
 ``--slow-rank R`` gives rank R's loader twice the augmentation work and half the workers
 (one node whose data path is slower: its rank holds the others back at every all-reduce).
 
@@ -42,6 +46,9 @@ p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--samples", type=int, default=500_000)
 p.add_argument("--ckpt-every", type=int, default=0,
                help="ModelCheckpoint(every_n_train_steps=N), the newest kept (0: none)")
+p.add_argument("--compile", action="store_true", help="torch.compile(model) in the module")
+p.add_argument("--no-persistent", action="store_true",
+               help="persistent_workers=False (the DataLoader's default): workers made anew each epoch")
 p.add_argument("--seconds", type=float, default=45.0)
 p.add_argument("--out")
 a = p.parse_args()
@@ -86,7 +93,7 @@ class Images(torch.utils.data.Dataset):
 class Classifier(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.model = make_model()
+        self.model = torch.compile(make_model()) if a.compile else make_model()
         self.kept: list[torch.Tensor] = []
 
     def training_step(self, batch, i):  # noqa: ANN001, ANN201
@@ -112,7 +119,7 @@ torch.set_num_threads(1)  # per-item work stays on the worker's own core
 workers = max(1, a.workers // 2) if slow else a.workers
 loader = torch.utils.data.DataLoader(Images(), batch_size=a.batch, shuffle=True,
                                      num_workers=workers, pin_memory=True,
-                                     persistent_workers=workers > 0)
+                                     persistent_workers=workers > 0 and not a.no_persistent)
 ckpt_dir = tempfile.mkdtemp(prefix="ckpt-", dir=".") if a.ckpt_every else None  # on disk
 saving = [pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, save_top_k=1,
                                        every_n_train_steps=a.ckpt_every)] if a.ckpt_every else []

@@ -376,3 +376,20 @@ if want hf_compile_ddp; then
     --steps 1000 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
     --bf16 --tf32-arg --compile --workers 2
 fi
+# 64. Lightning with the model compiled in the module (torch.compile(timm ResNet-50)),
+#     bf16-mixed, batch 256, 12 workers: the first steps wait for the compile
+want lightning_cnn_compile && rec lightning_cnn_compile 200 python3 lightning_cnn.py \
+  --model resnet50 --batch 256 --workers 12 --precision bf16-mixed --compile --seconds 100
+# 65. Lightning with short epochs (30 steps of 128) and the DataLoader's default
+#     persistent_workers=False: 8 workers started anew every epoch, bf16-mixed
+want lightning_cnn_epochs && rec lightning_cnn_epochs 120 python3 lightning_cnn.py \
+  --batch 128 --workers 8 --samples 3840 --precision bf16-mixed --no-persistent --seconds 45
+# 66. 40 loader workers on a host of fewer cores, three blur passes an item, bf16-mixed at
+#     batch 256: the host's CPU is the limit
+want lightning_cnn_oversubscribed && rec lightning_cnn_oversubscribed 120 python3 \
+  lightning_cnn.py --batch 256 --workers 40 --blur 3 --precision bf16-mixed --seconds 45
+# 67. the Trainer at a batch that fills most of the GPU's memory: BERT-large at sequence 512,
+#     batch 184, bf16 with TF32 (item 8c at batch 32 peaked at 15.8 GiB): GPU-bound, tuned
+want hf_large_full && rec hf_large_full 200 python3 hf_trainer.py --hidden 1024 --layers 24 \
+  --seq 512 --steps 100000 --seconds 60 --batch 184 --accum 1 --eval-every 100000 \
+  --eval-samples 64 --bf16 --tf32-arg --workers 4
