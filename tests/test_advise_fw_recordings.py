@@ -52,6 +52,37 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                     "gpu-underused", "reduce-launch-overhead",
                                     "add-dataloader-workers"}),
     "hf_grad_ckpt": ({"disable-gradient-checkpointing"}, {"enable-gradient-checkpointing"}),
+    # Lightning around torch.compile(model) (timm ResNet-50, bf16-mixed, batch 256): the
+    # compile before the first steps (and the recompiles), then host-bound steps; on one
+    # GPU and on four (DDP, each rank compiling)
+    "lightning_cnn_compile": ({"long-compile", "raise-batch-size"},
+                              {"add-dataloader-workers", "enable-mixed-precision",
+                               "gpu-underused"}),
+    "lightning_cnn_compile_ddp": ({"long-compile", "raise-batch-size"},
+                                  {"add-dataloader-workers", "enable-mixed-precision",
+                                   "straggler-rank"}),
+    # epochs of 30 steps, 8 (6 a rank) workers started anew each one (persistent_workers
+    # left False): the wait is each epoch's first batch, the steps between host-bound
+    "lightning_cnn_epochs": ({"enable-persistent-workers", "raise-batch-size"},
+                             {"add-dataloader-workers", "gpu-underused"}),
+    "lightning_cnn_epochs_ddp": ({"enable-persistent-workers", "raise-batch-size"},
+                                 {"add-dataloader-workers", "gpu-underused",
+                                  "straggler-rank"}),
+    # 40 workers on 16 cores keep up (data wait 4 %, workers 26 % busy): the batch, not the
+    # workers either way
+    "lightning_cnn_oversubscribed": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                                            "reduce-dataloader-workers"}),
+    # the Trainer at a batch that does not fit (BERT-large, sequence 512, batch 184): dead
+    # of CUDA out-of-memory on its second step
+    "hf_large_oom": ({"out-of-memory"}, {"raise-batch-size", "enable-gradient-checkpointing",
+                                         "gpu-underused"}),
+    # the same at batch 152: it fits (peak 65 GiB of 79.6), GPU work 87 %: nothing to say
+    "hf_large_fits": (set(), {"raise-batch-size", "enable-gradient-checkpointing",
+                              "gpu-underused", "enable-mixed-precision", "out-of-memory"}),
+    # per_device_eval_batch_size=16384: dead at the first evaluation, after 10 steps
+    "hf_eval_oom": ({"out-of-memory"}, {"raise-batch-size", "speed-up-evaluation"}),
+    # Lightning at batch 32768: dead before its first step ended
+    "lightning_cnn_oom": ({"out-of-memory"}, {"raise-batch-size", "gpu-idle"}),
     "accelerate_accum": ({"reduce-gradient-accumulation"}, {"raise-batch-size"}),
     "generate": ({"batch-inference-requests"}, {"raise-batch-size", "gpu-underused",
                                                  "reduce-launch-overhead"}),
@@ -313,6 +344,17 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "fabric_accum_ddp": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     "accel_clm_launch": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused"}),
     "hf_large_fp32": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused"}),
+    # the compile and the epochs' restarts are the hook's to see: host-bound steps
+    "lightning_cnn_compile": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    "lightning_cnn_epochs": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    "lightning_cnn_epochs_ddp": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                                        "straggler-rank"}),
+    # the death itself is the hook's exit report: from outside, nothing a rule can say
+    "hf_large_oom": (set(), {"out-of-memory", "raise-batch-size"}),
+    "hf_eval_oom": (set(), {"out-of-memory"}),
+    "lightning_cnn_oom": (set(), {"out-of-memory"}),
+    "hf_large_fits": (set(), {"raise-batch-size", "enable-gradient-checkpointing",
+                              "gpu-underused"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -1284,3 +1326,126 @@ def test_the_trainer_compiling_under_torchrun_is_told_of_both():
     t = truth("hf_compile_ddp")
     assert sorted(j["steps"] for j in report["jobs"]) == [t["steps"]] * 4
     assert all(j["phases"]["compile"] > 40 for j in report["jobs"])
+
+
+def test_a_job_dead_of_cuda_oom_on_its_first_steps_is_told_how_to_fit():
+    """The Trainer at per_device_train_batch_size=184 (BERT-large, sequence 512, bf16) died
+    of torch.OutOfMemoryError on its second step: said as such (it was "no advice: no
+    training job ran"), with what it held, and the change in the Trainer's words: half the
+    micro-batch at twice the accumulation (the effective batch kept), or checkpointing."""
+    path = path_of("hf_large_oom")
+    report = advise_json(path)
+    (a,) = report["advice"]
+    assert (a["id"], a["gpu"], a["severity"]) == ("out-of-memory", 0, "critical")
+    (end,) = [d for d in lines(path) if d.get("kind") == "job_end"]
+    assert end["exit_reason"] == "oom"
+    ev = a["evidence"]
+    assert ev["oom_peak_bytes"] == end["max_mem_allocated_bytes"]
+    assert ev["oom_reserved_bytes"] == end["mem_reserved_bytes"]
+    assert ev["oom_steps"] == end["steps_total"] == 2
+    assert ev["oom_batch_size"] == 184 and ev["gradient_checkpointing"] == 0
+    assert "on its first steps" in a["message"]
+    assert "TrainingArguments(per_device_train_batch_size=184 → 92)" in a["action"]
+    assert "TrainingArguments(gradient_accumulation_steps=1 → 2)" in a["action"]
+    assert "TrainingArguments(gradient_checkpointing=True)" in a["action"]
+    assert "bf16" not in a["action"]  # it trains in bf16 already
+    assert a["since"] >= end["t"] - 1.0
+    text = advise_text(path)
+    assert "No advice" not in text and "died of CUDA out of memory" in text
+
+
+def test_an_oom_while_evaluating_names_the_evaluation_batch():
+    """The Trainer at per_device_eval_batch_size=16384 died at its first evaluation, after
+    10 steps: said as dying while evaluating, the change the evaluation batch (and the
+    predictions moved to the CPU), not the training batch."""
+    report = advise_json(path_of("hf_eval_oom"))
+    (a,) = report["advice"]
+    assert a["id"] == "out-of-memory"
+    assert "while evaluating after 10 training steps" in a["message"]
+    assert a["evidence"]["oom_eval_batch_size"] == 16384
+    assert "TrainingArguments(per_device_eval_batch_size=16384 → 8192)" in a["action"]
+    assert "TrainingArguments(eval_accumulation_steps=8)" in a["action"]
+    assert "per_device_train_batch_size" not in a["action"]
+
+
+def test_an_oom_before_the_first_step_is_said_without_figures_it_lacks():
+    """Lightning at batch 32768 died in its first forward: no step, so no batch or
+    allocator figures reached the report; it says when, and the general changes."""
+    (a,) = advise_json(path_of("lightning_cnn_oom"))["advice"]
+    assert a["id"] == "out-of-memory" and a["gpu"] == 0
+    assert "before its first step ended." in a["message"]
+    assert "?" not in a["message"] + a["action"]
+    assert a["action"].startswith("The batch does not fit")
+
+
+def test_an_oom_is_the_dead_jobs_alone(tmp_path):
+    """What out-of-memory reads is the exit report of a job that died of CUDA OOM on that
+    GPU: not a host MemoryError, not another exception, and not once another job steps
+    on the GPU after it."""
+    src = lines(path_of("hf_large_oom"))
+    (end,) = [d for d in src if d.get("kind") == "job_end"]
+
+    def judged(name: str, edit) -> set[str]:  # noqa: ANN001
+        return ids(advise_json(write(tmp_path / f"{name}.jsonl",
+                                     [edit(dict(d)) if d.get("kind") == "job_end" else d
+                                      for d in src])))
+
+    assert "out-of-memory" in judged("as_is", lambda d: d)
+    assert "out-of-memory" not in judged("host", lambda d: dict(
+        d, error="MemoryError: Unable to allocate 12.0 GiB for an array"))
+    assert "out-of-memory" not in judged("exception", lambda d: dict(
+        d, exit_reason="exception", error="RuntimeError: boom"))
+    # a later job on GPU 0 (another pid) trains for 30 s after the death
+    t0 = end["t"] + 5
+    (step,) = [x for x in src if x.get("kind") == "step"][-1:]
+    later = [dict(step, t=t0 + k, pid=4242, step=k + 1) for k in range(30)]
+    gpu_lines = [dict(d, t=t0 + k) for k, d in enumerate(
+        [x for x in src if x.get("kind") == "gpu" and x.get("gpu") == 0][-1:] * 30)]
+    merged = sorted(src[1:] + later + gpu_lines, key=lambda d: d.get("t", 0))
+    report = advise_json(write(tmp_path / "later.jsonl", [src[0], *merged]))
+    oom = [a for a in report["advice"] if a["id"] == "out-of-memory"]
+    assert oom and all(a["active"] is False for a in oom), oom
+
+
+def test_a_leak_that_ended_in_oom_is_not_told_to_shrink_the_batch_first():
+    """The hand-written loop that kept every step's output on the GPU (gpu_leak_oom) died
+    of CUDA OOM after 4931 steps: out-of-memory says it trained first and that a smaller
+    batch only delays a leak; memory-leak names the leak."""
+    report = advise_json(DATA / "gpu_leak_oom.jsonl")
+    (a,) = [x for x in report["advice"] if x["id"] == "out-of-memory"]
+    assert "after 4931 training steps" in a["message"]
+    assert a["action"].startswith("It trained before it died")
+    assert "a smaller batch only delays a leak" in a["action"]
+    assert "memory-leak" in ids(report)
+
+
+def test_epochs_restarting_their_workers_are_told_both_changes():
+    """Lightning with epochs of 30 steps and persistent_workers=False: the data wait is
+    each epoch's first batch (enable-persistent-workers), the steps between host-bound: the
+    batch too, its message saying where the wait is, its gain counting the epochs'
+    restarts, which a larger batch does not shorten. On 4 GPUs, one block each."""
+    for name in ("lightning_cnn_epochs", "lightning_cnn_epochs_ddp"):
+        report = advise_json(path_of(name))
+        batch = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
+        assert batch
+        for a in batch:
+            assert "first batch (an epoch's start" in a["message"], a["message"]
+            assert a["evidence"]["batch_size"] == 128
+            assert a["expected_gain"] < 4, a["expected_gain"]  # the restarts stay
+        persist = [a for a in report["advice"] if a["id"] == "enable-persistent-workers"]
+        assert sorted(a["gpu"] for a in persist) == sorted(a["gpu"] for a in batch)
+    text = advise_text(path_of("lightning_cnn_epochs_ddp"))
+    assert "raise-batch-size on GPUs 0, 1, 2, 3" in text
+    assert "enable-persistent-workers on GPUs 0, 1, 2, 3" in text
+
+
+def test_lightning_compiling_its_model_is_told_of_the_compile_and_the_batch():
+    """torch.compile(model) inside a LightningModule: the hook's compile phase (each rank
+    of the DDP run compiling) and, once it trains, the host-bound batch; the steps the hook
+    counted are the Callback's."""
+    for name, ranks in (("lightning_cnn_compile", 1), ("lightning_cnn_compile_ddp", 4)):
+        report = advise_json(path_of(name))
+        assert gpus_told(report, "long-compile") == list(range(ranks))
+        assert gpus_told(report, "raise-batch-size") == list(range(ranks))
+        assert steps_by_gpu(report) == [(g, truth(name)["steps"]) for g in range(ranks)]
+

@@ -26,7 +26,8 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "starved_cnn": ({"add-dataloader-workers"}, {"raise-batch-size"}),
     "fp32_conv": ({"enable-mixed-precision"}, set()),
     "manual_lstm": (set(), {"add-dataloader-workers", "enable-pin-memory"}),
-    "leak_oom": ({"memory-leak"}, {"enable-gradient-checkpointing"}),
+    # the leak, and the death it led to (the hook's exit report)
+    "leak_oom": ({"memory-leak", "out-of-memory"}, {"enable-gradient-checkpointing"}),
     "ddp_slow_rank": ({"straggler-rank"}, set()),
     "ddp_balanced": (set(), {"straggler-rank"}),
     "ddp_slow_rank_nohook": ({"add-dataloader-workers"}, {"straggler-rank"}),

@@ -105,7 +105,8 @@ def stretched(lines: list[dict[str, Any]], k: float) -> list[dict[str, Any]]:
                 d["begin_t"] = t0 + (d["begin_t"] - t0) * k
             for f in ("step_seconds", "data_wait_seconds", "sample_seconds",
                       "step_seconds_min", "step_seconds_p50", "step_seconds_p90",
-                      "step_seconds_p99", "step_seconds_max"):
+                      "step_seconds_p99", "step_seconds_max", "first_batch_wait_seconds",
+                      "first_batch_data_wait_seconds"):
                 if d.get(f) is not None:
                     d[f] = d[f] * k
         return d

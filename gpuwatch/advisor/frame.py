@@ -546,6 +546,10 @@ class Frame:
         if pid is not None:
             if subj.job_pid != pid:
                 subj.new_scaler()  # another job on this GPU: its own GradScaler
+                if subj.facts.get("job_oom"):  # an earlier job's death is not this one's
+                    for k in OOM_FACTS:
+                        subj.facts.pop(k, None)
+                    subj.facts["job_oom"] = 0.0  # known false: the advice ends
             subj.job_pid = pid
             if self.job_of_pid.get(pid) is not subj:
                 self.job_of_pid[pid] = subj
@@ -815,6 +819,47 @@ class Frame:
                                   "gpu": subj.gpu, "what": get("what"),
                                   "error": get("error") or ""})
 
+    def feed_end(self, s: Any) -> None:
+        """A `job_end` line. A job that died of CUDA out-of-memory (the hook's exit report:
+        torch.OutOfMemoryError) leaves on its GPU what the rule out-of-memory reads: its
+        allocator's peak, its steps, its batch and micro-batches then; they hold until
+        another job steps on that GPU."""
+        get = _get(s)
+        if get("exit_reason") != "oom":
+            return
+        error = str(get("error") or "")
+        t = get("t")
+        if t is not None:
+            self._advance(t)
+        subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
+        if subj.gpu is None or (error and "cuda" not in error.lower()):
+            return  # host memory (MemoryError), or a job not tied to a GPU
+        facts = subj.facts
+        facts["job_oom"] = 1.0
+        peak = get("max_mem_allocated_bytes") or get("mem_allocated_bytes")
+        facts["oom_peak_bytes"] = float(peak) if peak else None
+        reserved = get("mem_reserved_bytes")
+        facts["oom_reserved_bytes"] = float(reserved) if reserved else None
+        steps = get("steps_total")
+        facts["oom_steps"] = float(steps) if steps is not None else None
+        bs = subj.job.acc.last.get("batch_size")  # the open bucket's, else the newest kept
+        ring = subj.job.rings.get("batch_size")
+        if bs is None and ring is not None:
+            bs = ring.last(ring.end(), ring.end() - ring.base)
+        if bs is None:
+            bs = subj.config.get("batch_size")
+        facts["oom_batch_size"] = float(bs) if bs else None
+        facts["oom_micro_batches"] = (subj.micro_sum / subj.micro_n if subj.micro_n
+                                      else None)
+        # the phase it died in (its hook's newest `phase` line): an evaluation's batch
+        owner = self.phase_owner(subj)
+        evaluating = owner is not None and owner.phase == "eval"
+        facts["oom_in_eval"] = 1.0 if evaluating else 0.0
+        eb = owner.phase_info.get("eval_batch_size") if owner is not None else None
+        if eb is None:
+            eb = self.config_value(subj, "fw_eval_batch_size")
+        facts["oom_eval_batch_size"] = float(eb) if evaluating and eb else None
+
     def _close_phase(self, idx: int, subj: Subject) -> None:
         """The shares of each phase in the bucket before ``idx`` (complete now: a line
         read in ``idx`` may describe it), and the whole run's seconds so far."""
@@ -894,9 +939,11 @@ class Frame:
             self.feed_phase(s)
         elif kind == "hook_problem":
             self.feed_problem(s)
-        elif kind == "job_end" and len(self.job_ends) < 1000:
-            self.job_ends.append(dict(s) if type(s) is dict else
-                                 {f: getattr(s, f) for f in s.__slots__})
+        elif kind == "job_end":
+            self.feed_end(s)
+            if len(self.job_ends) < 1000:
+                self.job_ends.append(dict(s) if type(s) is dict else
+                                     {f: getattr(s, f) for f in s.__slots__})
 
     # -- closing a bucket ----------------------------------------------------------------
     def _close(self, idx: int) -> None:
@@ -1510,6 +1557,9 @@ class Frame:
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
             "StepsSample": "steps", "ConfigSample": "config", "JobEnd": "job_end",
             "PhaseSample": "phase", "HookProblem": "hook_problem"}
+# what a job's death by CUDA out-of-memory leaves on its GPU (frame.feed_end)
+OOM_FACTS = ("job_oom", "oom_peak_bytes", "oom_reserved_bytes", "oom_steps", "oom_batch_size",
+             "oom_micro_batches", "oom_in_eval", "oom_eval_batch_size")
 # settings training may still change: judged only from what the hook read once the job
 # had finished an iteration (a config line's ``in_training``), never from start-up's
 _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused_optimizer",

@@ -100,6 +100,11 @@ KNOBS: dict[str, dict[str, str]] = {
                "(model.gradient_checkpointing_disable() for a Hugging Face model)",
         "transformers": "TrainingArguments(gradient_checkpointing=False)",
     },
+    "grad_ckpt_on": {
+        TORCH: "torch.utils.checkpoint.checkpoint around the model's blocks "
+               "(model.gradient_checkpointing_enable() for a Hugging Face model)",
+        "transformers": "TrainingArguments(gradient_checkpointing=True)",
+    },
     "fsdp_offload": {
         TORCH: "FullyShardedDataParallel(..., cpu_offload=CPUOffload(offload_params={new}))",
         "accelerate": "FullyShardedDataParallelPlugin(cpu_offload={new}) (accelerate config: "

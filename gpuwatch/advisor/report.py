@@ -362,6 +362,9 @@ _LABELS = {
     "mem_clock_mhz": "memory clock", "power_watts": "power", "temp_celsius": "temperature",
     "power_limit_watts": "power limit", "clock_power_capped": "power-capped",
     "clock_thermal": "thermal slowdown", "clock_hw_slowdown": "HW slowdown",
+    "oom_peak_bytes": "allocator peak when it died", "oom_reserved_bytes": "reserved then", "oom_steps": "steps before it died",
+    "oom_batch_size": "batch when it died", "oom_eval_batch_size": "evaluation batch then", "oom_micro_batches": "micro-batches per step",
+    "gradient_checkpointing": "gradient checkpointing",
 }
 # a unit told by the name's ending, for evidence a rule names itself
 _SUFFIX_UNITS = (("_bytes_per_second", "bytes/s"), ("_bytes", "bytes"), ("_ratio", "ratio"),

@@ -332,6 +332,23 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("hook_attached", "fact", "0/1", "last", ("whether a torch hook reports for this GPU's "
          "job at all (steps, settings or phases)"), False),
+        ("job_oom", "fact", "0/1", "last", ("1 where this GPU's job died of CUDA "
+         "out-of-memory (the hook's exit report: torch.OutOfMemoryError), until another job "
+         "steps on it"), False),
+        ("oom_peak_bytes", "fact", "bytes", "last", ("that job's allocator peak "
+         "(max_memory_allocated) when it died"), False),
+        ("oom_reserved_bytes", "fact", "bytes", "last", ("the memory that job's allocator "
+         "held reserved when it died"), False),
+        ("oom_steps", "fact", "count", "last", "the training steps that job took before it died",
+         False),
+        ("oom_batch_size", "fact", "samples", "last", ("that job's batch size (samples per "
+         "optimizer step) when it died"), False),
+        ("oom_micro_batches", "fact", "count", "last", ("that job's backward() calls per "
+         "optimizer step (gradient accumulation), where the hook counted them"), False),
+        ("oom_in_eval", "fact", "0/1", "last", ("1 where that job died evaluating (its "
+         "hook's newest phase)"), False),
+        ("oom_eval_batch_size", "fact", "samples", "last", ("the evaluation batch it ran "
+         "when it died evaluating"), False),
         ("phase", "fact", "text", "last", ("what the job does now, by its hook: 'startup', "
          "'compile', 'train', 'eval', 'checkpoint', 'inference' (absent without phases)"),
          False),

@@ -388,8 +388,41 @@ want lightning_cnn_epochs && rec lightning_cnn_epochs 120 python3 lightning_cnn.
 #     batch 256: the host's CPU is the limit
 want lightning_cnn_oversubscribed && rec lightning_cnn_oversubscribed 120 python3 \
   lightning_cnn.py --batch 256 --workers 40 --blur 3 --precision bf16-mixed --seconds 45
-# 67. the Trainer at a batch that fills most of the GPU's memory: BERT-large at sequence 512,
-#     batch 184, bf16 with TF32 (item 8c at batch 32 peaked at 15.8 GiB): GPU-bound, tuned
-want hf_large_full && rec hf_large_full 200 python3 hf_trainer.py --hidden 1024 --layers 24 \
-  --seq 512 --steps 100000 --seconds 60 --batch 184 --accum 1 --eval-every 100000 \
-  --eval-samples 64 --bf16 --tf32-arg --workers 4
+# 67. the Trainer at a batch that does not fit: BERT-large at sequence 512, batch 184, bf16
+#     with TF32 (item 8c at batch 32 peaked at 15.8 GiB; meant to fill most of the memory, it
+#     died of CUDA out-of-memory on its second step); on the first GPU only (on a host of
+#     several, the others idle beside it)
+want hf_large_oom && CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} rec hf_large_oom 200 \
+  python3 hf_trainer.py --hidden 1024 --layers 24 --seq 512 --steps 100000 --seconds 60 \
+  --batch 184 --accum 1 --train-samples 18400 --eval-every 100000 --eval-samples 64 --bf16 \
+  --tf32-arg --workers 4
+# 68. item 64 on every GPU (DDP): each rank compiles; 6 workers a rank
+if want lightning_cnn_compile_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec lightning_cnn_compile_ddp 200 python3 lightning_cnn.py --devices "$n" --model resnet50 \
+    --batch 256 --workers 6 --precision bf16-mixed --compile --seconds 100
+fi
+# 69. item 65 on every GPU (DDP): 30 steps of 128 per rank an epoch, 6 workers a rank
+#     started anew every epoch
+if want lightning_cnn_epochs_ddp; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  rec lightning_cnn_epochs_ddp 150 python3 lightning_cnn.py --devices "$n" --batch 128 \
+    --workers 6 --samples $((3840 * n)) --precision bf16-mixed --no-persistent --seconds 45
+fi
+# 70. item 67 at a batch that fits: BERT-large at sequence 512, batch 152 (about 86 % of
+#     the memory at its peak), bf16 with TF32: GPU-bound, the memory mostly taken
+want hf_large_fits && CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} rec hf_large_fits 200 \
+  python3 hf_trainer.py --hidden 1024 --layers 24 --seq 512 --steps 100000 --seconds 60 \
+  --batch 152 --accum 1 --train-samples 15200 --eval-every 100000 --eval-samples 64 --bf16 \
+  --tf32-arg --workers 4
+# 71. the Trainer evaluating at a batch that does not fit: BERT-large at sequence 512,
+#     training batch 16, per_device_eval_batch_size=16384 every 10 steps, bf16
+want hf_eval_oom && CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} rec hf_eval_oom 200 \
+  python3 hf_trainer.py --hidden 1024 --layers 24 --seq 512 --steps 100000 --seconds 60 \
+  --batch 16 --accum 1 --train-samples 1600 --eval-every 10 --eval-batch 16384 \
+  --eval-samples 16384 --bf16 --tf32-arg --workers 4
+# 72. Lightning at a batch that does not fit: timm ResNet-50 at batch 32768 (about 4 MiB of
+#     activations a sample in bf16-mixed), 8 workers, no blur
+want lightning_cnn_oom && CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} rec lightning_cnn_oom \
+  150 python3 lightning_cnn.py --model resnet50 --batch 32768 --workers 8 --blur 0 \
+  --precision bf16-mixed --seconds 40
