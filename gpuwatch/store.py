@@ -578,6 +578,7 @@ class Store:
                 out.extend(_newest(ring, since))
             out.extend(s for s in self._steps if s.t >= since)
             out.extend(s for s in self._events if s.t >= since)
+            out.extend(e for e in self._ends if e.t >= since)  # how jobs ended (an OOM)
             out.extend(self._configs.values())
         out.sort(key=lambda s: s.t)
         return out

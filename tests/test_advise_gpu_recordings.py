@@ -68,8 +68,11 @@ def test_gets_its_advice_and_not_the_wrong_one(name):
     assert must <= got, (must, got)
     assert not must_not & got, (must_not, got)
     t0 = first_step_t(path)
+    died = {e["gpu"]: e["t"] for e in report["job_ends"] if e["exit_reason"] == "oom"}
     for a in report["advice"]:
-        if a["id"] in must and t0 is not None:
+        if a["id"] == "out-of-memory":  # said when the job died, not after its first step
+            assert abs(a["since"] - died[a["gpu"]]) <= 1.5, (a["since"], died)
+        elif a["id"] in must and t0 is not None:
             limit = CRITICAL_ONSET if a["severity"] == "critical" else WARNING_ONSET
             assert a["since"] - t0 <= limit + 1, (a["id"], a["since"] - t0)
     if name in ("gan", "starved_cnn", "manual_lstm", "ddp_slow_rank"):

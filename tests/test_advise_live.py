@@ -15,7 +15,17 @@ from prometheus_client import CollectorRegistry
 from test_advise_support import DATA, ROOT, run_cli
 
 from gpuwatch.advisor import LiveAdvisor
-from gpuwatch.samples import GpuSample, HostSample, Snapshot, StepSample
+from gpuwatch.samples import (
+    ConfigSample,
+    GpuSample,
+    HookProblem,
+    HostSample,
+    JobEnd,
+    PhaseSample,
+    Snapshot,
+    StepSample,
+    StepsSample,
+)
 from gpuwatch.store import Store
 from gpuwatch.trace.format import meta_infos, read_trace
 
@@ -27,8 +37,14 @@ def play(store: Store, advisor: LiveAdvisor, name: str, every: int = 10) -> None
     gpus: dict[int, GpuSample] = {}
     ticks = 0
     for s in trace.samples:
-        if isinstance(s, StepSample):
+        if isinstance(s, (StepSample, StepsSample)):
             store.add_steps([s])
+        elif isinstance(s, ConfigSample):
+            store.set_config(s)
+        elif isinstance(s, (PhaseSample, HookProblem)):
+            store.add_event(s)
+        elif isinstance(s, JobEnd):
+            store.add_job_end(s)
         elif isinstance(s, GpuSample):
             gpus[s.gpu] = s
         elif isinstance(s, HostSample):
@@ -97,6 +113,34 @@ def test_live_advice_ends_after_the_job_and_logs_once(caplog):
     msgs = [r.getMessage() for r in caplog.records]
     assert sum("advice started: raise-batch-size" in m for m in msgs) == 1
     assert sum("advice ended: raise-batch-size" in m for m in msgs) == 1
+
+
+def test_a_job_dead_of_cuda_oom_is_told_live_as_in_the_recording():
+    """The daemon's own advisor reads the jobs' exit reports too: the Trainer that died of
+    CUDA out-of-memory on its second step (fw_hf_large_oom, 4× H100) gets out-of-memory
+    on GPU 0 in /api/advice's report, exported as a series, with the recording's words."""
+    store = Store()
+    advisor = LiveAdvisor(store, None)
+    play(store, advisor, "fw_hf_large_oom", every=1)
+    # the daemon outlives the job (a service): its GPUs idle on for a few seconds
+    last = store.latest()
+    for i in range(1, 11):
+        t = last.t + i
+        gpus = tuple(GpuSample(t=t, gpu=g.gpu, util=0.0, mem_used_bytes=600_000_000,
+                               mem_total_bytes=g.mem_total_bytes) for g in last.gpus)
+        store.publish(Snapshot(t=t, gpus=gpus, infos=last.infos,
+                               host=HostSample(t=t, cpu_util_per_core=(0.0,) * 16)))
+    advisor.evaluate()
+    live = advisor.report_json()
+    proc = run_cli("advise", "--replay", str(DATA / "fw_hf_large_oom.jsonl"), "--format", "json")
+    (offline,) = json.loads(proc.stdout)["advice"]
+    (a,) = [x for x in live["advice"] if x["id"] == "out-of-memory"]
+    assert a["gpu"] == 0 and a["action"] == offline["action"]
+    assert a["evidence"]["oom_peak_bytes"] == offline["evidence"]["oom_peak_bytes"]
+    assert [e["exit_reason"] for e in live["job_ends"]] == ["oom"]
+    assert registry_for(advisor).get_sample_value(
+        "gpuwatch_advice_active", {"rule": "out-of-memory", "gpu": "0",
+                                   "severity": "critical"}) == 1.0
 
 
 def test_evaluating_often_or_rarely_gives_the_same_advice():
