@@ -1378,6 +1378,86 @@ def test_an_oom_before_the_first_step_is_said_without_figures_it_lacks():
     assert a["action"].startswith("The batch does not fit")
 
 
+def test_an_oom_quotes_the_dead_jobs_own_batch_not_an_earlier_jobs(tmp_path):
+    """On a GPU where an earlier job stepped (pid 999: batch 64, four micro-batches a step),
+    Lightning's job dies in its first step at batch 32768: out-of-memory quotes the dead
+    job's batch as its loader reported it at start-up, not the earlier job's figures."""
+    src = lines(path_of("lightning_cnn_oom"))
+    first = next(d for d in src if d.get("kind") == "gpu")
+    earlier = [{"t": first["t"] + k, "kind": "step", "step": k + 1, "step_seconds": 0.05,
+                "data_wait_seconds": 0.001, "batch_size": 64, "micro_batches": 4,
+                "pid": 999, "gpu": 0} for k in range(10)]
+    merged = sorted(src[1:] + earlier, key=lambda d: d.get("t", 0))
+    report = advise_json(write(tmp_path / "earlier.jsonl", [src[0], *merged]))
+    (a,) = [x for x in report["advice"] if x["id"] == "out-of-memory"]
+    assert a["evidence"]["oom_batch_size"] == 32768
+    assert "oom_micro_batches" not in a["evidence"]
+    assert "batch_size=32768 → 16384" in a["action"] and "1 → 2" in a["action"]
+
+
+def test_an_inference_process_dead_of_oom_is_told_of_inference_not_training(tmp_path):
+    """generate() at batch 1 (fw_generate) given an OOM exit: said as dying while running
+    inference, with inference's changes (tokens per call, bf16 weights, a split model), not
+    gradient accumulation or checkpointing, and no batch to halve at batch 1."""
+    src = lines(path_of("generate"))
+
+    def oom(d: dict) -> dict:
+        if d.get("kind") == "job_end":
+            d = dict(d, exit_reason="oom", error="OutOfMemoryError: CUDA out of memory. "
+                     "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.18 GiB")
+        return d
+
+    report = advise_json(write(tmp_path / "gen_oom.jsonl", [oom(d) for d in src]))
+    (a,) = [x for x in report["advice"] if x["id"] == "out-of-memory"]
+    assert "while running inference" in a["message"]
+    assert a["action"].startswith("It died running inference")
+    assert "new tokens per generate() call" in a["action"]
+    assert "accumulat" not in a["action"] and "checkpoint" not in a["action"]
+    assert "1 → " not in a["action"]
+
+
+def _with_epoch_restarts(src: list[dict], every: float, gap: float) -> list[dict]:
+    """``src`` with a wait of ``gap`` seconds for a new iterator's first batch every
+    ``every`` seconds of training: the GPU idle meanwhile (GPM pipes 0), the step after it
+    carrying the wait as its data wait and first-batch wait."""
+    first = next(d["t"] for d in src if d.get("kind") == "step")
+    idle = next(d for d in reversed(src) if d.get("kind") == "gpu")
+    out, shift, due, pending = [], 0.0, first + every, False
+    for d in src[1:]:
+        d = dict(d)
+        t = d.get("t")
+        if t is not None and d.get("kind") not in ("config", "job_end"):
+            while t >= due:
+                out += [dict(idle, t=due + shift + k + 0.5, util=0.0, sm_active=0.0,
+                             tensor_active=0.0, fp32_active=0.0, fp16_active=0.0)
+                        for k in range(int(gap))]
+                shift, due, pending = shift + gap, due + every, True
+            d["t"] = t + shift
+            if d.get("kind") == "step" and pending:
+                d["step_seconds"] += gap
+                d["data_wait_seconds"] = (d.get("data_wait_seconds") or 0.0) + gap
+                d["first_batch"], d["first_batch_wait_seconds"], pending = True, gap, False
+        out.append(d)
+    return [src[0], *sorted(out, key=lambda d: d.get("t", 0))]
+
+
+def test_a_gpu_bound_job_restarting_its_workers_is_not_told_to_raise_its_batch(tmp_path):
+    """A GPU-bound job (gpu_fp32_conv: GPU work 83 %) given two-second waits for each
+    epoch's first batch every three seconds: its GPU reads mostly idle over all, but between
+    the restarts it is busy, so the batch is not what to change (the epoch-start wait is
+    enable-persistent-workers' to name). On Lightning's short epochs, where the steps between
+    the restarts leave the GPU 12 % busy, the batch is sized from that busy."""
+    src = load("gpu_fp32_conv")
+    assert "raise-batch-size" not in ids(advise_json(DATA / "gpu_fp32_conv.jsonl"))
+    gapped = advise_json(write(tmp_path / "gapped.jsonl", _with_epoch_restarts(src, 3.0, 2.0)))
+    assert "raise-batch-size" not in ids(gapped), [
+        a["message"] for a in gapped["advice"] if a["id"] == "raise-batch-size"]
+    (a,) = [x for x in advise_json(path_of("lightning_cnn_epochs"))["advice"]
+            if x["id"] == "raise-batch-size"]
+    assert "between them the GPU is busy 12 %" in a["message"]
+    assert "DataLoader(batch_size=128 → 512)" in a["action"]
+
+
 def test_an_oom_is_the_dead_jobs_alone(tmp_path):
     """What out-of-memory reads is the exit report of a job that died of CUDA OOM on that
     GPU: not a host MemoryError, not another exception, and not once another job steps
@@ -1405,6 +1485,19 @@ def test_an_oom_is_the_dead_jobs_alone(tmp_path):
     report = advise_json(write(tmp_path / "later.jsonl", [src[0], *merged]))
     oom = [a for a in report["advice"] if a["id"] == "out-of-memory"]
     assert oom and all(a["active"] is False for a in oom), oom
+    # another process's phase line on GPU 0 (a job starting up) ends it too
+    (phase,) = [x for x in src if x.get("kind") == "phase"][-1:]
+    starting = [dict(phase, t=t0 + k, pid=4243, phase="startup") for k in range(0, 30, 5)]
+    merged = sorted(src[1:] + starting + gpu_lines, key=lambda d: d.get("t", 0))
+    report = advise_json(write(tmp_path / "starting.jsonl", [src[0], *merged]))
+    oom = [a for a in report["advice"] if a["id"] == "out-of-memory"]
+    assert oom and all(a["active"] is False for a in oom), oom
+    # an idle GPU after the death: said for an hour, then no longer
+    idle = [dict(gpu_lines[-1], t=t0 + k, util=0.0) for k in range(0, 3700, 1)]
+    merged = sorted(src[1:] + idle, key=lambda d: d.get("t", 0))
+    report = advise_json(write(tmp_path / "idle.jsonl", [src[0], *merged]))
+    (a,) = [x for x in report["advice"] if x["id"] == "out-of-memory"]
+    assert a["active"] is False and 3500 <= a["held_seconds"] <= 3700, a["held_seconds"]
 
 
 def test_a_leak_that_ended_in_oom_is_not_told_to_shrink_the_batch_first():

@@ -276,6 +276,7 @@ class Frame:
         self.problems: list[dict[str, Any]] = []  # `hook_problem` lines, for the report
         self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution]] = {}
         self.job_ends: list[dict[str, Any]] = []  # `job_end` lines, for the report
+        self.startup_batch: dict[int, float] = {}  # pid -> its loader's batch before training
 
     # -- facts -------------------------------------------------------------------------
     def set_meta(self, meta: Mapping[str, Any]) -> None:
@@ -546,10 +547,8 @@ class Frame:
         if pid is not None:
             if subj.job_pid != pid:
                 subj.new_scaler()  # another job on this GPU: its own GradScaler
-                if subj.facts.get("job_oom"):  # an earlier job's death is not this one's
-                    for k in OOM_FACTS:
-                        subj.facts.pop(k, None)
-                    subj.facts["job_oom"] = 0.0  # known false: the advice ends
+                subj.micro_sum = subj.micro_n = 0.0  # and its own accumulation
+                self._oom_over(subj, pid)
             subj.job_pid = pid
             if self.job_of_pid.get(pid) is not subj:
                 self.job_of_pid[pid] = subj
@@ -715,6 +714,7 @@ class Frame:
         if values is None:  # a trace line: the config keys sit on the line itself
             values = {k: v for k, v in s.items() if k not in ("t", "kind", "pid", "rank", "gpu")}
         subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
+        self._oom_over(subj, get("pid"))
         self.hook_config = True
         subj.hook_seen = True
         # older hooks send no in_training: their settings count as they did
@@ -724,6 +724,13 @@ class Frame:
             if k in CONFIG_KEYS and (settled or k not in _MUTABLE):
                 subj.config[k] = _config_value(v)
         if not settled:
+            # what its loader's batch is before training settles: only a job that dies in
+            # its first step is judged by it (out-of-memory)
+            pid = get("pid")
+            bs = values.get("batch_size")
+            if pid is not None and isinstance(bs, (int, float)) and bs > 0 \
+                    and len(self.startup_batch) < 10000:
+                self.startup_batch[pid] = float(bs)
             return
         for k in _ABSENT_IS_NONE:  # the hook leaves these out once there is none
             if k not in values:
@@ -760,6 +767,7 @@ class Frame:
         self._advance(t)
         pid = get("pid")
         subj = self._job_subject(get("gpu"), pid, get("rank"))
+        self._oom_over(subj, pid)
         subj.hook_seen = True
         self.hook_phases = True
         seconds = get("seconds") or {}
@@ -822,43 +830,85 @@ class Frame:
     def feed_end(self, s: Any) -> None:
         """A `job_end` line. A job that died of CUDA out-of-memory (the hook's exit report:
         torch.OutOfMemoryError) leaves on its GPU what the rule out-of-memory reads: its
-        allocator's peak, its steps, its batch and micro-batches then; they hold until
-        another job steps on that GPU."""
+        allocator's peak, its steps, its batch and micro-batches then, the phase it died in;
+        they hold until another job steps on that GPU."""
         get = _get(s)
         if get("exit_reason") != "oom":
             return
         error = str(get("error") or "")
+        if error and "cuda" not in error.lower():
+            return  # host memory (MemoryError)
         t = get("t")
         if t is not None:
             self._advance(t)
-        subj = self._job_subject(get("gpu"), get("pid"), get("rank"))
-        if subj.gpu is None or (error and "cuda" not in error.lower()):
-            return  # host memory (MemoryError), or a job not tied to a GPU
+        pid = get("pid")
+        subj = self._job_subject(get("gpu"), pid, get("rank"))
+        if subj.gpu is None:
+            # a job that died before it named its GPU, whose pid NVML does not list (a
+            # container): the one GPU whose memory was full as it died
+            subj = self._full_gpu() or subj
+        if subj.gpu is None:
+            return
         facts = subj.facts
         facts["job_oom"] = 1.0
+        facts["oom_pid"] = pid
+        facts["oom_idx"] = self.idx
         peak = get("max_mem_allocated_bytes") or get("mem_allocated_bytes")
         facts["oom_peak_bytes"] = float(peak) if peak else None
         reserved = get("mem_reserved_bytes")
         facts["oom_reserved_bytes"] = float(reserved) if reserved else None
         steps = get("steps_total")
         facts["oom_steps"] = float(steps) if steps is not None else None
-        bs = subj.job.acc.last.get("batch_size")  # the open bucket's, else the newest kept
+        # its own batch: the steps' where this pid stepped here, else its loader's as the
+        # hook read it at start-up (a job that died in its first step)
+        own = subj.job_pid == pid
+        bs = subj.job.acc.last.get("batch_size") if own else None
         ring = subj.job.rings.get("batch_size")
-        if bs is None and ring is not None:
+        if bs is None and own and ring is not None:
             bs = ring.last(ring.end(), ring.end() - ring.base)
-        if bs is None:
+        if bs is None and own:
             bs = subj.config.get("batch_size")
+        if bs is None:
+            bs = self.startup_batch.get(pid)
         facts["oom_batch_size"] = float(bs) if bs else None
-        facts["oom_micro_batches"] = (subj.micro_sum / subj.micro_n if subj.micro_n
+        facts["oom_micro_batches"] = (subj.micro_sum / subj.micro_n if own and subj.micro_n
                                       else None)
-        # the phase it died in (its hook's newest `phase` line): an evaluation's batch
+        # the phase it died in (its hook's newest `phase` line): an evaluation's batch, or
+        # an inference process's
         owner = self.phase_owner(subj)
-        evaluating = owner is not None and owner.phase == "eval"
-        facts["oom_in_eval"] = 1.0 if evaluating else 0.0
+        phase = owner.phase if owner is not None and owner.phase_pid in (None, pid) else None
+        facts["oom_in_eval"] = 1.0 if phase == "eval" else 0.0
+        facts["oom_in_inference"] = 1.0 if phase == "inference" and not steps else 0.0
         eb = owner.phase_info.get("eval_batch_size") if owner is not None else None
         if eb is None:
             eb = self.config_value(subj, "fw_eval_batch_size")
-        facts["oom_eval_batch_size"] = float(eb) if evaluating and eb else None
+        facts["oom_eval_batch_size"] = float(eb) if phase == "eval" and eb else None
+        ib = owner.phase_info.get("inference_batch_size") if owner is not None else None
+        facts["oom_inference_batch_size"] = (float(ib) if phase == "inference" and ib
+                                             else None)
+
+    def _oom_over(self, subj: Subject, pid: Any) -> None:
+        """Another process reports for ``subj``'s GPU: an earlier job's death by OOM is not
+        its own (the advice ends)."""
+        if subj.facts.get("job_oom") and pid is not None and pid != subj.facts.get("oom_pid"):
+            for k in OOM_FACTS:
+                subj.facts.pop(k, None)
+            subj.facts["job_oom"] = 0.0  # known false: the advice ends
+
+    def _full_gpu(self) -> Subject | None:
+        """The one GPU whose used memory reached 90 % of it in the last 15 s, if one did."""
+        full = []
+        for subj in self.subjects.values():
+            if subj.gpu is None:
+                continue
+            ring = subj.gpu_table.rings.get("mem_used_ratio")
+            seen = ring.values(ring.end(), 15) if ring is not None else []
+            now = subj.gpu_table.acc.mean("mem_used_ratio")
+            if now is not None:
+                seen.append(now)
+            if seen and max(seen) >= 0.9:
+                full.append(subj)
+        return full[0] if len(full) == 1 else None
 
     def _close_phase(self, idx: int, subj: Subject) -> None:
         """The shares of each phase in the bucket before ``idx`` (complete now: a line
@@ -1549,6 +1599,13 @@ class Frame:
             if subj.gpu is None:
                 return None
             return subj.facts.get("gpm", 0.0)
+        if name == "job_oom" and subj.facts.get("job_oom"):
+            # a death is news for OOM_HOLD_SECONDS: a daemon whose GPU then idles, or runs a
+            # job without the hook, does not keep saying it
+            dead = subj.facts.get("oom_idx")
+            if dead is not None and self.idx is not None \
+                    and (self.idx - dead) * self.res > OOM_HOLD_SECONDS:
+                return 0.0
         if name in subj.facts:
             return subj.facts[name]
         return self.facts.get(name)
@@ -1557,9 +1614,12 @@ class Frame:
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
             "StepsSample": "steps", "ConfigSample": "config", "JobEnd": "job_end",
             "PhaseSample": "phase", "HookProblem": "hook_problem"}
+# how long a job's death by CUDA out-of-memory is said after it, at most
+OOM_HOLD_SECONDS = 3600.0
 # what a job's death by CUDA out-of-memory leaves on its GPU (frame.feed_end)
-OOM_FACTS = ("job_oom", "oom_peak_bytes", "oom_reserved_bytes", "oom_steps", "oom_batch_size",
-             "oom_micro_batches", "oom_in_eval", "oom_eval_batch_size")
+OOM_FACTS = ("job_oom", "oom_pid", "oom_idx", "oom_peak_bytes", "oom_reserved_bytes", "oom_steps", "oom_batch_size",
+             "oom_micro_batches", "oom_in_eval", "oom_eval_batch_size", "oom_in_inference",
+             "oom_inference_batch_size")
 # settings training may still change: judged only from what the hook read once the job
 # had finished an iteration (a config line's ``in_training``), never from start-up's
 _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused_optimizer",

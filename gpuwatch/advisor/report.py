@@ -363,7 +363,8 @@ _LABELS = {
     "power_limit_watts": "power limit", "clock_power_capped": "power-capped",
     "clock_thermal": "thermal slowdown", "clock_hw_slowdown": "HW slowdown",
     "oom_peak_bytes": "allocator peak when it died", "oom_reserved_bytes": "reserved then", "oom_steps": "steps before it died",
-    "oom_batch_size": "batch when it died", "oom_eval_batch_size": "evaluation batch then", "oom_micro_batches": "micro-batches per step",
+    "oom_batch_size": "batch when it died", "oom_eval_batch_size": "evaluation batch then",
+    "oom_inference_batch_size": "inference batch then", "oom_micro_batches": "micro-batches per step",
     "gradient_checkpointing": "gradient checkpointing",
 }
 # a unit told by the name's ending, for evidence a rule names itself

@@ -349,6 +349,10 @@ def _defs() -> dict[str, SignalDef]:
          "hook's newest phase)"), False),
         ("oom_eval_batch_size", "fact", "samples", "last", ("the evaluation batch it ran "
          "when it died evaluating"), False),
+        ("oom_in_inference", "fact", "0/1", "last", ("1 where that job died running "
+         "inference, never having trained (its hook's newest phase)"), False),
+        ("oom_inference_batch_size", "fact", "samples", "last", ("the inference batch it ran "
+         "when it died so"), False),
         ("phase", "fact", "text", "last", ("what the job does now, by its hook: 'startup', "
          "'compile', 'train', 'eval', 'checkpoint', 'inference' (absent without phases)"),
          False),
