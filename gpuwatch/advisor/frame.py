@@ -831,7 +831,8 @@ class Frame:
         """A `job_end` line. A job that died of CUDA out-of-memory (the hook's exit report:
         torch.OutOfMemoryError) leaves on its GPU what the rule out-of-memory reads: its
         allocator's peak, its steps, its batch and micro-batches then, the phase it died in;
-        they hold until another job steps on that GPU."""
+        they hold until another process reports on that GPU (``_oom_over``), and are read
+        for OOM_HOLD_SECONDS at most (``fact``)."""
         get = _get(s)
         if get("exit_reason") != "oom":
             return
@@ -862,12 +863,14 @@ class Frame:
         # its own batch: the steps' where this pid stepped here, else its loader's as the
         # hook read it at start-up (a job that died in its first step)
         own = subj.job_pid == pid
-        bs = subj.job.acc.last.get("batch_size") if own else None
-        ring = subj.job.rings.get("batch_size")
-        if bs is None and own and ring is not None:
-            bs = ring.last(ring.end(), ring.end() - ring.base)
-        if bs is None and own:
-            bs = subj.config.get("batch_size")
+        bs = None
+        if own:  # the open bucket's, else the newest kept, else its settings'
+            bs = subj.job.acc.last.get("batch_size")
+            ring = subj.job.rings.get("batch_size")
+            if bs is None and ring is not None:
+                bs = ring.last(ring.end(), ring.end() - ring.base)
+            if bs is None:
+                bs = subj.config.get("batch_size")
         if bs is None:
             bs = self.startup_batch.get(pid)
         facts["oom_batch_size"] = float(bs) if bs else None
@@ -1617,9 +1620,9 @@ _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
 # how long a job's death by CUDA out-of-memory is said after it, at most
 OOM_HOLD_SECONDS = 3600.0
 # what a job's death by CUDA out-of-memory leaves on its GPU (frame.feed_end)
-OOM_FACTS = ("job_oom", "oom_pid", "oom_idx", "oom_peak_bytes", "oom_reserved_bytes", "oom_steps", "oom_batch_size",
-             "oom_micro_batches", "oom_in_eval", "oom_eval_batch_size", "oom_in_inference",
-             "oom_inference_batch_size")
+OOM_FACTS = ("job_oom", "oom_pid", "oom_idx", "oom_peak_bytes", "oom_reserved_bytes",
+             "oom_steps", "oom_batch_size", "oom_micro_batches", "oom_in_eval",
+             "oom_eval_batch_size", "oom_in_inference", "oom_inference_batch_size")
 # settings training may still change: judged only from what the hook read once the job
 # had finished an iteration (a config line's ``in_training``), never from start-up's
 _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused_optimizer",
