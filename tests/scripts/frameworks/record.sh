@@ -426,3 +426,34 @@ want hf_eval_oom && CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} rec hf_eval_
 want lightning_cnn_oom && CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} rec lightning_cnn_oom \
   150 python3 lightning_cnn.py --model resnet50 --batch 32768 --workers 8 --blur 0 \
   --precision bf16-mixed --seconds 40
+# 73. a GPT-2 (768 wide, 6 layers, vocabulary 50257) under the Trainer with dynamic
+#     padding: samples of 64 to 512 tokens padded to each batch's longest, batch 16, bf16,
+#     2 workers; with the hook and without it (the daemon beside the job)
+clm="--hidden 768 --layers 6 --heads 12 --vocab 50257 --seq 512"
+want hf_clm_dynamic && rec hf_clm_dynamic 150 python3 hf_clm.py $clm --dynamic --min-len 64 \
+  --steps 100000 --seconds 60 --batch 16 --bf16 --workers 2
+want hf_clm_dynamic_bare && rec_bare hf_clm_dynamic_bare 150 python3 hf_clm.py $clm --dynamic \
+  --min-len 64 --steps 100000 --seconds 60 --batch 16 --bf16 --workers 2
+# 74. the model put on the GPU, then 30 s of one-process tokenization before the Trainer
+#     trains (fixed length 512, batch 16, bf16, 40 s); with the hook and without it
+want hf_clm_preprocess && rec hf_clm_preprocess 150 python3 hf_clm.py $clm \
+  --preprocess-seconds 30 --steps 100000 --seconds 70 --batch 16 --bf16 --workers 2
+want hf_clm_preprocess_bare && rec_bare hf_clm_preprocess_bare 150 python3 hf_clm.py $clm \
+  --preprocess-seconds 30 --steps 100000 --seconds 70 --batch 16 --bf16 --workers 2
+# 75. compute_metrics without preprocess_logits_for_metrics: every evaluation keeps its
+#     batches' logits (512 x 50257 a sample) on the GPU until it ends; 256 samples at eval
+#     batch 16 every 200 steps
+want hf_clm_eval_logits && rec hf_clm_eval_logits 150 python3 hf_clm.py $clm --steps 100000 \
+  --seconds 60 --batch 16 --bf16 --workers 2 --eval-every 200 --eval-samples 256 \
+  --eval-batch 16 --metrics
+# 76. item 73 under torchrun on every GPU (DDP): each rank's batches of their own lengths,
+#     so a different rank is the slowest at each step; with the hook and without it
+if want hf_clm_dynamic_ddp || want hf_clm_dynamic_ddp_bare; then
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  want hf_clm_dynamic_ddp && rec hf_clm_dynamic_ddp 200 torchrun --standalone \
+    --nproc_per_node "$n" hf_clm.py $clm --dynamic --min-len 64 --steps 100000 --seconds 60 \
+    --batch 16 --bf16 --workers 2
+  want hf_clm_dynamic_ddp_bare && rec_bare hf_clm_dynamic_ddp_bare 200 torchrun --standalone \
+    --nproc_per_node "$n" hf_clm.py $clm --dynamic --min-len 64 --steps 100000 --seconds 60 \
+    --batch 16 --bf16 --workers 2
+fi
