@@ -297,6 +297,27 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "accel_clm_launch_bare": ({"enable-mixed-precision"}, {"raise-batch-size", "gpu-underused",
                                                            "add-dataloader-workers",
                                                            "straggler-rank"}),
+    # hf_clm.py (a GPT-2 of 6 layers under the Trainer, bf16, batch 16, 2 workers) on 1 H100:
+    # dynamic padding (64 to 512 tokens, padded to each batch's longest): host-bound steps
+    # whose allocator reserves more as longer batches come (no leak: what torch keeps
+    # between steps is flat); with the hook and with the daemon on its own
+    "hf_clm_dynamic": ({"raise-batch-size"}, {"memory-leak", "add-dataloader-workers",
+                                              "enable-gradient-checkpointing"}),
+    "hf_clm_dynamic_bare": ({"gpu-underused"}, {"memory-leak", "add-dataloader-workers",
+                                                "enable-gradient-checkpointing"}),
+    # the model on the GPU, then 30 s of one-process tokenization before the Trainer trains
+    # at fixed length 512 (GPU-bound, 77 % busy): the tokenization is start-up, not training
+    "hf_clm_preprocess": (set(), {"gpu-underused", "raise-batch-size", "add-dataloader-workers",
+                                  "training-stalled", "reduce-launch-overhead"}),
+    "hf_clm_preprocess_bare": (set(), {"gpu-underused", "raise-batch-size",
+                                       "add-dataloader-workers", "training-stalled",
+                                       "reduce-launch-overhead"}),
+    # compute_metrics without preprocess_logits_for_metrics: the evaluation's 16 batches
+    # take 2 s, then the host works on the gathered logits (256 x 512 x 50257) for 37 s with
+    # the GPU idle (speed-up-evaluation, tested below: its evaluation began 11 s after the
+    # first step, and the phases' seconds come every 5 s, so it comes 24 s after the step)
+    "hf_clm_eval_logits": (set(), {"memory-leak", "raise-batch-size", "out-of-memory",
+                                   "gpu-underused"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -1375,7 +1396,7 @@ def test_an_oom_before_the_first_step_is_said_without_figures_it_lacks():
     assert a["id"] == "out-of-memory" and a["gpu"] == 0
     assert "before its first step ended." in a["message"]
     assert "?" not in a["message"] + a["action"]
-    assert a["action"].startswith("The batch does not fit")
+    assert a["action"].startswith("The first steps do not fit")
 
 
 def test_an_oom_quotes_the_dead_jobs_own_batch_not_an_earlier_jobs(tmp_path):
@@ -1542,3 +1563,48 @@ def test_lightning_compiling_its_model_is_told_of_the_compile_and_the_batch():
         assert gpus_told(report, "raise-batch-size") == list(range(ranks))
         assert steps_by_gpu(report) == [(g, truth(name)["steps"]) for g in range(ranks)]
 
+
+
+def test_an_evaluation_spent_on_its_gathered_logits_is_told_to_reduce_them_per_batch():
+    """compute_metrics without preprocess_logits_for_metrics: the Trainer gathers every
+    evaluation batch's logits and hands them all to compute_metrics at the end. The
+    evaluation's batches took 2 s of its 39 s; the rest the GPU idled and no batch came."""
+    name = "hf_clm_eval_logits"
+    report = advise_json(path_of(name))
+    t = truth(name)
+    (job,) = report["jobs"]
+    assert job["phases"]["eval"] == pytest.approx(t["eval_seconds"], rel=EVAL_TOLERANCE)
+    (a,) = [a for a in report["advice"] if a["id"] == "speed-up-evaluation"]
+    idle = a["evidence"]["eval_idle_seconds"]
+    # the idle tail: most of the evaluation, never more than all of it
+    assert 0.5 * t["eval_seconds"] <= idle <= a["evidence"]["eval_seconds"]
+    assert "no evaluation batch came and its GPU idled" in a["message"]
+    assert a["action"].startswith("Keep the work after the batches small")
+    assert "preprocess_logits_for_metrics" in a["action"]
+    assert "TrainingArguments(eval_accumulation_steps=8)" in a["action"]
+    # evaluating less often would keep the tail at each evaluation: the gain is the tail's
+    spent = a["evidence"]["train_seconds"] + a["evidence"]["eval_seconds"]
+    assert a["expected_gain"] == pytest.approx(1 / (1 - idle / spent), rel=0.02)
+
+
+@pytest.mark.parametrize("name", ["hf_eval_heavy", "hf_eval_epoch", "accel_clm_eval",
+                                  "lightning_ddp", "lightning_boring"])
+def test_evaluations_whose_time_is_their_batches_are_not_told_of_a_tail(name):
+    """The other evaluations spend their time in their batches: no idle tail is claimed,
+    and the batch and the interval are what speed-up-evaluation speaks of."""
+    report = advise_json(path_of(name))
+    for a in report["advice"]:
+        assert "eval_idle_seconds" not in a["evidence"], (a["id"], a["evidence"])
+        assert "preprocess_logits_for_metrics" not in a["action"]
+
+
+def test_tokenizing_after_the_model_is_on_the_gpu_is_start_up():
+    """30 s of one-process tokenization with the model already on the GPU (its memory held,
+    nothing running): start-up, with and without the hook, and nothing is said of it."""
+    t = truth("hf_clm_preprocess")
+    report = advise_json(path_of("hf_clm_preprocess"))
+    (job,) = report["jobs"]
+    assert job["phases"]["startup"] >= t["preprocess_seconds"]
+    assert job["steps"] == t["steps"]
+    for name in ("hf_clm_preprocess", "hf_clm_preprocess_bare"):
+        assert not advise_json(path_of(name))["advice"], name

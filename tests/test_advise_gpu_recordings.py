@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_advise_support import DATA, advise_json, ids
+from test_advise_support import DATA, advise_json, ids, load, transform, write
 
 # the breakdown against the script's own clock (share of time, first iteration left out
 # on both sides): the recordings sample at 1 s and the claims are made per 1 s bucket
@@ -106,6 +106,26 @@ def test_conv_net_in_fp32_gets_bf16_and_channels_last():
     (a,) = [a for a in report["advice"] if a["id"] == "enable-mixed-precision"]
     assert "torch.bfloat16" in a["action"] and "channels_last" in a["action"]
     assert "TF32" in a["message"]  # why the FP32 pipe looks idle
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_a_model_cast_to_half_precision_is_not_told_to_use_mixed_precision(tmp_path, dtype):
+    """The same conv net with autocast off, its parameters as the hook read them
+    (param_dtype): float32 is told bf16, and the message says what the hook saw; a model
+    cast to bf16 or fp16 itself (model.to(torch.bfloat16)) computes in half precision
+    already and is not told."""
+    def with_dtype(d: dict) -> dict:
+        if d["kind"] == "config":
+            d["param_dtype"] = dtype
+        return d
+    path = write(tmp_path / "rec.jsonl", transform(load("gpu_fp32_conv"), with_dtype))
+    report = advise_json(path)
+    got = [a for a in report["advice"] if a["id"] == "enable-mixed-precision"]
+    if dtype == "float32":
+        (a,) = got
+        assert "the hook saw no autocast and float32 parameters" in a["message"]
+    else:
+        assert not got, [a["message"] for a in got]
 
 
 def test_leak_reports_its_rate_and_end():

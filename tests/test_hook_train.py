@@ -127,6 +127,20 @@ def test_config_facts_autocast_and_checkpointing(tmp_path: Path) -> None:
     assert config["grad_scaler"] is False and config["optimizer"] == "SGD"
     assert config["device"] == "cpu" and config["tf32"] is False
     assert config["num_workers"] == 1 and config["prefetch_factor"] == 2
+    assert config["param_dtype"] == "float32"
+
+
+def test_a_model_cast_to_bf16_reports_its_parameters_dtype(tmp_path: Path) -> None:
+    """model.to(torch.bfloat16) computes in bf16 with autocast off: the hook says both."""
+    rec = tmp_path / "rec.jsonl"
+    run = subprocess.run([*RUN, "--web.listen-address", "127.0.0.1:0", "--quiet", "--record",
+                          str(rec), "--", sys.executable, TRAIN, "--steps", "6", "--workers", "0",
+                          "--params", "bf16"],
+                         check=False, env=clean_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 0, run.stderr
+    config = read_lines(rec, "config")[-1]
+    assert config["autocast"] is False and config["param_dtype"] == "bfloat16"
 
 
 def test_job_stats_reach_a_daemon_already_running(system: SystemDaemon, tmp_path: Path) -> None:

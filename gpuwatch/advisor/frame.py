@@ -792,6 +792,10 @@ class Frame:
             subj.phase_seconds[name] = float(total)
         now = get("phase")
         before = subj.phase
+        info = subj.phase_info
+        if before == "eval" and gains.get("eval") and subj.phase_t is not None:
+            self._eval_idle(subj, info, gains["eval"], get("eval_batches"),
+                            get("eval_wait_seconds"), t)
         # the one in force now last, even where it was also in force before (a short
         # save or evaluation between two lines: it lies before the time since its end)
         order = sorted(gains, key=lambda n: (n == now, n != before))
@@ -806,14 +810,39 @@ class Frame:
         subj.phase_spans.sort(key=lambda sp: sp[1])
         subj.phase_t = t
         subj.phase = now
-        info = subj.phase_info
         for f in ("compiles", "checkpoints", "eval_batch_size", "inference_batch_size",
-                  "inference_batches", "generate_calls", "eval_batches"):
+                  "inference_batches", "generate_calls", "eval_batches", "eval_wait_seconds"):
             v = get(f)
             if v is not None:
                 info[f] = v
         if get("hook_state") == "off":
             subj.hook_off = True
+
+    def _eval_idle(self, subj: Subject, info: dict[str, Any], gained: float, batches: Any,
+                   waited: Any, t: float) -> None:
+        """Evaluation time since the job's previous `phase` line in which no evaluation
+        batch came, no batch was waited for, and its GPU idled (NVML util under
+        EVAL_IDLE_UTIL over those buckets): the host at work on what the evaluation
+        returned (gathered predictions, metrics), not the model. Adds to
+        ``eval_idle_seconds``; a line that counted a batch adds nothing."""
+        before = info.get("eval_batches")
+        if not isinstance(batches, (int, float)) or not isinstance(before, (int, float)) \
+                or batches != before or batches <= 0:
+            return
+        wait = 0.0
+        if isinstance(waited, (int, float)) and isinstance(info.get("eval_wait_seconds"),
+                                                              (int, float)):
+            wait = max(0.0, waited - info["eval_wait_seconds"])
+        idle = gained - wait
+        ring = subj.gpu_table.rings.get("util") if subj.gpu is not None else None
+        if idle <= 0 or ring is None:
+            return
+        res = self.res
+        hi = int(t / res)
+        n = max(1, hi - int(subj.phase_t / res))
+        util = ring.mean(hi, n)
+        if util is not None and util < EVAL_IDLE_UTIL:
+            info["eval_idle_seconds"] = info.get("eval_idle_seconds", 0.0) + idle
 
     def feed_problem(self, s: Any) -> None:
         get = _get(s)
@@ -948,6 +977,8 @@ class Frame:
         tab.push(idx, "compiles", info.get("compiles"))
         tab.push(idx, "checkpoints", info.get("checkpoints"))
         tab.push(idx, "eval_batch_size", info.get("eval_batch_size"))
+        if sec.get("eval"):
+            tab.push(idx, "eval_idle_seconds", info.get("eval_idle_seconds", 0.0))
         tab.push(idx, "inference_batch_size", info.get("inference_batch_size"))
         batches = (info.get("inference_batches") or 0)
         tab.push(idx, "inference_batches", float(batches) if batches else None)
@@ -1617,6 +1648,9 @@ class Frame:
 _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
             "StepsSample": "steps", "ConfigSample": "config", "JobEnd": "job_end",
             "PhaseSample": "phase", "HookProblem": "hook_problem"}
+# a GPU under this NVML util while its job evaluates and no evaluation batch comes is idle
+# (eval_idle_seconds: the host at work on the evaluation's outputs)
+EVAL_IDLE_UTIL = 0.15
 # how long a job's death by CUDA out-of-memory is said after it, at most
 OOM_HOLD_SECONDS = 3600.0
 # what a job's death by CUDA out-of-memory leaves on its GPU (frame.feed_end)
@@ -1627,7 +1661,7 @@ OOM_FACTS = ("job_oom", "oom_pid", "oom_idx", "oom_peak_bytes", "oom_reserved_by
 # had finished an iteration (a config line's ``in_training``), never from start-up's
 _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused_optimizer",
                       "optimizer", "grad_scaler", "gradient_checkpointing", "cudnn_benchmark",
-                      "channels_last"})
+                      "channels_last", "param_dtype"})
 # without the hook, a GPU whose process has run any kernel (NVML util at least this) has
 # begun its work; before that, its job is starting up
 FIRST_WORK_UTIL = 0.01

@@ -192,6 +192,10 @@ def _defs() -> dict[str, SignalDef]:
          "(forward passes, generate(); a process that never runs backward)"), True),
         ("train_seconds", "phase", "seconds", "last", "seconds in training steps so far", True),
         ("eval_seconds", "phase", "seconds", "last", "seconds evaluating so far", True),
+        ("eval_idle_seconds", "phase", "seconds", "last", ("seconds of evaluation so far in "
+         "which no evaluation batch came or was waited for and the GPU idled (NVML util under "
+         "15 %, between two of the hook's phase lines): the host at work on what the "
+         "evaluation returned (gathered predictions, metrics)"), True),
         ("startup_seconds", "phase", "seconds", "last", "seconds before the first step", True),
         ("compile_seconds", "phase", "seconds", "last", "seconds in torch.compile so far", True),
         ("checkpoint_seconds", "phase", "seconds", "last", "seconds saving checkpoints so far",
@@ -220,6 +224,10 @@ def _defs() -> dict[str, SignalDef]:
          "batch_size is None); null otherwise"), False),
         ("autocast_dtype", "config", "text", "last", ("autocast dtype ('bfloat16', 'float16'; "
          "null when off)"), False),
+        ("param_dtype", "config", "text", "last", ("the dtype the model computes in "
+         "without autocast: FSDP1's mixed-precision param_dtype where set, else the "
+         "optimizer's first parameter's ('float32'; 'bfloat16' for model.to(torch.bfloat16))"),
+         False),
         ("tf32", "config", "bool", "last", "TF32 matmuls allowed", False),
         ("cudnn_benchmark", "config", "bool", "last", "torch.backends.cudnn.benchmark", False),
         ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),

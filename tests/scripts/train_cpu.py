@@ -31,6 +31,8 @@ p.add_argument("--scaler", choices=["none", "plain", "fused"], default="none")
 p.add_argument("--inf-every", type=int, default=0, help="make every Nth loss inf (skips)")
 p.add_argument("--autocast", choices=["none", "bf16"], default="none")
 p.add_argument("--checkpoint", action="store_true", help="use torch.utils.checkpoint")
+p.add_argument("--params", choices=["fp32", "bf16"], default="fp32",
+               help="bf16: model.to(torch.bfloat16), the inputs cast with it (no autocast)")
 p.add_argument("--dist", action="store_true", help="DDP from torchrun's environment")
 p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                help="cuda: the model on cuda:LOCAL_RANK, NCCL for --dist")
@@ -89,7 +91,8 @@ class Net(nn.Module):
         return self.b(h)
 
 
-model = Net().to(dev)
+param_dtype = torch.bfloat16 if a.params == "bf16" else torch.float32
+model = Net().to(dev, dtype=param_dtype)
 if a.dist:
     model = nn.parallel.DistributedDataParallel(model)
 if a.scaler == "fused":
@@ -132,7 +135,7 @@ for step in range(a.steps):
     t0 = time.perf_counter() if step else t_iter
     x, y = next(it)
     t1 = time.perf_counter()
-    x, y = x.to(dev), y.to(dev)
+    x, y = x.to(dev, dtype=param_dtype), y.to(dev)
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
         loss = nn.functional.mse_loss(model(x).float(), y)
     if a.inf_every and step % a.inf_every == a.inf_every - 1:

@@ -943,6 +943,7 @@ class _Hook:
             read(cfg, "optimizer", lambda: type(opt).__name__, p)
             read(cfg, "fused_optimizer", lambda: bool(defaults.get("fused")), p)
             read(cfg, "foreach_optimizer", lambda: defaults.get("foreach"), p)
+            read(cfg, "param_dtype", self._param_dtype, p)
         cfg["grad_scaler"] = self.scaler is not None
         cfg["gradient_checkpointing"] = self.checkpointing
         cfg["uses_dataloader"] = self.loader_made
@@ -994,6 +995,18 @@ class _Hook:
             return None
         self.fsdp_version = 2
         return True
+
+    def _param_dtype(self) -> str | None:
+        """The dtype the model computes in without autocast: FSDP1's mixed precision
+        ``param_dtype`` where set (its kept parameters stay float32), else the optimizer's
+        first parameter's ('bfloat16' for a model cast with ``model.to(torch.bfloat16)``)."""
+        ref = self.fsdp
+        unit = ref() if ref is not None else None
+        mp = getattr(unit, "mixed_precision", None)
+        dtype = getattr(mp, "param_dtype", None)
+        if dtype is None:
+            dtype = getattr(self._first_param(), "dtype", None)
+        return None if dtype is None else str(dtype).removeprefix("torch.")
 
     def _channels_last(self) -> bool | None:
         """Whether the conv weights are channels_last (the memory format a conv net gets
