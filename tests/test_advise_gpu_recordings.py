@@ -123,7 +123,7 @@ def test_a_model_cast_to_half_precision_is_not_told_to_use_mixed_precision(tmp_p
     got = [a for a in report["advice"] if a["id"] == "enable-mixed-precision"]
     if dtype == "float32":
         (a,) = got
-        assert "the hook saw no autocast and float32 parameters" in a["message"]
+        assert "the hook saw no autocast" in a["message"]
     else:
         assert not got, [a["message"] for a in got]
 

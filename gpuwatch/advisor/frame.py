@@ -775,6 +775,8 @@ class Frame:
             subj.phase_pid = pid  # another process on this GPU: its own totals
             subj.phase_seconds = {}
             subj.phase_t = None
+            for k in _EVAL_IDLE_KEYS:  # counted from its own evaluation batches
+                subj.phase_info.pop(k, None)
         if pid is not None and subj.gpu is not None and subj.job_pid in (None, pid):
             # a process that reports phases and no steps yet (inference: generate() from a
             # model that device_map="auto" spread over several GPUs): the other GPUs it is
@@ -796,6 +798,10 @@ class Frame:
         if before == "eval" and gains.get("eval") and subj.phase_t is not None:
             self._eval_idle(subj, info, gains["eval"], get("eval_batches"),
                             get("eval_wait_seconds"), t)
+        if before == "eval" and now == "train" and info.get("eval_idle_pending"):
+            # the evaluation ended in training again: its idle gaps were no batch's fetch
+            info["eval_idle_seconds"] = (info.get("eval_idle_seconds", 0.0)
+                                         + info.pop("eval_idle_pending"))
         # the one in force now last, even where it was also in force before (a short
         # save or evaluation between two lines: it lies before the time since its end)
         order = sorted(gains, key=lambda n: (n == now, n != before))
@@ -821,28 +827,34 @@ class Frame:
     def _eval_idle(self, subj: Subject, info: dict[str, Any], gained: float, batches: Any,
                    waited: Any, t: float) -> None:
         """Evaluation time since the job's previous `phase` line in which no evaluation
-        batch came, no batch was waited for, and its GPU idled (NVML util under
-        EVAL_IDLE_UTIL over those buckets): the host at work on what the evaluation
-        returned (gathered predictions, metrics), not the model. Adds to
-        ``eval_idle_seconds``; a line that counted a batch adds nothing."""
+        batch came, none was waited for, and its GPU idled (NVML util under
+        EVAL_IDLE_UTIL over those buckets): time outside the model, most often the host
+        at work on what the evaluation returned (gathered predictions, metrics). It is
+        held as pending until the job trains again (``feed_phase``: then it adds to
+        ``eval_idle_seconds``); a later line that counts a batch or more data wait drops
+        it (the gap was a batch being fetched: the hook adds a fetch's wait when it
+        returns; the loader's own end, a short wait, is subtracted), and so does an
+        evaluation the process never leaves."""
         before = info.get("eval_batches")
+        w_before = info.get("eval_wait_seconds")
         if not isinstance(batches, (int, float)) or not isinstance(before, (int, float)) \
-                or batches != before or batches <= 0:
+                or batches <= 0:
             return
         wait = 0.0
-        if isinstance(waited, (int, float)) and isinstance(info.get("eval_wait_seconds"),
-                                                              (int, float)):
-            wait = max(0.0, waited - info["eval_wait_seconds"])
-        idle = gained - wait
-        ring = subj.gpu_table.rings.get("util") if subj.gpu is not None else None
-        if idle <= 0 or ring is None:
+        if isinstance(waited, (int, float)) and isinstance(w_before, (int, float)):
+            wait = max(0.0, waited - w_before)
+        if batches != before or wait > 0.1 * gained:
+            info.pop("eval_idle_pending", None)
             return
+        ring = subj.gpu_table.rings.get("util") if subj.gpu is not None else None
         res = self.res
         hi = int(t / res)
-        n = max(1, hi - int(subj.phase_t / res))
-        util = ring.mean(hi, n)
+        lo = int(subj.phase_t / res)
+        if ring is None or hi <= lo:  # within one bucket: none of it measured yet
+            return
+        util = ring.mean(hi, hi - lo)
         if util is not None and util < EVAL_IDLE_UTIL:
-            info["eval_idle_seconds"] = info.get("eval_idle_seconds", 0.0) + idle
+            info["eval_idle_pending"] = info.get("eval_idle_pending", 0.0) + gained - wait
 
     def feed_problem(self, s: Any) -> None:
         get = _get(s)
@@ -1697,7 +1709,10 @@ def _eval_interval(values: dict[str, Any]) -> dict[str, Any]:
 # scale from 65536 until the gradients fit fp16: a few halvings, never this many in a row)
 CALIBRATION_SKIPS = 8
 # config keys a hook leaves out when there is none (a DataParallel dropped, FSDP gone)
-_ABSENT_IS_NONE = ("data_parallel_gpus", "fsdp_cpu_offload", "fsdp_version")
+_ABSENT_IS_NONE = ("data_parallel_gpus", "fsdp_cpu_offload", "fsdp_version", "param_dtype")
+# what a process's evaluations left (frame._eval_idle), its own: dropped for the next one
+_EVAL_IDLE_KEYS = ("eval_idle_seconds", "eval_idle_pending", "eval_batches",
+                   "eval_wait_seconds")
 # a second in which the GPU mostly idles (util under this) while its job's main process
 # writes at least this much to storage: what saving a checkpoint looks like from outside
 IDLE_WRITE_UTIL = 0.25

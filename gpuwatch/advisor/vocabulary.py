@@ -224,10 +224,11 @@ def _defs() -> dict[str, SignalDef]:
          "batch_size is None); null otherwise"), False),
         ("autocast_dtype", "config", "text", "last", ("autocast dtype ('bfloat16', 'float16'; "
          "null when off)"), False),
-        ("param_dtype", "config", "text", "last", ("the dtype the model computes in "
-         "without autocast: FSDP1's mixed-precision param_dtype where set, else the "
-         "optimizer's first parameter's ('float32'; 'bfloat16' for model.to(torch.bfloat16))"),
-         False),
+        ("param_dtype", "config", "text", "last", ("FSDP1's mixed-precision param_dtype "
+         "where set, else the dtype of the optimizer's first parameter ('bfloat16' for a "
+         "model cast with model.to(torch.bfloat16); 'float32' also where only float32 "
+         "adapters or master weights are optimized, so it is read only as a half-precision "
+         "model's sign)"), False),
         ("tf32", "config", "bool", "last", "TF32 matmuls allowed", False),
         ("cudnn_benchmark", "config", "bool", "last", "torch.backends.cudnn.benchmark", False),
         ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),
