@@ -341,10 +341,11 @@ def host_bound_bert(seconds: float = 40.0) -> Run:
                               "fw_batch_size": 8, "fw_grad_accum": 1, "fw_precision": "fp32"}})
 
 
-def grad_accum(seconds: float = 40.0, framework: str = "accelerate") -> Run:
-    """Micro-batches of 4, 16 per optimizer step (Accelerate's accumulate()): each step
-    fetches 64 samples in 16 backward passes; the GPU busy 30 %, memory 8 % used."""
-    steps = steady_steps(seconds, 0.4, wait=0.004, batch_size=64, micro_batches=16,
+def grad_accum(seconds: float = 40.0, framework: str = "accelerate", micro: int = 16) -> Run:
+    """Micro-batches of 4, ``micro`` (16) per optimizer step (Accelerate's accumulate()):
+    each step fetches 4 x ``micro`` samples in that many backward passes; the GPU busy
+    30 %, memory 8 % used."""
+    steps = steady_steps(seconds, 0.4, wait=0.004, batch_size=4 * micro, micro_batches=micro,
                          mem_allocated_bytes=2_000_000_000,
                          max_mem_allocated_bytes=2_400_000_000,
                          mem_reserved_bytes=3_000_000_000)
@@ -357,7 +358,7 @@ def grad_accum(seconds: float = 40.0, framework: str = "accelerate") -> Run:
                  configs={0: {"num_workers": 2, "persistent_workers": True, "pin_memory": True,
                               "uses_dataloader": True, "batch_size": 4,
                               "autocast_dtype": "bfloat16", "framework": framework,
-                              "fw_grad_accum": 16, "fw_precision": "bf16"}})
+                              "fw_grad_accum": micro, "fw_precision": "bf16"}})
 
 
 def eval_heavy(seconds: float = 60.0, train: float = 2.0, evaluate: float = 8.0,

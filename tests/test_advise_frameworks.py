@@ -60,6 +60,26 @@ def test_accumulation_lowers_the_micro_batch_count_not_the_learning_rate(tmp_pat
     assert "TrainingArguments(per_device_train_batch_size=4 → " in b["action"]
 
 
+@pytest.mark.parametrize(("micro", "new_mb", "new_accum"), [(3, 12, 1), (12, 48, 1),
+                                                          (6, 24, 1), (24, None, None)])
+def test_fewer_micro_batches_keep_the_effective_batch_exactly(tmp_path, micro, new_mb,
+                                                              new_accum):
+    """Accumulation steps that are not a power of two: the micro-batch grows by a factor
+    that divides them, so micro-batch x steps stays the effective batch (3 steps of 4
+    once became 2 of 8: 16 samples, not 12)."""
+    report = judge(tmp_path, synthetic.grad_accum(micro=micro))
+    a = advice(report, "reduce-gradient-accumulation")
+    eff = 4 * micro
+    assert f"effective batch of {eff}" in a["action"]
+    m = re.search(r"batch_size=4 → (\d+)\).*gradient_accumulation_steps="
+                  rf"{micro} → (\d+)\)", a["action"])
+    assert m, a["action"]
+    mb, acc = int(m.group(1)), int(m.group(2))
+    assert mb * acc == eff, (mb, acc)
+    if new_mb is not None:
+        assert (mb, acc) == (new_mb, new_accum)
+
+
 def test_evaluation_is_its_own_phase_and_gets_its_own_advice(tmp_path):
     """80 % of the wall time evaluating at per_device_eval_batch_size=8: the training rules
     judge the training windows only (no batch x4, no LR), the evaluation gets its own."""

@@ -35,6 +35,8 @@ def ev(text: str, ctx: Ctx | None = None):
     ("1 / 0", None), ("2 < 3 and 3 <= 3", True), ("not 1 > 2", True),
     ("min(3, 1, 2)", 1.0), ("max(1, 5)", 5.0), ("clamp(12, 0, 10)", 10.0),
     ("pow2floor(12.5)", 8.0), ("floor(2.7) + ceil(2.1)", 5.0), ("sqrt(16)", 4.0),
+    ("divisor(16, 5.3)", 4.0), ("divisor(12, 7)", 6.0), ("divisor(7, 5)", 1.0),
+    ("divisor(3, 40)", 3.0), ("divisor(0, 4)", None), ("divisor(6, 0.5)", None),
     ("sqrt(-1)", None), ("round(2.567, 1)", 2.6), ('"bf16" == "bf16"', True),
     ("ifelse(1 > 2, 10, 20)", 20.0), ("coalesce(null, null, 3)", 3.0), ("known(null)", False),
     ("30s", 30.0), ("5m", 300.0), ("250ms", 0.25), ("1.5h", 5400.0),

@@ -85,6 +85,8 @@ SCALAR_FUNCTIONS: dict[str, str] = {
     "floor": "round down", "ceil": "round up", "round": "round(x) or round(x, digits)",
     "min": "smallest argument", "max": "largest argument",
     "clamp": "clamp(x, lo, hi)", "pow2floor": "largest power of two <= x (x >= 1)",
+    "divisor": ("divisor(n, limit): the largest divisor of the whole number n that is <= "
+                "limit (1 when none but 1; unknown for n < 1 or limit < 1)"),
     "coalesce": "first argument that is known", "known": "true when the argument is known",
     "ifelse": "ifelse(cond, a, b): a when cond is true, b when false, unknown when unknown",
     "knob": ('knob("name", old, new): the change of a setting in the words of the framework '
@@ -333,6 +335,7 @@ class _Parser:
             raise ExprError(f"function {name!r} is not allowed (allowed: {allowed})", fname.col)
         arity = {"abs": (1, 1), "sqrt": (1, 1), "log2": (1, 1), "floor": (1, 1),
                  "ceil": (1, 1), "round": (1, 2), "clamp": (3, 3), "pow2floor": (1, 1),
+                 "divisor": (2, 2),
                  "known": (1, 1), "ifelse": (3, 3), "min": (1, 99), "max": (1, 99),
                  "coalesce": (1, 99), "knob": (3, 3)}[name]
         if not arity[0] <= len(args) <= arity[1]:
@@ -724,6 +727,19 @@ def _call(name: str, fs: list[Compiled]) -> Compiled:
                 return None
             return min(max(x, lo), hi)
         return clamp
+    if name == "divisor":
+        fn_, flim = fs
+
+        def divisor(ctx: Any) -> Any:
+            n, lim = _num(fn_(ctx)), _num(flim(ctx))
+            if n is None or lim is None or not math.isfinite(n) or n < 1 or lim < 1:
+                return None
+            n_int = round(n)
+            for d in range(min(n_int, int(min(lim, 1e6))), 0, -1):
+                if n_int % d == 0:
+                    return float(d)
+            return 1.0
+        return divisor
     if name == "round":
         fx = fs[0]
         fd = fs[1] if len(fs) > 1 else (lambda ctx: 0)
