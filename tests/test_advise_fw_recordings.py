@@ -370,10 +370,12 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "lightning_cnn_epochs": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     "lightning_cnn_epochs_ddp": ({"raise-batch-size"}, {"add-dataloader-workers",
                                                         "straggler-rank"}),
-    # the death itself is the hook's exit report: from outside, nothing a rule can say
-    "hf_large_oom": (set(), {"out-of-memory", "raise-batch-size"}),
+    # the death itself is the hook's exit report: from outside, a process gone right after
+    # its GPU's memory was full (exited-with-memory-full, asked under an if); an evaluation
+    # that died allocating its first huge batch left no full memory behind: nothing
+    "hf_large_oom": ({"exited-with-memory-full"}, {"out-of-memory", "raise-batch-size"}),
     "hf_eval_oom": (set(), {"out-of-memory"}),
-    "lightning_cnn_oom": (set(), {"out-of-memory"}),
+    "lightning_cnn_oom": ({"exited-with-memory-full"}, {"out-of-memory"}),
     "hf_large_fits": (set(), {"raise-batch-size", "enable-gradient-checkpointing",
                               "gpu-underused"}),
 }
@@ -1640,3 +1642,56 @@ def test_a_later_process_on_the_gpu_counts_its_own_idle_evaluation(tmp_path):
         ev = a["evidence"]
         assert ev["eval_idle_seconds"] <= ev["eval_seconds"], ev
         assert a["expected_gain"] < 5, a["expected_gain"]
+
+
+def _without(lines_: list[dict], kinds: tuple[str, ...]) -> list[dict]:
+    return [d for d in lines_ if d.get("kind") not in kinds]
+
+
+@pytest.mark.parametrize("name", ["hf_large_oom", "lightning_cnn_oom"])
+def test_an_oom_without_the_hook_is_a_process_gone_with_the_memory_full(tmp_path, name):
+    """The hook's lines taken out: the job that died of CUDA out-of-memory left NVML's list
+    right after its GPU's memory was full; that is said as what it was (a process gone with
+    the memory full, its end unreported), and the changes are asked under an if."""
+    path = write(tmp_path / "bare.jsonl", _without(lines(path_of(name)), HOOK_KINDS))
+    report = advise_json(path)
+    (a,) = [a for a in report["advice"] if a["id"] == "exited-with-memory-full"]
+    assert a["gpu"] == 0 and a["severity"] == "warning"
+    assert a["evidence"]["gone_full_ratio"] >= 0.95
+    assert a["evidence"]["gone_full_bytes"] >= 0.5 * a["evidence"]["mem_total_bytes"]
+    assert "no report of how it ended came" in a["message"]
+    assert a["action"].startswith("If its output ends in torch.OutOfMemoryError")
+    assert "out-of-memory" not in ids(report)
+
+
+def test_the_hooks_end_report_decides_whether_a_full_gpus_process_died(tmp_path):
+    """With the hook's exit report the death is certain (out-of-memory, not the guess); a
+    clean exit the hook reported says nothing of it; its steps and settings without the
+    exit report leave the guess."""
+    rec = lines(path_of("hf_large_oom"))
+    got = ids(advise_json(path_of("hf_large_oom")))
+    assert "out-of-memory" in got and "exited-with-memory-full" not in got
+    clean = [dict(d, exit_reason="exited", error=None) if d.get("kind") == "job_end" else d
+             for d in rec]
+    got = ids(advise_json(write(tmp_path / "clean.jsonl", clean)))
+    assert not {"out-of-memory", "exited-with-memory-full"} & got, got
+    got = ids(advise_json(write(tmp_path / "noend.jsonl", _without(rec, ("job_end",)))))
+    assert "exited-with-memory-full" in got and "out-of-memory" not in got
+
+
+def test_a_new_process_on_the_gpu_ends_the_guess(tmp_path):
+    """A process that holds memory on the GPU after the one that left with it full: the
+    earlier death is not the new job's (the advice is over)."""
+    rec = _without(lines(path_of("hf_large_oom")), HOOK_KINDS)
+    gpu0 = [d for d in rec if d.get("kind") == "gpu" and d.get("gpu") == 0]
+    last = gpu0[-1]
+    extra = []
+    for k in range(1, 40):
+        d = json.loads(json.dumps(last))
+        d["t"] = last["t"] + k
+        d["processes"] = [{"pid": 4242, "mem_used_bytes": 2 * 2**30, "name": "python3"}]
+        d["mem_used_bytes"] = 2 * 2**30
+        extra.append(d)
+    report = advise_json(write(tmp_path / "later.jsonl", rec + extra))
+    (a,) = [a for a in report["advice"] if a["id"] == "exited-with-memory-full"]
+    assert not a["active"]
