@@ -1006,7 +1006,10 @@ class _Hook:
         dtype = getattr(mp, "param_dtype", None)
         if dtype is None:
             dtype = getattr(self._first_param(), "dtype", None)
-        return None if dtype is None else str(dtype).removeprefix("torch.")
+        if dtype is None:
+            return None
+        name = str(dtype)
+        return name[6:] if name.startswith("torch.") else name  # (3.8: no removeprefix)
 
     def _channels_last(self) -> bool | None:
         """Whether the conv weights are channels_last (the memory format a conv net gets
