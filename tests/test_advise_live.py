@@ -30,13 +30,18 @@ from gpuwatch.store import Store
 from gpuwatch.trace.format import meta_infos, read_trace
 
 
-def play(store: Store, advisor: LiveAdvisor, name: str, every: int = 10) -> None:
-    """Publish a recording into the store tick by tick, evaluating as the daemon would."""
+def play(store: Store, advisor: LiveAdvisor, name: str, every: int = 10,
+         hook: bool = True) -> None:
+    """Publish a recording into the store tick by tick, evaluating as the daemon would
+    (``hook`` False: without the hook's lines, as a daemon beside a job)."""
     trace = read_trace(str(DATA / f"{name}.jsonl"))
     infos = tuple(meta_infos(trace.meta).values())
     gpus: dict[int, GpuSample] = {}
     ticks = 0
+    hooks = (StepSample, StepsSample, ConfigSample, PhaseSample, HookProblem, JobEnd)
     for s in trace.samples:
+        if not hook and isinstance(s, hooks):
+            continue
         if isinstance(s, (StepSample, StepsSample)):
             store.add_steps([s])
         elif isinstance(s, ConfigSample):
@@ -141,6 +146,31 @@ def test_a_job_dead_of_cuda_oom_is_told_live_as_in_the_recording():
     assert registry_for(advisor).get_sample_value(
         "gpuwatch_advice_active", {"rule": "out-of-memory", "gpu": "0",
                                    "severity": "critical"}) == 1.0
+
+
+def test_a_process_gone_with_its_gpus_memory_full_is_told_live_without_the_hook():
+    """A daemon beside a job it has no hook in: the Trainer's process that died of CUDA
+    out-of-memory (fw_hf_large_oom) leaves NVML's list right after GPU 0's memory was
+    full; the daemon's advisor says so as the recording's replay does, and exports it."""
+    store = Store()
+    advisor = LiveAdvisor(store, None)
+    play(store, advisor, "fw_hf_large_oom", every=1, hook=False)
+    # the daemon outlives the job: its GPUs idle on, their memory given back
+    last = store.latest()
+    for i in range(1, 11):
+        t = last.t + i
+        gpus = tuple(GpuSample(t=t, gpu=g.gpu, util=0.0, mem_used_bytes=600_000_000,
+                               mem_total_bytes=g.mem_total_bytes) for g in last.gpus)
+        store.publish(Snapshot(t=t, gpus=gpus, infos=last.infos,
+                               host=HostSample(t=t, cpu_util_per_core=(0.0,) * 16)))
+    advisor.evaluate()
+    live = advisor.report_json()
+    (a,) = [x for x in live["advice"] if x["id"] == "exited-with-memory-full"]
+    assert a["gpu"] == 0 and a["evidence"]["gone_full_ratio"] >= 0.95
+    assert "out-of-memory" not in {x["id"] for x in live["advice"]}
+    assert registry_for(advisor).get_sample_value(
+        "gpuwatch_advice_active", {"rule": "exited-with-memory-full", "gpu": "0",
+                                   "severity": "warning"}) == 1.0
 
 
 def test_evaluating_often_or_rarely_gives_the_same_advice():
