@@ -385,6 +385,27 @@ def test_fabric_from_the_standalone_package_is_fabric() -> None:
     assert got == ("fabric", strategy)
 
 
+def test_a_trainer_with_dynamic_padding_metrics_and_tokenizing_first(tmp_path: Path) -> None:
+    """hf_clm.py on the CPU: a GPT-2 under the Trainer, batches padded to their longest
+    sample, compute_metrics over the gathered logits, a second of "tokenization" after the
+    model is placed. Every step is counted exactly, the evaluations are their own phase,
+    the tokenization is start-up, and the optimizer's parameters are float32."""
+    rec, truth = record(tmp_path, "hf_clm", "--steps", "12", "--dynamic", "--eval-every",
+                        "6", "--metrics", "--preprocess-seconds", "1")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"] == 12
+    final = lines(rec, "phase")[-1]["seconds"]
+    assert truth["evals"] == 2
+    assert final["eval"] == pytest.approx(truth["eval_seconds"], rel=EVAL_TOLERANCE, abs=0.3)
+    assert final["startup"] >= truth["preprocess_seconds"]
+    cfg = last_config(rec)
+    assert cfg["framework"] == "transformers" and cfg["param_dtype"] == "float32"
+    assert cfg["autocast"] is False
+    assert not lines(rec, "hook_problem")
+    (job,) = advise(rec)["jobs"]
+    assert job["steps"] == 12 and job["framework"] == "transformers"
+
+
 def test_the_scripts_run_without_gpuwatch(tmp_path: Path) -> None:
     """The same scripts, with no gpuwatch anywhere, train the same number of steps (the
     hook changes nothing of the job)."""
