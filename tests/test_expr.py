@@ -37,6 +37,8 @@ def ev(text: str, ctx: Ctx | None = None):
     ("pow2floor(12.5)", 8.0), ("floor(2.7) + ceil(2.1)", 5.0), ("sqrt(16)", 4.0),
     ("divisor(16, 5.3)", 4.0), ("divisor(12, 7)", 6.0), ("divisor(7, 5)", 1.0),
     ("divisor(3, 40)", 3.0), ("divisor(0, 4)", None), ("divisor(6, 0.5)", None),
+    ("divisor(2000000, 3000000)", 2000000.0), ("divisor(999999999989, 1000000)", 1.0),
+    ("divisor(12, 1 / 0)", None),
     ("sqrt(-1)", None), ("round(2.567, 1)", 2.6), ('"bf16" == "bf16"', True),
     ("ifelse(1 > 2, 10, 20)", 20.0), ("coalesce(null, null, 3)", 3.0), ("known(null)", False),
     ("30s", 30.0), ("5m", 300.0), ("250ms", 0.25), ("1.5h", 5400.0),

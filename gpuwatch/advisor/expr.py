@@ -86,7 +86,7 @@ SCALAR_FUNCTIONS: dict[str, str] = {
     "min": "smallest argument", "max": "largest argument",
     "clamp": "clamp(x, lo, hi)", "pow2floor": "largest power of two <= x (x >= 1)",
     "divisor": ("divisor(n, limit): the largest divisor of the whole number n that is <= "
-                "limit (1 when none but 1; unknown for n < 1 or limit < 1)"),
+                "limit (1 when none but 1; unknown for n < 1, n > 1e12 or limit < 1)"),
     "coalesce": "first argument that is known", "known": "true when the argument is known",
     "ifelse": "ifelse(cond, a, b): a when cond is true, b when false, unknown when unknown",
     "knob": ('knob("name", old, new): the change of a setting in the words of the framework '
@@ -732,13 +732,17 @@ def _call(name: str, fs: list[Compiled]) -> Compiled:
 
         def divisor(ctx: Any) -> Any:
             n, lim = _num(fn_(ctx)), _num(flim(ctx))
-            if n is None or lim is None or not math.isfinite(n) or n < 1 or lim < 1:
+            if n is None or lim is None or math.isnan(lim) or not math.isfinite(n) \
+                    or n < 1 or n > 1e12 or lim < 1:
                 return None
             n_int = round(n)
-            for d in range(min(n_int, int(min(lim, 1e6))), 0, -1):
+            best = 1
+            for d in range(1, math.isqrt(n_int) + 1):  # the divisors come in pairs
                 if n_int % d == 0:
-                    return float(d)
-            return 1.0
+                    for c in (d, n_int // d):
+                        if best < c <= lim:
+                            best = c
+            return float(best)
         return divisor
     if name == "round":
         fx = fs[0]

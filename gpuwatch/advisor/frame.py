@@ -216,6 +216,9 @@ class Subject:
         # was full (feed_gpu, gone_full)
         self.prev_proc_mem: dict[Any, float] = {}
         self.recent_full: list[float] = []
+        self.full_since: int | None = None  # the bucket its memory last became full
+        self.full_before: int | None = None  # the same, as of the previous sample
+        self.gone_seen: set[Any] = set()  # the processes listed when one left it full
         # the first bucket its GPU worked at all, whichever processes NVML listed (where
         # it lists none: a container that hides them, or a rank not on its GPU yet)
         self.first_util: int | None = None
@@ -282,7 +285,9 @@ class Frame:
         self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution]] = {}
         self.job_ends: list[dict[str, Any]] = []  # `job_end` lines, for the report
         self.startup_batch: dict[int, float] = {}  # pid -> its loader's batch before training
-        self.ended_pids: set[Any] = set()  # pids whose hook reported their end (job_end)
+        # pid -> the bucket its hook reported its end in (job_end); the newest OOM's bucket
+        self.ended_pids: dict[Any, int] = {}
+        self.last_oom_idx: int | None = None
 
     # -- facts -------------------------------------------------------------------------
     def set_meta(self, meta: Mapping[str, Any]) -> None:
@@ -351,6 +356,10 @@ class Frame:
         subj.gpu_table.ever = True
         if get("lost"):
             acc.add("gpu_lost", 1.0)
+            # what it held before is no process that left (a reset, a fallen-off GPU)
+            subj.prev_proc_mem = {}
+            subj.recent_full.clear()
+            subj.full_since = subj.full_before = None
             return
         acc.add("gpu_lost", 0.0)
         # the hot loop of a long recording: inlined _Acc.add
@@ -412,38 +421,66 @@ class Frame:
             subj.facts["gpu_name"] = name
 
     def _gone_full(self, subj: Subject, procs: list[Any], used: Any, total: Any) -> None:
-        """A process that held most of the GPU's memory is gone from NVML's list while the
-        memory was full (GONE_FULL_RATIO at one of its last GONE_FULL_SAMPLES samples) and
-        its hook, if any, reported no end: what a job killed by CUDA out-of-memory looks
-        like from outside. Leaves ``gone_full`` and its figures on the GPU; a new process
-        holding memory there ends it (``fact``: OOM_HOLD_SECONDS at most)."""
+        """A process that held most of the GPU's memory is gone from NVML's list, and the
+        memory with it, right after that memory filled: what a job killed by CUDA
+        out-of-memory looks like from outside. Leaves ``gone_full`` and its figures on the
+        GPU (``fact`` reads it OOM_HOLD_SECONDS at most, and not where the process's hook
+        reported its end, or any process reported an OOM around then: DDP peers killed
+        after a rank's OOM). Fires only where:
+
+        - the memory was GONE_FULL_RATIO full at one of the GONE_FULL_SAMPLES samples before
+          and had filled (crossed that ratio) within GONE_FULL_FILLED_SECONDS: a job that
+          holds the card full all its life (TensorFlow's or vLLM's up-front reservation,
+          a PyTorch job tuned to the brim) and then ends is no death by OOM;
+        - the used memory fell by half of what the process held: a process query that
+          failed once (an empty list) leaves the memory where it was.
+
+        A process not listed when it left that then holds memory on the GPU ends it."""
         now: dict[Any, float] = {}
         for p in procs:
             pg = _get(p)
             pid = pg("pid")
             if pid is not None:
                 now[pid] = float(pg("mem_used_bytes") or 0.0)
+        known = isinstance(used, (int, float)) and isinstance(total, (int, float)) and total > 0
         recent = subj.recent_full
-        if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total > 0:
-            recent.append(used / total)
+        before = list(recent)
+        if known:
+            ratio = used / total
+            recent.append(ratio)
             if len(recent) > GONE_FULL_SAMPLES:
                 del recent[0]
+            if ratio >= GONE_FULL_RATIO:
+                if subj.full_since is None:
+                    subj.full_since = self.idx
+            else:
+                subj.full_since = None
         facts = subj.facts
-        if facts.get("gone_full") and any(m > 0 and pid not in subj.prev_proc_mem
+        if facts.get("gone_full") and any(m > 0 and pid not in subj.gone_seen
                                           for pid, m in now.items()):
             for k in GONE_FULL_FACTS:  # another job holds memory on it: over
                 facts.pop(k, None)
             facts["gone_full"] = 0.0
-        full = max(recent[:-1], default=0.0)
-        if full >= GONE_FULL_RATIO and isinstance(total, (int, float)) and total > 0:
+        full = max(before, default=0.0)
+        filled = subj.full_before
+        subj.full_before = subj.full_since
+        if known and full >= GONE_FULL_RATIO and filled is not None \
+                and self.idx is not None \
+                and (self.idx - filled) * self.res <= GONE_FULL_FILLED_SECONDS:
             for pid, held in subj.prev_proc_mem.items():
-                if pid in now or pid in self.ended_pids or held < GONE_FULL_OWN * total:
+                if pid in now or held < GONE_FULL_OWN * total \
+                        or used > full * total - 0.5 * held:
                     continue
+                ended = self.ended_pids.get(pid)
+                if ended is not None and abs(ended - self.idx) * self.res <= GONE_FULL_NEAR:
+                    continue  # its hook said how it ended
                 facts["gone_full"] = 1.0
                 facts["gone_full_pid"] = pid
                 facts["gone_full_idx"] = self.idx
                 facts["gone_full_ratio"] = full
                 facts["gone_full_bytes"] = held
+                facts["gone_full_filled_seconds"] = (self.idx - filled) * self.res
+                subj.gone_seen = set(now)
         subj.prev_proc_mem = now
 
     def _main_process(self, subj: Subject, acc: _Acc, pid: int | None) -> None:
@@ -918,17 +955,22 @@ class Frame:
         for OOM_HOLD_SECONDS at most (``fact``)."""
         get = _get(s)
         pid = get("pid")
-        if pid is not None and len(self.ended_pids) < 100000:
-            self.ended_pids.add(pid)  # its end is known: not guessed from NVML
+        t = get("t")
+        at = int(t // self.res) if isinstance(t, (int, float)) else self.idx
+        if pid is not None and at is not None:
+            if len(self.ended_pids) >= 10000:  # a daemon's years of jobs: the newest kept
+                for old_pid in list(self.ended_pids)[:5000]:
+                    del self.ended_pids[old_pid]
+            self.ended_pids[pid] = at  # its end is known: not guessed from NVML
         if get("exit_reason") != "oom":
             return
+        if at is not None and "cuda" in str(get("error") or "cuda").lower():
+            self.last_oom_idx = at
+        if t is not None:
+            self._advance(t)
         error = str(get("error") or "")
         if error and "cuda" not in error.lower():
             return  # host memory (MemoryError)
-        t = get("t")
-        if t is not None:
-            self._advance(t)
-        pid = get("pid")
         subj = self._job_subject(get("gpu"), pid, get("rank"))
         if subj.gpu is None:
             # a job that died before it named its GPU, whose pid NVML does not list (a
@@ -1695,8 +1737,13 @@ class Frame:
             if gone is not None and self.idx is not None \
                     and (self.idx - gone) * self.res > OOM_HOLD_SECONDS:
                 return 0.0
-            if subj.facts.get("gone_full_pid") in self.ended_pids:
+            ended = self.ended_pids.get(subj.facts.get("gone_full_pid"))
+            if ended is not None and gone is not None \
+                    and abs(ended - gone) * self.res <= GONE_FULL_NEAR:
                 return 0.0  # its hook's end report came after NVML's list
+            if self.last_oom_idx is not None and gone is not None \
+                    and abs(self.last_oom_idx - gone) * self.res <= GONE_FULL_NEAR:
+                return 0.0  # a process reported its OOM then: out-of-memory says it
         if name == "job_oom" and subj.facts.get("job_oom"):
             # a death is news for OOM_HOLD_SECONDS: a daemon whose GPU then idles, or runs a
             # job without the hook, does not keep saying it
@@ -1722,14 +1769,18 @@ OOM_FACTS = ("job_oom", "oom_pid", "oom_idx", "oom_peak_bytes", "oom_reserved_by
              "oom_steps", "oom_batch_size", "oom_micro_batches", "oom_in_eval",
              "oom_eval_batch_size", "oom_in_inference", "oom_inference_batch_size")
 # a process that held at least GONE_FULL_OWN of the GPU's memory and is gone from NVML's
-# list while the GPU's memory was GONE_FULL_RATIO full at one of its GONE_FULL_SAMPLES
+# list while the GPU's memory was GONE_FULL_RATIO full at one of the GONE_FULL_SAMPLES
 # samples before (frame._gone_full): in tests/data the jobs that died of CUDA
 # out-of-memory left at 97.8 % and 99.9 %, every other process at 32 % or less
 GONE_FULL_RATIO = 0.95
 GONE_FULL_OWN = 0.5
 GONE_FULL_SAMPLES = 5
+# ... having filled (crossed GONE_FULL_RATIO) at most this long before it left
+GONE_FULL_FILLED_SECONDS = 120.0
+# a hook's end report or another process's OOM this close to it (seconds) explains it
+GONE_FULL_NEAR = 120.0
 GONE_FULL_FACTS = ("gone_full", "gone_full_pid", "gone_full_idx", "gone_full_ratio",
-                   "gone_full_bytes")
+                   "gone_full_bytes", "gone_full_filled_seconds")
 # settings training may still change: judged only from what the hook read once the job
 # had finished an iteration (a config line's ``in_training``), never from start-up's
 _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused_optimizer",

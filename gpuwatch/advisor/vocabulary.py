@@ -363,14 +363,17 @@ def _defs() -> dict[str, SignalDef]:
         ("oom_inference_batch_size", "fact", "samples", "last", ("the inference batch it ran "
          "when it died so"), False),
         ("gone_full", "fact", "0/1", "last", ("1 where a process that held at least half of "
-         "this GPU's memory left NVML's list while the memory was 95 % full or more, and no "
-         "hook reported its end (what a CUDA out-of-memory death looks like from outside), "
-         "until another process holds memory on it, an hour at most"), False),
+         "this GPU's memory left NVML's list, and the memory with it, within 2 minutes of "
+         "that memory filling to 95 % or more, and no hook reported its end or an OOM then "
+         "(what a CUDA out-of-memory death looks like from outside), until another process "
+         "holds memory on it, an hour at most"), False),
         ("gone_full_pid", "fact", "count", "last", "that process's pid", False),
         ("gone_full_ratio", "fact", "ratio", "last", ("the GPU's used memory (share) at its "
          "fullest in the last samples before that process left"), False),
         ("gone_full_bytes", "fact", "bytes", "last", ("the memory that process itself held "
          "at its last sample"), False),
+        ("gone_full_filled_seconds", "fact", "seconds", "last", ("how long before that "
+         "process left the GPU's memory had become full (2 minutes at most)"), False),
         ("phase", "fact", "text", "last", ("what the job does now, by its hook: 'startup', "
          "'compile', 'train', 'eval', 'checkpoint', 'inference' (absent without phases)"),
          False),
