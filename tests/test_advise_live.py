@@ -60,6 +60,17 @@ def play(store: Store, advisor: LiveAdvisor, name: str, every: int = 10,
     advisor.evaluate()
 
 
+def idle_on(store: Store, seconds: int = 10) -> None:
+    """The daemon's GPUs idle on after the recording's end, their memory given back."""
+    last = store.latest()
+    for i in range(1, seconds + 1):
+        t = last.t + i
+        gpus = tuple(GpuSample(t=t, gpu=g.gpu, util=0.0, mem_used_bytes=600_000_000,
+                               mem_total_bytes=g.mem_total_bytes) for g in last.gpus)
+        store.publish(Snapshot(t=t, gpus=gpus, infos=last.infos,
+                               host=HostSample(t=t, cpu_util_per_core=(0.0,) * 16)))
+
+
 def registry_for(advisor: LiveAdvisor) -> CollectorRegistry:
     reg = CollectorRegistry()
     reg.register(advisor.collector())
@@ -127,14 +138,7 @@ def test_a_job_dead_of_cuda_oom_is_told_live_as_in_the_recording():
     store = Store()
     advisor = LiveAdvisor(store, None)
     play(store, advisor, "fw_hf_large_oom", every=1)
-    # the daemon outlives the job (a service): its GPUs idle on for a few seconds
-    last = store.latest()
-    for i in range(1, 11):
-        t = last.t + i
-        gpus = tuple(GpuSample(t=t, gpu=g.gpu, util=0.0, mem_used_bytes=600_000_000,
-                               mem_total_bytes=g.mem_total_bytes) for g in last.gpus)
-        store.publish(Snapshot(t=t, gpus=gpus, infos=last.infos,
-                               host=HostSample(t=t, cpu_util_per_core=(0.0,) * 16)))
+    idle_on(store)  # the daemon outlives the job (a service)
     advisor.evaluate()
     live = advisor.report_json()
     proc = run_cli("advise", "--replay", str(DATA / "fw_hf_large_oom.jsonl"), "--format", "json")
@@ -155,14 +159,7 @@ def test_a_process_gone_with_its_gpus_memory_full_is_told_live_without_the_hook(
     store = Store()
     advisor = LiveAdvisor(store, None)
     play(store, advisor, "fw_hf_large_oom", every=1, hook=False)
-    # the daemon outlives the job: its GPUs idle on, their memory given back
-    last = store.latest()
-    for i in range(1, 11):
-        t = last.t + i
-        gpus = tuple(GpuSample(t=t, gpu=g.gpu, util=0.0, mem_used_bytes=600_000_000,
-                               mem_total_bytes=g.mem_total_bytes) for g in last.gpus)
-        store.publish(Snapshot(t=t, gpus=gpus, infos=last.infos,
-                               host=HostSample(t=t, cpu_util_per_core=(0.0,) * 16)))
+    idle_on(store)  # the daemon outlives the job: its GPUs' memory given back
     advisor.evaluate()
     live = advisor.report_json()
     (a,) = [x for x in live["advice"] if x["id"] == "exited-with-memory-full"]
