@@ -83,8 +83,14 @@ def check_one_oom(steps: dict[int, list[dict]], ends: dict[int, dict],
     if len(own[ok]) == 30:
         assert len(steps[ok]) == 30
         assert ends[ok]["exit_reason"] == "exited" and "error" not in ends[ok]
-    else:  # terminated: what it had reported (none, if it died before its first report)
-        assert len(steps.get(ok, [])) <= len(own[ok])
+    else:  # terminated: what it had reported (none, if it died before its first report).
+        # The hook counts a step at its optimizer step; the rank writes its own line 60 ms
+        # later, after its sleep: a SIGTERM in between leaves the hook one step ahead (seen
+        # on CI: 22 reported, 21 written)
+        got = [s["step"] for s in steps.get(ok, [])]
+        mine = [s["step"] for s in own[ok]]
+        assert got == list(range(len(got))) and len(got) <= len(mine) + 1
+        assert got[:len(mine)] == mine[:len(got)]
         assert ends.get(ok, {"exit_reason": "vanished"})["exit_reason"] == "vanished"
 
 
