@@ -205,7 +205,9 @@ class Daemon:
         """Run until SIGINT or SIGTERM (or ``stop()`` from another thread), then stop."""
         self.catch_signals()
         try:
-            while not self._stop.wait(0.5):
+            # a signal's handler sets _stop and ends the wait at once (the main thread's
+            # lock waits are interrupted for it); the timeout is only a backstop
+            while not self._stop.wait(5.0):
                 pass
         finally:
             for sig, handler in self._previous_handlers.items():

@@ -47,6 +47,8 @@ PHASE_EVERY = 5.0  # seconds
 # series, so this caps what senders can add to a scrape; a new one past it is dropped and
 # counted (gpuwatch_hook_messages_dropped_total{reason="too_many_jobs"})
 MAX_JOBS = 1024
+# with no live job, how often the loop wakes to check that its socket file is still there
+IDLE_WAKE_SECONDS = 2.0
 
 # _apply() builds each step's StepValues positionally, in this order (checked at import)
 _STEP_FIELDS = ("t", "step", "step_seconds", "data_wait_seconds", "batch_size",
@@ -289,8 +291,11 @@ class HookReceiver:
             sock = self._sock
             if sock is None:
                 return
+            # a live job is watched for its end every 0.5 s; with none, the loop wakes only
+            # to see that its socket file is still there
+            wait = 0.5 if self._live() else IDLE_WAKE_SECONDS
             try:
-                readable, _, _ = select.select([sock], [], [], 0.5)
+                readable, _, _ = select.select([sock], [], [], wait)
             except (OSError, ValueError):
                 if self._stop.is_set():
                     return
@@ -307,6 +312,10 @@ class HookReceiver:
             except Exception:  # the receiver must outlive any one datagram or job
                 log.exception("the hook receiver hit an error; carrying on")
                 time.sleep(0.1)
+
+    def _live(self) -> bool:
+        with self._lock:
+            return any(job.stats.alive for job in self._jobs.values())
 
     def _drain(self, limit: int = 1000) -> int:
         sock = self._sock

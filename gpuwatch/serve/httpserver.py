@@ -14,6 +14,7 @@ import http.client
 import json
 import logging
 import math
+import selectors
 import socket
 import ssl
 import sys
@@ -146,22 +147,29 @@ class Limits:
 class _Conn:
     """One open connection as the server's janitor sees it."""
 
-    __slots__ = ("sock", "state", "deadline", "since", "requests", "killed")
+    __slots__ = ("sock", "state", "deadline", "since", "requests", "killed", "moved")
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, deadline: float,
+                 moved: Callable[[], None] = lambda: None) -> None:
         self.sock = sock  # replaced by its TLS socket once wrapped
         self.state = "idle"  # idle | handshake | head | answer
         self.deadline = deadline
         self.since = time.monotonic()
         self.requests = 0
         self.killed = False
+        self.moved = moved  # tells the janitor of a deadline brought forward
 
     def enter(self, state: str, timeout: float) -> None:
-        self.state, self.deadline = state, time.monotonic() + timeout
+        deadline = time.monotonic() + timeout
+        sooner = deadline < self.deadline
+        self.state, self.deadline = state, deadline
+        if sooner:  # the janitor may be asleep until the later one
+            self.moved()
 
     def kill(self) -> None:
         """Cut the connection under its thread, which then sees EOF and leaves."""
         self.killed = True
+        self.deadline = math.inf  # cut once: the janitor does not wait on it again
         try:
             # socket.socket's own shutdown: SSLSocket.shutdown would drop its TLS state
             # under the thread still using it
@@ -220,9 +228,67 @@ class _Server(ThreadingHTTPServer):
         self.conns: dict[int, _Conn] = {}
         self.conn_threads: set[threading.Thread] = set()
         self.conns_lock = threading.Lock()
+        # the janitor sleeps on this until the next deadline (or, with no connection open,
+        # until one comes): an idle daemon's server wakes for nothing
+        self.deadlines = threading.Condition(self.conns_lock)
         self.stopping = False
         self.refused = 0  # connections turned away because every slot was being answered
+        # serve_forever blocks until a connection comes or shutdown() writes here (the
+        # stdlib's loop wakes every poll_interval to look for a shutdown request)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._quit = False
+        self._served = threading.Event()
+        self._served.set()
         super().__init__(address, handler)
+
+    def serve_forever(self, poll_interval: float | None = None) -> None:
+        """Accept connections until shutdown(): socketserver's loop, woken by shutdown()
+        itself instead of a timer (``poll_interval`` is not used)."""
+        self._served.clear()
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self, selectors.EVENT_READ)
+                selector.register(self._wake_r, selectors.EVENT_READ)
+                while not self._quit:
+                    ready = selector.select()
+                    if self._quit:
+                        break
+                    if any(key.fileobj is self for key, _ in ready):
+                        self._handle_request_noblock()
+                    self.service_actions()
+        finally:
+            self._quit = False
+            self._served.set()
+
+    def shutdown(self) -> None:
+        """Stop serve_forever and wait until it has returned (from another thread)."""
+        self._quit = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:  # a full buffer already holds a wake-up
+            pass
+        self._served.wait()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def next_deadline(self, stop: threading.Event) -> None:
+        """Sleep until the soonest connection deadline, a new connection or a deadline
+        brought forward (the janitor's wait), or ``stop`` (woken by wake_janitor)."""
+        with self.deadlines:
+            if stop.is_set():
+                return
+            soonest = min((c.deadline for c in self.conns.values()), default=math.inf)
+            wait = soonest - time.monotonic()
+            if wait > 0:
+                self.deadlines.wait(None if wait == math.inf else wait)
+
+    def wake_janitor(self) -> None:
+        with self.deadlines:
+            self.deadlines.notify_all()
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves our own FQDN, which can stall for seconds on
@@ -239,7 +305,7 @@ class _Server(ThreadingHTTPServer):
 
     # -- connections ----------------------------------------------------------------------
     def process_request(self, request: Any, client_address: Any) -> None:
-        conn = _Conn(request, time.monotonic() + self.limits.header_timeout)
+        conn = _Conn(request, time.monotonic() + self.limits.header_timeout, self.wake_janitor)
         with self.conns_lock:
             if self.stopping:
                 self.shutdown_request(request)
@@ -257,6 +323,7 @@ class _Server(ThreadingHTTPServer):
                 del self.conns[id(oldest)]
                 oldest.kill()
             self.conns[id(conn)] = conn
+            self.deadlines.notify_all()
             thread = threading.Thread(target=self._serve_conn, args=(conn, client_address),
                                       name="gpuwatch-http-conn", daemon=True)
             self.conn_threads.add(thread)
@@ -598,7 +665,6 @@ class HttpServer:
         assert server is not None
         self._stop.clear()
         self._thread = threading.Thread(target=server.serve_forever,
-                                        kwargs={"poll_interval": 0.2},
                                         name="gpuwatch-http", daemon=True)
         self._thread.start()
         self._janitor = threading.Thread(target=self._sweep, args=(server,),
@@ -606,8 +672,8 @@ class HttpServer:
         self._janitor.start()
 
     def _sweep(self, server: _Server) -> None:
-        period = min(0.25, server.limits.header_timeout / 4)
-        while not self._stop.wait(period):
+        while not self._stop.is_set():
+            server.next_deadline(self._stop)
             server.sweep()
 
     def stop(self) -> None:
@@ -622,5 +688,6 @@ class HttpServer:
         server.server_close()
         server.wait_conns(timeout=2.0)
         self._stop.set()
+        server.wake_janitor()
         if self._janitor is not None:
             self._janitor.join(timeout=2)
