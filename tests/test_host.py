@@ -348,3 +348,51 @@ def test_a_main_process_writing_files_is_measured() -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         shutil.rmtree(where, ignore_errors=True)
+
+
+EPOCHS = Path(__file__).resolve().parent / "scripts" / "epochs_loader.py"
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_started_anew_every_epoch_are_counted(persistent: bool) -> None:
+    """A real torch DataLoader with 2 workers and epochs of ~0.3 s: with
+    persistent_workers=False every epoch starts its pool again, and each tick counts the
+    tree's processes born since the tick before (the pool's first start too, where the
+    sampler saw the tree before it); with persistent_workers=True its 2 workers, started
+    once, are all it ever counts. Processes older than the sampler's first tick never
+    count."""
+    pytest.importorskip("torch")
+    args = [sys.executable, str(EPOCHS), "--workers", "2", "--epoch-seconds", "0.3"]
+    proc = subprocess.Popen(args + (["--persistent"] if persistent else []),
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        host = HostSampler()
+        started, ticks = 0, 0
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            s = host.sample(time.time(), [proc.pid])
+            (tree,) = s.jobs
+            assert s.job_processes_started == tree.processes_started
+            started += tree.processes_started
+            ticks += 1
+            time.sleep(0.25)
+        print(f"persistent={persistent}: {started} processes started over {ticks} ticks")
+        if persistent:
+            assert started <= 2
+        else:
+            # ~12 epochs in 4 s, each starting 2 workers: a tick misses the pools born and
+            # gone between two ticks, so ask for well under what ran
+            assert started >= 8
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_processes_alive_before_the_first_tick_are_not_counted_as_started(
+        start_job: Callable[[int], Job]) -> None:
+    job = start_job(3)
+    host = HostSampler()
+    firsts = [host.sample(time.time(), [job.pid]) for _ in range(3) if not time.sleep(0.1)]
+    assert [s.jobs[0].processes_started for s in firsts] == [0, 0, 0]
+    assert firsts[-1].jobs[0].processes == 4

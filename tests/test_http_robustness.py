@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import wait_for
@@ -234,6 +235,63 @@ def test_an_idle_keep_alive_connection_is_closed(serve):
     assert s.recv(4096).startswith(b"HTTP/1.1 200")
     assert _closed_by_peer(s, 5.0)
     s.close()
+
+
+def test_a_kept_alive_connection_that_trickles_its_next_request_is_cut_at_its_header_deadline(
+        serve):
+    """The janitor sleeps until the soonest deadline it knows of. A keep-alive connection
+    waits under the idle deadline (a minute here); once its next request begins, the
+    header deadline (1 s) is sooner, and the janitor must be told of it: it is cut then,
+    not when the idle minute would have ended."""
+    server = serve(limits=Limits(header_timeout=1.0, idle_timeout=60.0))
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    time.sleep(0.3)  # idle between requests: the janitor asleep until the idle deadline
+    s.sendall(b"GET /metrics HTTP/1.1\r\n")
+    deadline = time.monotonic() + 10
+    closed = False
+    while time.monotonic() < deadline:
+        try:
+            s.sendall(b"X")
+        except OSError:
+            closed = True
+            break
+        if _closed_by_peer(s, 0.2):
+            closed = True
+            break
+    s.close()
+    assert closed, "the trickling second request outlived its header deadline"
+    assert _get(server)[0] == 200
+
+
+def _switches(tid: int) -> int:
+    """How many times thread ``tid`` of this process has gone to sleep (Linux)."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
+def test_an_idle_server_wakes_for_nothing(serve):
+    """Between scrapes the accept loop and the janitor sleep until a connection comes
+    (they used to poll, every 0.2 s and 0.25 s): over 2 s of nothing neither thread goes
+    back to sleep even once (each wake-up ends in one voluntary context switch), and a
+    request is still served after."""
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("needs Linux's /proc")
+    server = serve()
+    assert _get(server)[0] == 200
+    time.sleep(0.5)  # the connection's thread has ended; the janitor waits with no deadline
+    ours = {t.name: t.native_id for t in threading.enumerate()
+            if t.name in ("gpuwatch-http", "gpuwatch-http-janitor")}
+    assert len(ours) == 2, ours
+    before = {name: _switches(tid) for name, tid in ours.items()}
+    time.sleep(2.0)
+    woke = {name: _switches(tid) - before[name] for name, tid in ours.items()}
+    assert woke == {"gpuwatch-http": 0, "gpuwatch-http-janitor": 0}
+    assert _get(server)[0] == 200
 
 
 def test_many_slow_connections_do_not_keep_a_scrape_out(serve):

@@ -38,7 +38,8 @@ _HOST_RAW = {"cpu_util": "cpu_util", "load1": "load1", "load5": "load5",
              "job_workers_cpu_cores": "job_workers_cpu_cores",
              "job_loader_workers": "job_loader_workers",
              "job_loader_cpu_cores": "job_loader_cpu_cores",
-             "job_write_bytes_per_second": "job_write_bytes_per_second"}
+             "job_write_bytes_per_second": "job_write_bytes_per_second",
+             "job_processes_started": "job_processes_started"}
 _AUTOCAST_ON = {"bfloat16", "bf16", "float16", "fp16", "half", "torch.bfloat16",
                 "torch.float16"}
 
@@ -550,8 +551,9 @@ class Frame:
             else:
                 nworkers, busy = max(0.0, procs - 1.0), float(workers)
             write = jg("main_write_bytes_per_second")
+            started = jg("processes_started")
             for g in gpus:
-                t = per.setdefault(int(g), [0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
+                t = per.setdefault(int(g), [0.0, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0])
                 t[0] += 1.0
                 t[1] += float(main)
                 t[2] += float(workers)
@@ -559,17 +561,21 @@ class Frame:
                 t[4] += busy
                 if write is not None:  # -1: no tree on it says
                     t[5] = max(t[5], 0.0) + float(write)
+                if started is not None:  # likewise
+                    t[6] = max(t[6], 0.0) + float(started)
         for g, dist in dists.items():  # each line says it anew: a job that ended has none
             subj = self.subjects.get(g)
             if subj is not None:
                 subj.dist = dist
-        for g, (mains, main, workers, nworkers, busy, write) in per.items():
+        for g, (mains, main, workers, nworkers, busy, write, started) in per.items():
             subj = self.subjects.get(g)
             if subj is None:  # a GPU no gpu line described: nothing to judge it by
                 continue
             acc = subj.cpu.acc
             if write >= 0.0:
                 acc.add("write", write)
+            if started >= 0.0:
+                acc.add("started", started)
             acc.add("mains", mains)
             acc.add("main", main)
             acc.add("workers", workers)
@@ -1152,6 +1158,9 @@ class Frame:
             hu, ht = a.mean("host_mem_used_bytes"), a.mean("host_mem_total_bytes")
             if hu is not None and ht:
                 host.push(idx, "host_mem_used_ratio", hu / ht)
+            started = a.s.get("job_processes_started")
+            if started is not None and "processes_started_per_minute" in need:
+                host.push(idx, "processes_started_per_minute", started * 60.0 / self.res)
             jc, jp = a.mean("job_cpu_cores"), a.mean("job_processes")
             if jp is not None:
                 pids = self._bucket_pids
@@ -1643,9 +1652,14 @@ class Frame:
         table.ever = True
         mains, main, workers, nworkers, loading, write = (
             a.mean(k) for k in ("mains", "main", "workers", "nworkers", "loading", "write"))
+        # processes born in the bucket: the sum over its host lines (each counts those
+        # born since the line before)
+        started = a.s.get("started")
         a.clear()
         if "job_write_bytes_per_second" in self.needed:  # what the idle-writing signals read
             table.push(idx, "job_write_bytes_per_second", write)
+        if started is not None and "processes_started_per_minute" in self.needed:
+            table.push(idx, "processes_started_per_minute", started * 60.0 / self.res)
         if not mains:
             return
         if nworkers is not None and isinstance(loader_workers, float) and loader_workers >= 0:
@@ -1855,13 +1869,14 @@ _DEPENDS: dict[str, set[str]] = {
     "gpu_idle_writing": {"util", "job_write_bytes_per_second"},
     "idle_writing_ratio": {"util", "job_write_bytes_per_second"},
     "idle_writing_bursts": {"util", "job_write_bytes_per_second"},
+    "processes_started_per_minute": {"job_processes_started"},
 }
 
 
 # host signals a GPU also has of its own, from the job trees on it (``Subject.cpu``)
 PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
                           "main_busy_ratio", "workers_cpu_cores", "workers_busy_ratio",
-                          "job_write_bytes_per_second"})
+                          "job_write_bytes_per_second", "processes_started_per_minute"})
 
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
                        "main_busy_ratio", "workers_busy_ratio", "job_workers"}

@@ -75,6 +75,8 @@ class _Tracked:
     written: int | None = None
     written_t: float | None = None
     io_denied: bool = False
+    # of a job's root: its descendants born since it was first seen (a counter)
+    started_total: int = 0
 
 
 _DIST_KEYS = (b"RANK", b"WORLD_SIZE", b"TORCHELASTIC_RUN_ID", b"MASTER_ADDR", b"MASTER_PORT",
@@ -223,6 +225,7 @@ class HostSampler:
             job_loader_workers=sum(j.loader_workers or 0 for j in jobs),
             job_loader_cpu_cores=round(sum(j.loader_cpu_cores or 0.0 for j in jobs), 3),
             job_write_bytes_per_second=_sum_known(j.main_write_bytes_per_second for j in jobs),
+            job_processes_started=sum(j.processes_started or 0 for j in jobs),
             job_processes=sum(j.processes for j in jobs),
             job_rss_bytes=sum(j.rss_bytes for j in jobs),
         )
@@ -377,7 +380,7 @@ class HostSampler:
             return None  # the root is gone: its tree is no longer a job
         workers_cpu = loader_cpu = 0.0
         rss = main[1]
-        processes, loaders = 1, 0
+        processes, loaders, started = 1, 0, 0
         for pid in descendants:
             usage = self._usage(pid)
             if usage is None:
@@ -388,7 +391,10 @@ class HostSampler:
             if usage[2]:
                 loaders += 1
                 loader_cpu += usage[0]
+            if usage[3]:
+                started += 1
         tracked = self._procs[root]
+        tracked.started_total += started
         if tracked.dist is None:
             tracked.dist = read_dist(root)
         write_rate = self._write_rate(tracked)
@@ -409,6 +415,8 @@ class HostSampler:
             loader_workers=loaders,
             loader_cpu_cores=round(loader_cpu, 3),
             main_write_bytes_per_second=write_rate,
+            processes_started=started,
+            processes_started_total=tracked.started_total,
         )
 
     def _write_rate(self, tracked: _Tracked) -> float | None:
@@ -431,23 +439,26 @@ class HostSampler:
             return None
         return round(max(0, written - prev) / (now - prev_t), 1)
 
-    def _since_birth(self, proc: psutil.Process) -> float:
-        """CPU cores over the last tick's interval of a process first seen now: all it
-        used, if it was born after the last tick; else 0.0 (its use before is unknown)."""
+    def _since_birth(self, proc: psutil.Process) -> tuple[float, bool]:
+        """Of a process first seen now: (CPU cores over the last tick's interval, whether
+        it was born since the last tick). A process born since then used all its CPU
+        in that interval; one older, or any at the first tick, counts 0.0 (its use
+        before is unknown) and as not born now."""
         prev, now = self._prev_t, self._now
         if prev is None or now is None or now <= prev:
-            return 0.0
+            return 0.0, False
         # psutil's create_time is boot time (whole seconds) + the start in clock ticks:
         # less the boot time, it is on the since-boot clock, truncated to a tick (10 ms)
         born = proc.create_time() - psutil.boot_time()
         if born < prev - 0.05:
-            return 0.0
+            return 0.0, False
         times = proc.cpu_times()
-        return (times.user + times.system) / (now - prev)
+        return (times.user + times.system) / (now - prev), True
 
-    def _usage(self, pid: int) -> tuple[float, int, bool] | None:
+    def _usage(self, pid: int) -> tuple[float, int, bool, bool] | None:
         """(CPU cores busy since the last tick, RSS bytes, whether torch named it a
-        DataLoader worker) of one process; None if gone."""
+        DataLoader worker, whether it was born since the last tick) of one process; None
+        if gone."""
         tracked = self._track(pid)
         if tracked is None:
             return None
@@ -456,9 +467,10 @@ class HostSampler:
                 if tracked.proc.status() == psutil.STATUS_ZOMBIE:
                     return None  # exited, not yet reaped by its parent: no longer a worker
                 cores = tracked.proc.cpu_percent(None) / 100.0
+                born = False
                 if tracked.fresh:
                     tracked.fresh = False
-                    cores = self._since_birth(tracked.proc)
+                    cores, born = self._since_birth(tracked.proc)
                 rss = tracked.proc.memory_info().rss
                 # read anew each tick from the same stat record: a worker renames itself
                 # as it starts, after the fork that copied its parent's name
@@ -466,4 +478,4 @@ class HostSampler:
         except _GONE:
             self._procs.pop(pid, None)
             return None
-        return max(cores, 0.0), rss, loader
+        return max(cores, 0.0), rss, loader, born

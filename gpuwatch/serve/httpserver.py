@@ -254,12 +254,23 @@ class _Server(ThreadingHTTPServer):
                     ready = selector.select()
                     if self._quit:
                         break
-                    if any(key.fileobj is self for key, _ in ready):
-                        self._handle_request_noblock()
+                    for key, _ in ready:
+                        if key.fileobj is self:
+                            self._handle_request_noblock()
+                        else:
+                            self._drain_wake()
                     self.service_actions()
         finally:
+            self._drain_wake()  # a later serve_forever starts without a stale wake-up
             self._quit = False
             self._served.set()
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(64, socket.MSG_DONTWAIT):
+                pass
+        except OSError:  # empty (EAGAIN), or closed
+            pass
 
     def shutdown(self) -> None:
         """Stop serve_forever and wait until it has returned (from another thread)."""
