@@ -190,8 +190,8 @@ class ReferenceCtx:
                 n = end - warm
                 if n < min(engine_mod.MIN_TRAIN_BUCKETS, round(seconds / res)):
                     return None
-            elif end - subj.first < n:
-                return None
+            elif kind != "job" and end - subj.first < n:
+                return None  # (a job's own signals: its life so far, see engine.full)
         return reference_stat(ring, fn, end, n, res)
 
     def knob(self, name: str, old: Any, new: Any) -> Any:

@@ -66,6 +66,19 @@ def test_no_judgement_before_the_window_is_full():
     assert len(e.summary()) == 1
 
 
+def test_no_judgement_before_the_window_is_full_for_a_gpu_named_before_its_data():
+    """A recording's meta line (and the fleet's gpu_info) names each GPU before any of its
+    lines: the GPU's first bucket with data is still where its windows begin (they once
+    began at bucket 0, so a window reaching back before the recording was judged whole on
+    a few seconds)."""
+    for seconds, told in ((9, 0), (12, 1)):
+        e = engine(LOW.replace("for: 5s", "for: 0s"))
+        e.frame.set_gpu_info(0, name="NVIDIA H100 80GB HBM3", cc="9.0")
+        feed_util(e, [0.1] * seconds)
+        assert len(e.summary()) == told, seconds
+        assert e.frame.subjects[0].first == round(T0)
+
+
 def test_hysteresis_ends_only_after_keep_and_logs_once():
     started, ended = [], []
     e = engine(LOW.replace("mean(util, 10s)", "mean(util, 1s)").replace("for: 5s", "for: 3s"),

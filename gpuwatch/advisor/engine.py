@@ -344,9 +344,11 @@ class Engine:
                     m = end - warm
                     if m >= least:
                         v = scan_stat(ring, fn, end, m, res)  # shortened: no view for it
-                elif end - subj.first >= n:
+                elif job or end - subj.first >= n:
                     # (a window reaching back before the GPU was first seen is incomplete:
-                    # it says nothing rather than judge a few seconds as the whole window)
+                    # it says nothing rather than judge a few seconds as the whole window;
+                    # a job's own signals begin with its steps, and their window is the
+                    # job's life so far until it is longer)
                     if mean:  # most windows: straight to the prefix sums (Ring.mean)
                         base = ring.base
                         e = base + len(ring.vals)

@@ -328,16 +328,22 @@ class Frame:
             self.t_last = t
         idx = int(t // self.res)
         if self.idx is None:
-            self.idx = idx
-            self.host.first = idx
+            self._start(idx)
             return
         if idx > self.idx:
             self.flush_to(idx)
 
+    def _start(self, idx: int) -> None:
+        """The first bucket: for every subject made before it (a recording's meta line names
+        its GPUs first), the first with data, so its windows reach back no further."""
+        self.idx = idx
+        for subj in self.subjects.values():  # the host among them
+            subj.first = idx
+
     def flush_to(self, idx: int) -> None:
         """Close every bucket before ``idx`` (evaluating after each one)."""
         if self.idx is None:
-            self.idx = idx
+            self._start(idx)
             return
         while self.idx < idx:
             self._close(self.idx)
