@@ -105,12 +105,12 @@ class JobTree:
     # write_bytes: files on a disk, as their pages are dirtied; not tmpfs, pipes, sockets);
     # None on the first tick, for another user's process, or from an older gpuwatch
     main_write_bytes_per_second: float | None = None
-    # the root's descendants born since the last tick (a DataLoader that starts its
-    # workers anew for every epoch, persistent_workers=False, starts its whole pool each
-    # time), and all born since the sampler first saw the root (a counter); None from an
-    # older gpuwatch
-    processes_started: int | None = None
-    processes_started_total: int | None = None
+    # DataLoader workers (named so, as loader_workers) started in the tree since the last
+    # tick: born since the tick before the sampler first saw them (a DataLoader with
+    # persistent_workers=False starts its whole pool at every epoch and evaluation); and all
+    # started since the sampler first saw the root (a counter); None from an older gpuwatch
+    loader_workers_started: int | None = None
+    loader_workers_started_total: int | None = None
     gpus: tuple[int, ...] = ()  # the GPUs NVML lists the root on (its rank's GPU)
     # what the root's environment says of a distributed launch (torchrun, accelerate,
     # deepspeed set them): its RANK, WORLD_SIZE, and a digest of the launch's identity
@@ -142,7 +142,7 @@ class HostSample:
     job_loader_workers: int | None = None  # the trees' named DataLoader workers (JobTree)
     job_loader_cpu_cores: float | None = None
     job_write_bytes_per_second: float | None = None  # the trees' main processes, summed
-    job_processes_started: int | None = None  # the trees' processes born since the last tick
+    job_loader_workers_started: int | None = None  # the trees' DataLoader workers started
     jobs: tuple[JobTree, ...] = ()
 
 

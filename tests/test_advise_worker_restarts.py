@@ -5,7 +5,7 @@ beside the real daemon (tests/scripts/stub_daemon.py: NVML stubbed, the job list
 0, the host and its process trees read for real) recording at its default 1 s tick, and a
 real Prometheus scrapes that daemon. The recording is judged by `gpuwatch advise --replay`,
 the scraped series by `gpuwatch advise --prometheus`. With persistent_workers=False the pool
-is born again every epoch and `enable-persistent-workers` says so from the process tree
+is started again every epoch and `enable-persistent-workers` says so from the process tree
 alone, both ways; with persistent_workers=True, the same job otherwise, nothing is said of
 it. Both jobs run at once (the rule's window is a minute of the job)."""
 
@@ -88,24 +88,26 @@ def test_restarted_workers_are_told_without_the_hook_and_kept_ones_are_not(
         target = re.sub(r"^https?://", "", pairs[False].url())
         prom = prometheus([target], scrape_interval="1s")
         time.sleep(SECONDS)
-        prom.wait_for("gpuwatch_job_processes_started_total > 0")
+        prom.wait_for("gpuwatch_job_loader_workers_started_total > 0")
     finally:
         for pair in pairs.values():
             pair.stop()
     restarting, kept = (advise_json(pairs[p].recording) for p in (False, True))
     hosts = [json.loads(x) for x in pairs[False].recording.read_text().splitlines()
              if json.loads(x)["kind"] == "host"]
-    born = sum(j.get("processes_started", 0) for h in hosts for j in h.get("jobs", []))
-    print(f"{len(hosts)} host lines, {born} processes born in the restarting job's tree")
+    started = sum(j.get("loader_workers_started", 0) for h in hosts for j in h.get("jobs", []))
+    print(f"{len(hosts)} host lines, {started} workers started in the restarting job's tree")
     (a,) = [a for a in restarting["advice"] if a["id"] == RULE]
     assert a["gpu"] == 0 and a["confidence"] == 0.6 and a["expected_gain"] is None
     ev = a["evidence"]
     print(a["message"])
-    # ~2 epochs a second, 2 workers each: some 200 births a minute, fewer where a pool is
-    # born and gone between two ticks
-    assert ev["job_workers"] >= 1 and ev["processes_started_per_minute"] >= 8 * ev["job_workers"]
+    # ~2 epochs a second, 2 workers each: some 240 starts a minute, fewer counted where a
+    # pool is started and gone between two ticks
+    assert ev["job_workers"] >= 1
+    assert ev["loader_workers_started_per_minute"] >= 8 * ev["job_workers"]
     assert "first_batch_wait_ratio" not in ev
-    assert "times a minute the training process's worker pool is started anew" in a["message"]
+    assert "times a minute the training process's pool of DataLoader workers is started anew" \
+        in a["message"]
     assert "not measured without the torch hook" in a["message"]
     assert "dataloader_persistent_workers=True" in a["action"]
     assert a["hook_would_add"] and "first batch" in a["hook_would_add"]

@@ -353,46 +353,80 @@ def test_a_main_process_writing_files_is_measured() -> None:
 EPOCHS = Path(__file__).resolve().parent / "scripts" / "epochs_loader.py"
 
 
-@pytest.mark.parametrize("persistent", [False, True])
-def test_workers_started_anew_every_epoch_are_counted(persistent: bool) -> None:
-    """A real torch DataLoader with 2 workers and epochs of ~0.3 s: with
-    persistent_workers=False every epoch starts its pool again, and each tick counts the
-    tree's processes born since the tick before (the pool's first start too, where the
-    sampler saw the tree before it); with persistent_workers=True its 2 workers, started
-    once, are all it ever counts. Processes older than the sampler's first tick never
-    count."""
+def _count_started(extra: list[str], seconds: float) -> tuple[int, list[tuple[int, int]]]:
+    """(DataLoader workers counted as started, each tick's (processes, named workers) in
+    the tree) over ``seconds`` of ticks every 0.25 s beside tests/scripts/epochs_loader.py."""
     pytest.importorskip("torch")
-    args = [sys.executable, str(EPOCHS), "--workers", "2", "--epoch-seconds", "0.3"]
-    proc = subprocess.Popen(args + (["--persistent"] if persistent else []),
+    proc = subprocess.Popen([sys.executable, str(EPOCHS), "--workers", "2", *extra],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         host = HostSampler()
-        started, ticks = 0, 0
-        deadline = time.monotonic() + 4.0
+        started, seen = 0, []
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             s = host.sample(time.time(), [proc.pid])
             (tree,) = s.jobs
-            assert s.job_processes_started == tree.processes_started
-            started += tree.processes_started
-            ticks += 1
+            assert s.job_loader_workers_started == tree.loader_workers_started
+            started += tree.loader_workers_started
+            seen.append((tree.processes, tree.loader_workers))
             time.sleep(0.25)
-        print(f"persistent={persistent}: {started} processes started over {ticks} ticks")
-        if persistent:
-            assert started <= 2
-        else:
-            # ~12 epochs in 4 s, each starting 2 workers: a tick misses the pools born and
-            # gone between two ticks, so ask for well under what ran
-            assert started >= 8
+        print(f"{extra}: {started} workers started; (processes, named workers): {seen}")
+        return started, seen
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
-def test_processes_alive_before_the_first_tick_are_not_counted_as_started(
-        start_job: Callable[[int], Job]) -> None:
-    job = start_job(3)
-    host = HostSampler()
-    firsts = [host.sample(time.time(), [job.pid]) for _ in range(3) if not time.sleep(0.1)]
-    assert [s.jobs[0].processes_started for s in firsts] == [0, 0, 0]
-    assert firsts[-1].jobs[0].processes == 4
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_started_anew_every_epoch_are_counted(persistent: bool) -> None:
+    """A real torch DataLoader with 2 workers and epochs of ~0.3 s: with
+    persistent_workers=False every epoch starts its pool again, and each tick counts the
+    named workers born since the tick before (the pool's first start too, where the
+    sampler saw the tree before it); with persistent_workers=True its 2 workers, started
+    once, are all it ever counts."""
+    started, _ = _count_started(["--epoch-seconds", "0.3"]
+                                + (["--persistent"] if persistent else []), 4.0)
+    if persistent:
+        assert started <= 2
+    else:
+        # ~12 epochs in 4 s, each starting 2 workers: a tick misses the pools born and
+        # gone between two ticks, so ask for well under what ran
+        assert started >= 8
+
+
+def test_spawned_workers_count_once_named() -> None:
+    """Spawned workers carry the interpreter's name until theirs has imported torch (a
+    second or more): first seen unnamed, each is counted at the tick that sees it named,
+    and only once."""
+    started, seen = _count_started(["--persistent", "--start-method", "spawn"], 8.0)
+    named = [i for i, (_, n) in enumerate(seen) if n == 2]
+    assert named and any(p > 1 + n for p, n in seen[:named[0]]), seen  # unnamed at first
+    assert started == 2
+
+
+def test_children_that_are_no_loader_workers_never_count() -> None:
+    """A loop that shells out every 0.2 s (`sleep`, as a script polling `nvidia-smi`)
+    beside persistent workers: the tree sees those children come and go, and counts no
+    start beyond the pool's own."""
+    started, seen = _count_started(["--persistent", "--subprocess-every", "0.2"], 4.0)
+    assert max(p for p, _ in seen) > 3  # the children were in the tree
+    assert started <= 2
+
+
+def test_named_workers_alive_before_the_first_tick_are_not_counted_as_started() -> None:
+    """A pool already running when the sampler starts was not started while it watched."""
+    pytest.importorskip("torch")
+    proc = subprocess.Popen([sys.executable, str(EPOCHS), "--workers", "2", "--persistent"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        wait_for(lambda: len(psutil.Process(proc.pid).children()) == 2, "the pool", 30)
+        host = HostSampler()
+        firsts = [host.sample(time.time(), [proc.pid]) for _ in range(3) if not time.sleep(0.1)]
+        assert [s.jobs[0].loader_workers for s in firsts] == [2, 2, 2]
+        assert [s.jobs[0].loader_workers_started for s in firsts] == [0, 0, 0]
+        assert firsts[-1].jobs[0].loader_workers_started_total == 0
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -39,7 +39,7 @@ _HOST_RAW = {"cpu_util": "cpu_util", "load1": "load1", "load5": "load5",
              "job_loader_workers": "job_loader_workers",
              "job_loader_cpu_cores": "job_loader_cpu_cores",
              "job_write_bytes_per_second": "job_write_bytes_per_second",
-             "job_processes_started": "job_processes_started"}
+             "job_loader_workers_started": "job_loader_workers_started"}
 _AUTOCAST_ON = {"bfloat16", "bf16", "float16", "fp16", "half", "torch.bfloat16",
                 "torch.float16"}
 
@@ -557,7 +557,7 @@ class Frame:
             else:
                 nworkers, busy = max(0.0, procs - 1.0), float(workers)
             write = jg("main_write_bytes_per_second")
-            started = jg("processes_started")
+            started = jg("loader_workers_started")
             for g in gpus:
                 t = per.setdefault(int(g), [0.0, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0])
                 t[0] += 1.0
@@ -1164,9 +1164,9 @@ class Frame:
             hu, ht = a.mean("host_mem_used_bytes"), a.mean("host_mem_total_bytes")
             if hu is not None and ht:
                 host.push(idx, "host_mem_used_ratio", hu / ht)
-            started = a.s.get("job_processes_started")
-            if started is not None and "processes_started_per_minute" in need:
-                host.push(idx, "processes_started_per_minute", started * 60.0 / self.res)
+            started = a.s.get("job_loader_workers_started")
+            if started is not None and "loader_workers_started_per_minute" in need:
+                host.push(idx, "loader_workers_started_per_minute", started * 60.0 / self.res)
             jc, jp = a.mean("job_cpu_cores"), a.mean("job_processes")
             if jp is not None:
                 pids = self._bucket_pids
@@ -1658,14 +1658,14 @@ class Frame:
         table.ever = True
         mains, main, workers, nworkers, loading, write = (
             a.mean(k) for k in ("mains", "main", "workers", "nworkers", "loading", "write"))
-        # processes born in the bucket: the sum over its host lines (each counts those
-        # born since the line before)
+        # DataLoader workers started in the bucket: the sum over its host lines (each counts
+        # those started since the line before)
         started = a.s.get("started")
         a.clear()
         if "job_write_bytes_per_second" in self.needed:  # what the idle-writing signals read
             table.push(idx, "job_write_bytes_per_second", write)
-        if started is not None and "processes_started_per_minute" in self.needed:
-            table.push(idx, "processes_started_per_minute", started * 60.0 / self.res)
+        if started is not None and "loader_workers_started_per_minute" in self.needed:
+            table.push(idx, "loader_workers_started_per_minute", started * 60.0 / self.res)
         if not mains:
             return
         if nworkers is not None and isinstance(loader_workers, float) and loader_workers >= 0:
@@ -1875,14 +1875,14 @@ _DEPENDS: dict[str, set[str]] = {
     "gpu_idle_writing": {"util", "job_write_bytes_per_second"},
     "idle_writing_ratio": {"util", "job_write_bytes_per_second"},
     "idle_writing_bursts": {"util", "job_write_bytes_per_second"},
-    "processes_started_per_minute": {"job_processes_started"},
+    "loader_workers_started_per_minute": {"job_loader_workers_started"},
 }
 
 
 # host signals a GPU also has of its own, from the job trees on it (``Subject.cpu``)
 PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
                           "main_busy_ratio", "workers_cpu_cores", "workers_busy_ratio",
-                          "job_write_bytes_per_second", "processes_started_per_minute"})
+                          "job_write_bytes_per_second", "loader_workers_started_per_minute"})
 
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
                        "main_busy_ratio", "workers_busy_ratio", "job_workers"}

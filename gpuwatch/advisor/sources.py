@@ -463,14 +463,14 @@ def _judge_selection(url: str, ruleset: RuleSet, *, window: float, end: float, s
             continue
         for t, v in _points(s):
             gline(labels.get("instance", ""), t, gpu)["xid_total"] = {0: int(v)}
-    # processes born in the job trees in each step (DataLoader workers started anew): the
-    # counter's rate over a minute (two steps where they are longer), times the step
+    # DataLoader workers started in the job trees in each step: the counter's rate over a
+    # minute (two steps where they are longer), times the step
     span = f"{max(60_000, round(2 * step * 1000))}ms"
-    started = prom.sel("gpuwatch_job_processes_started_total")
+    started = prom.sel("gpuwatch_job_loader_workers_started_total")
     for s in prom.query_range(f"sum by (instance) (rate({started}[{span}])) * {step:g}"):
         inst = s.get("metric", {}).get("instance", "")
         for t, v in _points(s):
-            host_lines[inst].setdefault(t, {"kind": "host", "t": t})["job_processes_started"] = v
+            host_lines[inst].setdefault(t, {"kind": "host", "t": t})["job_loader_workers_started"] = v
     for s in prom.query_range(prom.sel("gpuwatch_gpu_clock_event_reason")):
         labels = s.get("metric", {})
         gpu, bit = _int(labels.get("gpu")), _REASON_BITS.get(labels.get("reason", ""))

@@ -110,8 +110,8 @@ def _defs() -> dict[str, SignalDef]:
          "not tmpfs, pipes or sockets; optional field)"), False),
         ("job_loader_cpu_cores", "host", "cores", "mean", ("CPU cores busy in those "
          "DataLoader workers (optional field)"), False),
-        ("job_processes_started", "host", "count", "mean", ("processes born in the job's "
-         "trees since the line before (optional field)"), False),
+        ("job_loader_workers_started", "host", "count", "mean", ("DataLoader workers started "
+         "in the job's trees since the line before (optional field)"), False),
         # derived, host
         ("cpu_free_cores", "host", "cores", "mean", "host_cpus x (1 - cpu_util)", True),
         ("load_per_cpu", "host", "ratio", "mean", "load1 / host_cpus", True),
@@ -122,8 +122,9 @@ def _defs() -> dict[str, SignalDef]:
          "children torch names so where any is (job_loader_workers), else every process "
          "that is not a GPU user (job_processes - job_main_processes); at most the "
          "training loader's num_workers where the hook reports it"), True),
-        ("processes_started_per_minute", "host", "per minute", "mean", ("processes born "
-         "in the job's trees, per minute (job_processes_started over each bucket): a "
+        ("loader_workers_started_per_minute", "host", "per minute", "mean", ("DataLoader "
+         "workers started in the job's trees, per minute (job_loader_workers_started over each "
+         "bucket): a "
          "DataLoader with persistent_workers=False starts its whole pool of workers at every "
          "epoch and every evaluation"), True),
         ("main_cpu_cores", "host", "cores", "mean", ("job_main_cpu_cores per main process; "

@@ -75,7 +75,10 @@ class _Tracked:
     written: int | None = None
     written_t: float | None = None
     io_denied: bool = False
-    # of a job's root: its descendants born since it was first seen (a counter)
+    # born since the tick before it was first seen, and not yet counted as a DataLoader
+    # worker's start (a spawned worker is named only once its interpreter has started)
+    newborn: bool = False
+    # of a job's root: the DataLoader workers born in its tree since it was first seen
     started_total: int = 0
 
 
@@ -225,7 +228,7 @@ class HostSampler:
             job_loader_workers=sum(j.loader_workers or 0 for j in jobs),
             job_loader_cpu_cores=round(sum(j.loader_cpu_cores or 0.0 for j in jobs), 3),
             job_write_bytes_per_second=_sum_known(j.main_write_bytes_per_second for j in jobs),
-            job_processes_started=sum(j.processes_started or 0 for j in jobs),
+            job_loader_workers_started=sum(j.loader_workers_started or 0 for j in jobs),
             job_processes=sum(j.processes for j in jobs),
             job_rss_bytes=sum(j.rss_bytes for j in jobs),
         )
@@ -391,8 +394,8 @@ class HostSampler:
             if usage[2]:
                 loaders += 1
                 loader_cpu += usage[0]
-            if usage[3]:
-                started += 1
+                if usage[3]:
+                    started += 1
         tracked = self._procs[root]
         tracked.started_total += started
         if tracked.dist is None:
@@ -415,8 +418,8 @@ class HostSampler:
             loader_workers=loaders,
             loader_cpu_cores=round(loader_cpu, 3),
             main_write_bytes_per_second=write_rate,
-            processes_started=started,
-            processes_started_total=tracked.started_total,
+            loader_workers_started=started,
+            loader_workers_started_total=tracked.started_total,
         )
 
     def _write_rate(self, tracked: _Tracked) -> float | None:
@@ -457,8 +460,8 @@ class HostSampler:
 
     def _usage(self, pid: int) -> tuple[float, int, bool, bool] | None:
         """(CPU cores busy since the last tick, RSS bytes, whether torch named it a
-        DataLoader worker, whether it was born since the last tick) of one process; None
-        if gone."""
+        DataLoader worker, whether it is a worker just started: named now, not before, and
+        born since the tick before it was first seen) of one process; None if gone."""
         tracked = self._track(pid)
         if tracked is None:
             return None
@@ -467,10 +470,9 @@ class HostSampler:
                 if tracked.proc.status() == psutil.STATUS_ZOMBIE:
                     return None  # exited, not yet reaped by its parent: no longer a worker
                 cores = tracked.proc.cpu_percent(None) / 100.0
-                born = False
                 if tracked.fresh:
                     tracked.fresh = False
-                    cores, born = self._since_birth(tracked.proc)
+                    cores, tracked.newborn = self._since_birth(tracked.proc)
                 rss = tracked.proc.memory_info().rss
                 # read anew each tick from the same stat record: a worker renames itself
                 # as it starts, after the fork that copied its parent's name
@@ -478,4 +480,7 @@ class HostSampler:
         except _GONE:
             self._procs.pop(pid, None)
             return None
-        return max(cores, 0.0), rss, loader, born
+        started = loader and tracked.newborn
+        if started:
+            tracked.newborn = False  # counted once
+        return max(cores, 0.0), rss, loader, started

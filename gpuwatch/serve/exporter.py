@@ -405,13 +405,14 @@ def _host_families(snap: Snapshot) -> list[Metric]:
                 job_fams[key].add_metric(labels, float(value))
     out.extend(job_fams.values())
     started = CounterMetricFamily(
-        "gpuwatch_job_processes_started",
-        "Processes born in the job's tree since gpuwatch first saw it (a DataLoader with "
-        "persistent_workers=False starts its workers anew at every epoch).", labels=JOB_LABELS)
+        "gpuwatch_job_loader_workers_started",
+        "DataLoader workers started in the job's tree since gpuwatch first saw it (a "
+        "DataLoader with persistent_workers=False starts them anew at every epoch).",
+        labels=JOB_LABELS)
     for j in host.jobs:
-        if j.processes_started_total is not None:
+        if j.loader_workers_started_total is not None:
             started.add_metric([str(j.pid), _label(j.name), _label(j.user)],
-                               float(j.processes_started_total))
+                               float(j.loader_workers_started_total))
     out.append(started)
     return out
 

@@ -245,7 +245,7 @@ _JOB: dict[str, Check] = {"pid": _count, "name": _string, "user": _string,
                           "dist_job": _string, "loader_workers": _count,
                           "loader_cpu_cores": _nonneg,
                           "main_write_bytes_per_second": _nonneg,
-                          "processes_started": _count, "processes_started_total": _count}
+                          "loader_workers_started": _count, "loader_workers_started_total": _count}
 
 _GPU: dict[str, Check] = {
     "gpu": _count, "uuid": _string, "lost": _boolean,
@@ -271,7 +271,7 @@ _HOST: dict[str, Check] = {
     "job_cpu_cores": _nonneg, "job_processes": _count, "job_rss_bytes": _count,
     "job_main_cpu_cores": _nonneg, "job_workers_cpu_cores": _nonneg,
     "job_loader_workers": _count, "job_loader_cpu_cores": _nonneg,
-    "job_write_bytes_per_second": _nonneg, "job_processes_started": _count,
+    "job_write_bytes_per_second": _nonneg, "job_loader_workers_started": _count,
     "jobs": _objects(_JOB, ("pid",)),
 }
 _STEP: dict[str, Check] = {
