@@ -3,8 +3,9 @@
 A real torch DataLoader (tests/scripts/epochs_loader.py: 2 workers, epochs of ~0.5 s) runs
 beside the real daemon (tests/scripts/stub_daemon.py: NVML stubbed, the job listed on GPU
 0, the host and its process trees read for real) recording at its default 1 s tick, and a
-real Prometheus scrapes that daemon. The recording is judged by `gpuwatch advise --replay`,
-the scraped series by `gpuwatch advise --prometheus`. With persistent_workers=False the pool
+real Prometheus scrapes that daemon. The daemon's live advisor judges it as it runs, the
+recording is judged by `gpuwatch advise --replay`, the scraped series by `gpuwatch advise
+--prometheus`. With persistent_workers=False the pool
 is started again every epoch and `enable-persistent-workers` says so from the process tree
 alone, both ways; with persistent_workers=True, the same job otherwise, nothing is said of
 it. Both jobs run at once (the rule's window is a minute of the job)."""
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SERVING, daemon_env, wait_for
+from conftest import REPO, SERVING, daemon_env, http_get, wait_for
 from test_advise_support import advise_json, run_cli
 
 pytest.importorskip("torch")
@@ -85,10 +86,17 @@ def test_restarted_workers_are_told_without_the_hook_and_kept_ones_are_not(
         tmp_path: Path, prometheus) -> None:
     pairs = {p: start_pair(tmp_path, p) for p in (False, True)}
     try:
-        target = re.sub(r"^https?://", "", pairs[False].url())
-        prom = prometheus([target], scrape_interval="1s")
+        url = pairs[False].url()
+        prom = prometheus([re.sub(r"^https?://", "", url)], scrape_interval="1s")
         time.sleep(SECONDS)
         prom.wait_for("gpuwatch_job_loader_workers_started_total > 0")
+        # the daemon's own advisor, live
+        status, _, body = http_get(url + "/api/advice")
+        assert status == 200, body
+        live = {(a["id"], a["gpu"]) for a in json.loads(body)["advice"]}
+        assert (RULE, 0) in live, live
+        kept_live = json.loads(http_get(pairs[True].url() + "/api/advice")[2])["advice"]
+        assert RULE not in {a["id"] for a in kept_live}
     finally:
         for pair in pairs.values():
             pair.stop()
