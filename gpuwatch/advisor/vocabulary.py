@@ -124,9 +124,8 @@ def _defs() -> dict[str, SignalDef]:
          "training loader's num_workers where the hook reports it"), True),
         ("loader_workers_started_per_minute", "host", "per minute", "mean", ("DataLoader "
          "workers started in the job's trees, per minute (job_loader_workers_started over each "
-         "bucket): a "
-         "DataLoader with persistent_workers=False starts its whole pool of workers at every "
-         "epoch and every evaluation"), True),
+         "bucket): a DataLoader with persistent_workers=False starts its whole pool of "
+         "workers at every epoch and every evaluation"), True),
         ("main_cpu_cores", "host", "cores", "mean", ("job_main_cpu_cores per main process; "
          "without the split, min(job_cpu_cores, mains) / mains"), True),
         ("workers_cpu_cores", "host", "cores", "mean", ("job_workers_cpu_cores; without the "

@@ -78,7 +78,7 @@ class _Tracked:
     # born since the tick before it was first seen, and not yet counted as a DataLoader
     # worker's start (a spawned worker is named only once its interpreter has started)
     newborn: bool = False
-    # of a job's root: the DataLoader workers born in its tree since it was first seen
+    # of a job's root: the DataLoader workers started in its tree since it was first seen
     started_total: int = 0
 
 
