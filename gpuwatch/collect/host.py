@@ -10,7 +10,10 @@ It runs every tick beside a training job, so it is built to be cheap:
   starts over instead of inheriting a dead process's counters. A process seen for the first
   time reports what it used since it was born if that was after the last tick (a
   DataLoader worker that ``persistent_workers=False`` restarts every epoch may live only a
-  tick or two: it would otherwise never be counted), else 0.0 cores.
+  tick or two: it would otherwise never be counted), else 0.0 cores. Such a process,
+  once torch has named it a DataLoader worker, counts once as a worker started
+  (``loader_workers_started``): a pool started again and again is a DataLoader whose
+  ``persistent_workers=False`` restarts it every epoch.
 - Descendants are found from ``/proc/PID/task/TID/children`` where the kernel offers it
   (no scan of the process table); elsewhere one scan per tick builds a parent map that all
   trees share (``children(recursive=True)`` would scan once per tree).
