@@ -20,6 +20,9 @@ Run from the repository root (no GPU needed):
    published, one evaluation), and the same without the hook (8 GPUs alone), beside the
    sampler's own tick with 8 stubbed GPUs (tests/nvml_stub.py).
 
+``--split`` also times, in this process, reading the recording alone, reading and bucketing
+it with no rule evaluated, and the whole replay: where the offline CPU goes.
+
 Prints a Markdown table; ``--out FILE`` writes the numbers as JSON.
 """
 
@@ -216,6 +219,38 @@ def bench_live(gpus: int = 8, seconds: int = 900, ticks: int = 300,
             "jobs": len(advisor.jobs())}
 
 
+def bench_split(path: Path) -> dict[str, float]:
+    """Where the offline replay's CPU goes, in this process: reading the recording alone,
+    reading and bucketing it (the frame, no rule evaluated), and the whole replay; the
+    differences are the bucketing's and the evaluation's shares."""
+    from gpuwatch.advisor.engine import Engine
+    from gpuwatch.advisor.rules import load_rules
+    from gpuwatch.trace import format as trace
+
+    ruleset = load_rules([])
+
+    def judge(evaluate: bool) -> None:
+        meta, lines = trace.iter_trace_lines(str(path))
+        engine = Engine(ruleset, res=1.0)
+        if not evaluate:
+            engine.frame.on_bucket = None
+        engine.frame.set_meta(meta)
+        for gpu, info in trace.meta_infos(meta).items():
+            engine.frame.set_gpu_info(gpu, name=info.name, cc=info.compute_capability)
+        engine.feed_all(lines)
+        engine.finish()
+
+    c0 = time.process_time()
+    sum(1 for _ in trace.iter_trace_lines(str(path))[1])
+    c1 = time.process_time()
+    judge(evaluate=False)
+    c2 = time.process_time()
+    judge(evaluate=True)
+    c3 = time.process_time()
+    return {"read_cpu_s": c1 - c0, "bucket_cpu_s": (c2 - c1) - (c1 - c0),
+            "evaluate_cpu_s": (c3 - c2) - (c2 - c1), "all_cpu_s": c3 - c2}
+
+
 def bench_sampler(gpus: int = 8, reps: int = 200) -> dict[str, Any] | None:
     """The sampler's tick with stubbed NVML (its Python side), for comparison."""
     try:
@@ -282,6 +317,13 @@ def report(r: dict[str, Any]) -> str:
         ("sampler: tick, 8 stubbed GPUs (median)", fmt_s(smp.get("tick_median_s"))
          if "tick_median_s" in smp else smp.get("error", "-")),
     ]
+    split = r.get("split")
+    if split:
+        rows.insert(3, ("offline, in one process (CPU): reading / bucketing / evaluating "
+                        "(of the whole)", (f"{fmt_s(split['read_cpu_s'])} / "
+                                           f"{fmt_s(split['bucket_cpu_s'])} / "
+                                           f"{fmt_s(split['evaluate_cpu_s'])} "
+                                           f"({fmt_s(split['all_cpu_s'])})")))
     import platform
 
     out = [f"## bench_advise: {platform.node()}, {r['cpus']} CPUs, Python {r['python']}, "
@@ -296,12 +338,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", metavar="FILE", help="write the results as JSON here")
     ap.add_argument("--hours", type=float, default=2.0, help="length of the recording")
     ap.add_argument("--keep", metavar="FILE", help="keep the generated recording here")
+    ap.add_argument("--split", action="store_true",
+                    help="also split the replay's CPU into reading, bucketing and evaluation")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.keep) if args.keep else Path(tmp) / "day.jsonl"
         day = build_day(path, seconds=int(args.hours * 3600))
         offline = bench_offline(path)
-    result = {"day": day, "offline": offline, "baseline_rss_bytes": baseline_rss(),
+        split = bench_split(path) if args.split else None
+    result = {"day": day, "offline": offline, "split": split,
+              "baseline_rss_bytes": baseline_rss(),
               "live": bench_live(), "live_without_hook": bench_live(ranks=False),
               "sampler": bench_sampler(), "python": sys.version.split()[0],
               "cpus": os.cpu_count(), "load": os.getloadavg()}
