@@ -345,9 +345,11 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.keep) if args.keep else Path(tmp) / "day.jsonl"
         day = build_day(path, seconds=int(args.hours * 3600))
         offline = bench_offline(path)
+        # before the split grows this process: a child's ru_maxrss starts from its parent's
+        baseline = baseline_rss()
         split = bench_split(path) if args.split else None
     result = {"day": day, "offline": offline, "split": split,
-              "baseline_rss_bytes": baseline_rss(),
+              "baseline_rss_bytes": baseline,
               "live": bench_live(), "live_without_hook": bench_live(ranks=False),
               "sampler": bench_sampler(), "python": sys.version.split()[0],
               "cpus": os.cpu_count(), "load": os.getloadavg()}
