@@ -207,24 +207,28 @@ def test_an_answer_in_flight_at_stop_is_finished(serve):
 
 # -- slow and idle clients --------------------------------------------------------------
 
+def _trickled_until_cut(s: socket.socket, seconds: float) -> bool:
+    """Send one header byte every 0.2 s (each read succeeds, the head never ends) until
+    the server cuts the connection (True) or ``seconds`` pass (False); closes ``s``."""
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            try:
+                s.sendall(b"X")
+            except OSError:
+                return True
+            if _closed_by_peer(s, 0.2):
+                return True
+        return False
+    finally:
+        s.close()
+
+
 def test_a_trickling_client_is_cut_off_at_the_header_deadline(serve):
     server = serve(limits=Limits(header_timeout=1.0))
     s = socket.create_connection(("127.0.0.1", server.port))
     s.sendall(b"GET /metrics HTTP/1.1\r\n")
-    deadline = time.monotonic() + 6
-    closed = False
-    # one header byte every 0.2 s: each read succeeds, the whole head never ends
-    while time.monotonic() < deadline:
-        try:
-            s.sendall(b"X")
-        except OSError:
-            closed = True
-            break
-        if _closed_by_peer(s, 0.2):
-            closed = True
-            break
-    s.close()
-    assert closed, "a slowloris connection was kept open past the header deadline"
+    assert _trickled_until_cut(s, 6), "a slowloris connection was kept open past the header deadline"
     assert _get(server)[0] == 200
 
 
@@ -249,19 +253,7 @@ def test_a_kept_alive_connection_that_trickles_its_next_request_is_cut_at_its_he
     assert s.recv(4096).startswith(b"HTTP/1.1 200")
     time.sleep(0.3)  # idle between requests: the janitor asleep until the idle deadline
     s.sendall(b"GET /metrics HTTP/1.1\r\n")
-    deadline = time.monotonic() + 10
-    closed = False
-    while time.monotonic() < deadline:
-        try:
-            s.sendall(b"X")
-        except OSError:
-            closed = True
-            break
-        if _closed_by_peer(s, 0.2):
-            closed = True
-            break
-    s.close()
-    assert closed, "the trickling second request outlived its header deadline"
+    assert _trickled_until_cut(s, 10), "the trickling second request outlived its header deadline"
     assert _get(server)[0] == 200
 
 
