@@ -20,11 +20,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SERVING, daemon_env, http_get, wait_for
+from conftest import REPO, SERVING, DaemonProcess, daemon_env, http_get, wait_for
 from test_advise_support import advise_json, run_cli
 
 pytest.importorskip("torch")
@@ -39,27 +39,25 @@ class Pair:
     """A job and the daemon beside it, recording."""
 
     job: subprocess.Popen
-    daemon: subprocess.Popen
+    daemon: DaemonProcess
     recording: Path
-    lines: list[str] = field(default_factory=list)
 
     def url(self) -> str:
-        return wait_for(lambda: (m := SERVING.search("".join(self.lines))) and m.group(1),
-                        "the daemon's serving line", 60, self.daemon)
+        if not self.daemon.url:
+            self.daemon.url = wait_for(
+                lambda: (m := SERVING.search(self.daemon.stderr())) and m.group(1),
+                "the daemon's serving line", 60, self.daemon.proc)
+        return self.daemon.url
 
     def stop(self) -> None:
-        if self.daemon.poll() is None:
-            self.daemon.send_signal(signal.SIGTERM)
-            try:
-                self.daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.daemon.kill()
-                self.daemon.wait()
         try:
-            os.killpg(self.job.pid, signal.SIGKILL)  # the job and its workers
-        except ProcessLookupError:
-            pass
-        self.job.wait()
+            self.daemon.stop(timeout=30)
+        finally:
+            try:
+                os.killpg(self.job.pid, signal.SIGKILL)  # the job and its workers
+            except ProcessLookupError:
+                pass
+            self.job.wait()
 
 
 def start_pair(tmp_path: Path, persistent: bool) -> Pair:
@@ -73,13 +71,13 @@ def start_pair(tmp_path: Path, persistent: bool) -> Pair:
     # the job on stub GPU 0, its SMs 40 % active: a GPU that works, not saturated
     env.update(STUB_GPU_PIDS=str(job.pid), STUB_GPUS="1", STUB_SM_ACTIVE="40")
     rec = tmp_path / f"{name}.jsonl"
-    daemon = subprocess.Popen([sys.executable, str(REPO / "tests/scripts/stub_daemon.py"),
-                               "--web.listen-address", "127.0.0.1:0", "--record", str(rec)],
-                              cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    pair = Pair(job, daemon, rec)
-    threading.Thread(target=lambda: pair.lines.extend(daemon.stderr or ()), daemon=True).start()
-    return pair
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests/scripts/stub_daemon.py"),
+                             "--web.listen-address", "127.0.0.1:0", "--record", str(rec)],
+                            cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    daemon = DaemonProcess(proc)
+    threading.Thread(target=lambda: daemon.lines.extend(proc.stderr or ()), daemon=True).start()
+    return Pair(job, daemon, rec)
 
 
 def test_restarted_workers_are_told_without_the_hook_and_kept_ones_are_not(
