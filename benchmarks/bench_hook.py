@@ -216,6 +216,10 @@ def main() -> int:
                          "the pass of median per-step total, and every pass's total)")
     ap.add_argument("--micro-only", action="store_true",
                     help="only the hook's own code paths (part 2): no training loop")
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="run on this CPU only (sched_setaffinity; the receiver, a process "
+                         "of its own, runs anywhere): a core that nothing else is scheduled "
+                         "on gives the code's own cost")
     ap.add_argument("--out", help="also write the numbers as JSON here")
     a = ap.parse_args()
     directory = tempfile.mkdtemp(prefix="gwbench-")
@@ -227,6 +231,8 @@ def main() -> int:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     if receiver.stdout.readline().strip() != "ready":  # the socket is bound
         raise SystemExit("the receiver did not start")
+    if a.cpu is not None:
+        os.sched_setaffinity(0, {a.cpu})  # after the receiver started: it does not inherit it
     try:
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
         loops = [] if a.micro_only else [loop_costs(d, a.steps, a.repeats, sock)
@@ -242,7 +248,8 @@ def main() -> int:
         shutil.rmtree(directory, ignore_errors=True)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     print(f"torch {torch.__version__}, Python {sys.version.split()[0]}"
-          + (f", {gpu}" if gpu else ", no GPU"))
+          + (f", {gpu}" if gpu else ", no GPU")
+          + (f", on CPU {a.cpu} only" if a.cpu is not None else ""))
     for r in loops:
         if r is loops[0]:
             print()
@@ -263,7 +270,7 @@ def main() -> int:
               + ", ".join(f"{m['per_step_total_us']:.2f}" for m in passes))
     if a.out:
         Path(a.out).write_text(json.dumps({"torch": torch.__version__, "gpu": gpu,
-                                           "loops": loops, "micro": micro,
+                                           "cpu": a.cpu, "loops": loops, "micro": micro,
                                            "passes": passes}, indent=2) + "\n")
     return 0
 

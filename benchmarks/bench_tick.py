@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import socket
 import statistics
@@ -525,12 +526,14 @@ def measure_daemon(interval: float, seconds: float, stub_gpus: int | None,
             return {"interval": interval, "measured": f"nothing: {what} exited: {err.strip()}"}
         p = psutil.Process(proc.pid)
         c0 = p.cpu_times()
+        by0 = thread_cpu(proc.pid)
         t0 = time.monotonic()
         rss = [p.memory_info().rss]
         while time.monotonic() - t0 < seconds:
             time.sleep(1.0)
             rss.append(p.memory_info().rss)
         c1 = p.cpu_times()
+        by1 = thread_cpu(proc.pid)
         wall = time.monotonic() - t0
         threads = p.num_threads()
     finally:
@@ -540,8 +543,36 @@ def measure_daemon(interval: float, seconds: float, stub_gpus: int | None,
         except subprocess.TimeoutExpired:
             proc.kill()
     busy = (c1.user - c0.user) + (c1.system - c0.system)
+    split: dict[str, float] = {}
+    for tid, (name, cpu) in by1.items():
+        # a thread born meanwhile (an HTTP connection's) counts from nothing
+        before = by0[tid][1] if tid in by0 and by0[tid][0] == name else 0.0
+        key = re.sub(r"\d+", "N", name)  # gw-gpu3-slow: one row for every GPU's
+        split[key] = split.get(key, 0.0) + 100.0 * (cpu - before) / wall
     return {"interval": interval, "measured": what, "seconds": round(wall, 1),
-            "cpu_percent": 100.0 * busy / wall, "rss_mb": max(rss) / 2**20, "threads": threads}
+            "cpu_percent": 100.0 * busy / wall, "rss_mb": max(rss) / 2**20, "threads": threads,
+            "by_thread": dict(sorted(split.items(), key=lambda kv: -kv[1]))}
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of ``pid``: its name as the kernel knows it (the daemon names its
+    threads: gpuwatch/threads.py) and its CPU seconds so far, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)  # utime + stime
+    return out
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -583,6 +614,13 @@ def report(result: dict[str, Any]) -> str:
                              f"{d['cpu_percent']:.2f} % | {d['rss_mb']:.1f} MB | {d['threads']} |")
             else:
                 lines.append(f"| --interval {d['interval']:g} | {d['measured']} | - | - |")
+        for d in result["daemon"]:
+            if d.get("by_thread"):
+                lines += ["", f"its CPU by thread (% of one core, the kernel's clock ticks: "
+                              f"{100.0 / os.sysconf('SC_CLK_TCK') / d['seconds']:.3f} % a tick "
+                              f"over {d['seconds']:g} s), --interval {d['interval']:g}: "
+                              + ", ".join(f"{name} {pct:.3f} %"
+                                          for name, pct in d["by_thread"].items() if pct > 0)]
     if result.get("slow_calls"):
         lines += ["", "| slow tier, one call (GPU 0) | wall | CPU | result |",
                   "| --- | --- | --- | --- |"]

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
+from gpuwatch import threads
 from gpuwatch.advisor import endings
 from gpuwatch.advisor.engine import Engine, Finding
 from gpuwatch.advisor.report import HOOK_NOTE, RunTally, build_report, inference_batches
@@ -140,7 +141,7 @@ class LiveAdvisor:
         if self._thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-advisor", daemon=True)
+        self._thread = threads.Thread(target=self._run, name="gpuwatch-advisor", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -386,8 +387,8 @@ class _Ahead:
                     stamp is not None and stamp == self._stamp):
                 return
             self._stamp = stamp
-            self._thread = threading.Thread(target=self._judge, name="gpuwatch-judge-ahead",
-                                            daemon=True)
+            self._thread = threads.Thread(target=self._judge, name="gpuwatch-judge-ahead",
+                                          daemon=True)
             self._thread.start()
 
     def _judge(self) -> None:

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from gpuwatch import threads
 from gpuwatch.collect.alarm import Alarm, make_alarm
 from gpuwatch.collect.nvml import GpuLost, Nvml, NvmlGone, NvmlGpu, XidWatcher
 from gpuwatch.samples import GpuInfo, GpuProcess, GpuSample, Health, HostSample, Snapshot
@@ -222,8 +223,8 @@ class _Reader:
         self.since = 0.0  # perf_counter when it went in
         self.next_slot = next_slot
         self.served = served  # the newest request number served in full
-        self.thread = threading.Thread(target=self._run, name="gpuwatch-gpu-reader",
-                                       daemon=True)
+        self.thread = threads.Thread(target=self._run, name="gpuwatch-gpu-reader",
+                                     daemon=True)
 
     def _run(self) -> None:
         s = self.sampler
@@ -310,8 +311,8 @@ class _SlowWorker:
         self.retired = False
         self.fields: dict[str, Any] = {}  # replaced whole, so readers never see half of it
         self.proc_util: dict[int, float] = {}
-        self.thread = threading.Thread(target=self._run, name=f"gpuwatch-gpu{gpu.index}-slow",
-                                       daemon=True)
+        self.thread = threads.Thread(target=self._run, name=f"gpuwatch-gpu{gpu.index}-slow",
+                                     daemon=True)
 
     def _run(self) -> None:
         while True:
@@ -477,7 +478,7 @@ class Sampler:
             return
         if self._clock is time.monotonic and self._wait == self._sleep:
             self._alarm = make_alarm()  # (a simulated clock or wait: the loop wakes every tick)
-        self._loop = threading.Thread(target=self._run, name="gpuwatch-sampler", daemon=True)
+        self._loop = threads.Thread(target=self._run, name="gpuwatch-sampler", daemon=True)
         self._loop.start()
 
     def stop(self) -> None:
@@ -758,8 +759,8 @@ class Sampler:
             if not w.gpu.lost:
                 self._lost_said.discard(w.index)
         if self._xid is not None:
-            self._xid_thread = threading.Thread(target=self._xid.run, args=(self._xid_stop,),
-                                                name="gpuwatch-xid", daemon=True)
+            self._xid_thread = threads.Thread(target=self._xid.run, args=(self._xid_stop,),
+                                              name="gpuwatch-xid", daemon=True)
             self._xid_thread.start()
         self._check_all_lost()
 
@@ -819,8 +820,8 @@ class Sampler:
         if running is not None and running.is_alive():
             return
         self._reopen_due = None
-        self._reopen_thread = threading.Thread(target=self._reopen, name="gpuwatch-nvml-open",
-                                               daemon=True)
+        self._reopen_thread = threads.Thread(target=self._reopen, name="gpuwatch-nvml-open",
+                                             daemon=True)
         self._reopen_thread.start()
 
     def _reopen(self) -> None:

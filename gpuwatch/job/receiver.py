@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from gpuwatch import logs
+from gpuwatch import logs, threads
 from gpuwatch.errors import UserError
 from gpuwatch.job import protocol
 from gpuwatch.samples import ConfigSample, HookProblem, JobEnd, JobStats, PhaseSample
@@ -183,8 +183,8 @@ class HookReceiver:
             return
         _check_stale(self.socket_path)
         self._sock = self._bind()
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-hook-receiver",
-                                        daemon=True)
+        self._thread = threads.Thread(target=self._run, name="gpuwatch-hook-receiver",
+                                      daemon=True)
         self._thread.start()
         log.debug("hook receiver listening on %s", self.socket_path)
 

@@ -29,7 +29,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from gpuwatch import __version__
+from gpuwatch import __version__, threads
 from gpuwatch.errors import UserError
 from gpuwatch.samples import (
     GpuInfo,
@@ -335,8 +335,8 @@ class _Server(ThreadingHTTPServer):
                 oldest.kill()
             self.conns[id(conn)] = conn
             self.deadlines.notify_all()
-            thread = threading.Thread(target=self._serve_conn, args=(conn, client_address),
-                                      name="gpuwatch-http-conn", daemon=True)
+            thread = threads.Thread(target=self._serve_conn, args=(conn, client_address),
+                                    name="gpuwatch-http-conn", daemon=True)
             self.conn_threads.add(thread)
         thread.start()
 
@@ -675,11 +675,11 @@ class HttpServer:
         server = self._server
         assert server is not None
         self._stop.clear()
-        self._thread = threading.Thread(target=server.serve_forever,
-                                        name="gpuwatch-http", daemon=True)
+        self._thread = threads.Thread(target=server.serve_forever,
+                                      name="gpuwatch-http", daemon=True)
         self._thread.start()
-        self._janitor = threading.Thread(target=self._sweep, args=(server,),
-                                         name="gpuwatch-http-janitor", daemon=True)
+        self._janitor = threads.Thread(target=self._sweep, args=(server,),
+                                       name="gpuwatch-http-janitor", daemon=True)
         self._janitor.start()
 
     def _sweep(self, server: _Server) -> None:

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, MutableMapping
 
+from gpuwatch import threads
 from gpuwatch.samples import Snapshot
 
 log = logging.getLogger(__name__)
@@ -168,8 +169,8 @@ class Watchdog:
         self.progress = progress
         self.period = notifier.watchdog_timeout / 2
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-watchdog",
-                                        daemon=True)
+        self._thread = threads.Thread(target=self._run, name="gpuwatch-watchdog",
+                                      daemon=True)
         self._silent = False
 
     def start(self) -> None:

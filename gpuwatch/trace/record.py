@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from gpuwatch import logs
+from gpuwatch import logs, threads
 from gpuwatch.errors import file_error, file_problem
 from gpuwatch.samples import TRACE_FORMAT, Sample
 from gpuwatch.store import Store
@@ -78,7 +78,7 @@ class Recorder:
             self._writer = TraceWriter(self.path, self.meta)
         except OSError as err:  # opened, but the meta line could not be written (disk full)
             raise file_error("write", "trace", self.path, err) from err
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
+        self._thread = threads.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
         self._thread.start()
         self.store.subscribe(self._offer)
 

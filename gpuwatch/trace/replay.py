@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
+from gpuwatch import threads
 from gpuwatch.errors import GpuwatchError, UserError
 from gpuwatch.samples import (
     ConfigSample,
@@ -225,7 +226,7 @@ class Replayer:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-replay", daemon=True)
+        self._thread = threads.Thread(target=self._run, name="gpuwatch-replay", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
