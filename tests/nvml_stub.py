@@ -135,6 +135,9 @@ class NvmlStub:
         self._gpm_samples: dict[int, Any] = {}  # address -> [buffer, gpu index, sequence]
         self._gpm_seq = 0
         self.event_sets: list[StubEventSet] = []
+        self._event_gate: threading.Event | None = None  # hang_event_wait()
+        self.event_wait_blocked = threading.Event()  # set while a wait is held there
+        self.event_wait_error: int | None = None  # every event wait fails with this code
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith(_PASSTHROUGH):
@@ -388,8 +391,24 @@ class NvmlStub:
             raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         es.registered[h.index] = es.registered.get(h.index, 0) | types
 
+    def hang_event_wait(self) -> None:
+        """Make the next nvmlEventSetWait_v2 block until release_event_wait()."""
+        self._event_gate = threading.Event()
+
+    def release_event_wait(self) -> None:
+        gate, self._event_gate = self._event_gate, None
+        if gate is not None:
+            gate.set()
+
     def nvmlEventSetWait_v2(self, es: StubEventSet, timeout_ms: int) -> SimpleNamespace:
         self._enter("nvmlEventSetWait_v2")
+        gate = self._event_gate
+        if gate is not None:
+            self.event_wait_blocked.set()
+            gate.wait()
+            self.event_wait_blocked.clear()
+        if self.event_wait_error is not None:
+            raise error(self.event_wait_error)
         try:
             return es.queue.get(timeout=timeout_ms / 1000.0)
         except queue.Empty:

@@ -120,30 +120,78 @@ def test_process_utilization_is_the_mean_of_new_samples_only() -> None:
     assert gpu.read_process_utilization() == {}  # nothing newer than what was read
 
 
-def test_xid_watcher_counts_and_stops() -> None:
+def test_xid_watcher_polls_what_was_queued_and_frees_its_set_at_close() -> None:
     stub = NvmlStub([StubGpu(0), StubGpu(1, events=False)])
     nvml, errors = open_nvml(stub)
     watcher = XidWatcher(nvml)
-    stop = threading.Event()
-    thread = threading.Thread(target=watcher.run, args=(stop,))
-    thread.start()
-    try:
-        for _ in range(1000):  # registration happens on the watcher's thread
-            if stub.inject_xid(0, 13):
-                break
-            time.sleep(0.01)
-        for _ in range(1000):
-            if watcher.totals(0):
-                break
-            time.sleep(0.01)
-        assert watcher.totals(0) == {13: 1}
-        assert watcher.registered == (0,)
-        assert watcher.totals(1) == {}
-    finally:
-        stop.set()
-        thread.join(5)
-    assert not thread.is_alive()
-    assert stub.event_sets[0].freed and errors == {}
+    assert not stub.event_sets  # nothing asked of NVML before the first poll
+    watcher.poll()  # the event set made, the GPUs that support events registered
+    assert watcher.registered == (0,)
+    assert stub.inject_xid(0, 13) and stub.inject_xid(0, 13) and stub.inject_xid(0, 79)
+    assert not stub.inject_xid(1, 13)  # no event support: not registered
+    assert watcher.totals(0) == {}  # queued by the driver until polled
+    watcher.poll()
+    assert watcher.totals(0) == {13: 2, 79: 1} and watcher.totals(1) == {}
+    # more than one poll takes: the rest at the next
+    for _ in range(XidWatcher.MAX_PER_POLL + 5):
+        stub.inject_xid(0, 48)
+    watcher.poll()
+    assert watcher.totals(0)[48] == XidWatcher.MAX_PER_POLL
+    watcher.poll()
+    assert watcher.totals(0)[48] == XidWatcher.MAX_PER_POLL + 5
+    # every poll is one wait of 0 ms: nothing blocks
+    assert stub.calls[("nvmlEventSetWait_v2", None)] >= 3
+    assert errors == {}
+    nvml.close()  # the event set is freed before nvmlShutdown
+    assert stub.event_sets[0].freed and stub.shutdowns == 1
+    waits = stub.calls[("nvmlEventSetWait_v2", None)]
+    watcher.poll()  # after close: nothing asked of NVML
+    assert stub.calls[("nvmlEventSetWait_v2", None)] == waits
+
+
+def test_xid_watcher_gives_up_on_a_wait_that_keeps_failing() -> None:
+    stub = NvmlStub([StubGpu(0)])
+    nvml, errors = open_nvml(stub)
+    watcher = XidWatcher(nvml)
+    watcher.poll()
+    stub.event_wait_error = pynvml.NVML_ERROR_UNKNOWN
+    for _ in range(XidWatcher.GIVE_UP_AFTER + 5):
+        watcher.poll()
+    assert errors == {"xid": XidWatcher.GIVE_UP_AFTER}  # then no more asked
+    stub.event_wait_error = None
+    stub.inject_xid(0, 13)
+    watcher.poll()
+    assert watcher.totals(0) == {}
+
+
+def test_xid_watcher_without_event_support_asks_nothing_more() -> None:
+    stub = NvmlStub([StubGpu(0, events=False)])
+    nvml, errors = open_nvml(stub)
+    watcher = XidWatcher(nvml)
+    for _ in range(3):
+        watcher.poll()
+    assert watcher.registered == () and errors == {}
+    assert stub.calls[("nvmlEventSetWait_v2", None)] == 0
+
+
+def test_a_poll_stuck_in_nvml_keeps_other_polls_out_until_it_returns() -> None:
+    stub = NvmlStub([StubGpu(0)])
+    nvml, _errors = open_nvml(stub)
+    watcher = XidWatcher(nvml)
+    watcher.poll()
+    stub.hang_event_wait()
+    stuck = threading.Thread(target=watcher.poll, daemon=True)
+    stuck.start()
+    assert stub.event_wait_blocked.wait(5)
+    waits = stub.calls[("nvmlEventSetWait_v2", None)]
+    t0 = time.perf_counter()
+    watcher.poll()  # returns at once: never a second thread inside the event set
+    assert time.perf_counter() - t0 < 0.5
+    assert stub.calls[("nvmlEventSetWait_v2", None)] == waits
+    stub.inject_xid(0, 31)
+    stub.release_event_wait()
+    stuck.join(5)
+    assert not stuck.is_alive() and watcher.totals(0) == {31: 1}
 
 
 def test_handle_key_identifies_ctypes_handles_by_address() -> None:

@@ -325,6 +325,7 @@ def test_ticks_keep_to_the_grid_and_skip_slots_after_an_overrun(make_sampler) ->
 def test_xid_events_are_counted_per_gpu_and_code(make_sampler) -> None:
     stub = NvmlStub([StubGpu(0), StubGpu(1, events=False)])
     sampler, _store = make_sampler(stub)
+    sampler.tick()  # the reader's first poll after it registers GPU 0 for XID events
     wait_for(lambda: stub.event_sets and 0 in stub.event_sets[0].registered,
              "GPU 0 registered for XID events")
     assert stub.inject_xid(0, 79) and stub.inject_xid(0, 79) and stub.inject_xid(0, 48)
@@ -335,6 +336,43 @@ def test_xid_events_are_counted_per_gpu_and_code(make_sampler) -> None:
     assert snap.health.errors_total == {}  # a GPU without events is no error
     sampler.stop()
     assert stub.event_sets[0].freed
+
+
+@pytest.mark.parametrize("alarm", [True, False], ids=["alarm", "no-timerfd"])
+def test_started_loop_an_xid_poll_stuck_in_nvml_costs_no_gpu_its_fields(
+        make_sampler, monkeypatch, alarm) -> None:
+    if not alarm:
+        monkeypatch.setattr(sampler_mod, "make_alarm", lambda: None)
+    stub = NvmlStub([StubGpu(0), StubGpu(1)])
+    sampler, store = make_sampler(stub, interval=0.1)
+    sampler.start()
+    wait_for(lambda: stub.event_sets and stub.event_sets[0].registered == {
+        0: pynvml.nvmlEventTypeXidCriticalError, 1: pynvml.nvmlEventTypeXidCriticalError},
+        "both GPUs registered for XID events at the reader's first poll")
+    # no thread of its own: the reader polls the queued events after each tick
+    assert not [t for t in threading.enumerate() if "xid" in t.name]
+    stub.inject_xid(1, 79)
+    wait_for(lambda: store.latest().gpus[1].xid_total == {79: 1}, "the XID counted")
+
+    stub.hang_event_wait()
+    assert stub.event_wait_blocked.wait(5), "the reader stuck in nvmlEventSetWait"
+    ticks = store.latest().health.ticks_total
+    wait_for(lambda: store.latest().health.ticks_total >= ticks + 5, "five more ticks")
+    snap = store.latest()
+    # a fresh reader took the GPUs over: every field of both, no stall counted
+    assert [g.util for g in snap.gpus] == [0.75, 0.75]
+    assert {g.t for g in snap.gpus} == {snap.t}
+    assert not any("stalled" in k for k in snap.health.errors_total), snap.health.errors_total
+    assert snap.health.tick_seconds < 0.05
+
+    stub.inject_xid(0, 48)  # queued while the wait is held
+    stub.release_event_wait()
+    wait_for(lambda: store.latest().gpus[0].xid_total == {48: 1}
+             and store.latest().gpus[1].xid_total == {79: 1}, "the XIDs counted again")
+    wait_for(lambda: [t.name for t in threading.enumerate()].count("gpuwatch-gpu-reader")
+             == 1, "one reader left")
+    sampler.stop()
+    assert stub.event_sets[0].freed and stub.shutdowns == 1
 
 
 def test_slow_fields_arrive_on_their_cadence_off_the_tick(make_sampler) -> None:

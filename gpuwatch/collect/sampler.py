@@ -24,7 +24,10 @@ Threads, and why each exists:
 - one **slow worker per GPU** runs the slow tier (PCIe throughput takes ~20 ms a
   direction, energy ~4 ms) every ``slow_interval``, triggered by the tick when due, so
   those calls never delay a tick; the newest slow values ride along in each tick's sample.
-- one **XID thread** waits on NVML events with a timeout, so it can stop.
+- no thread waits for XID events: the reader polls the ones the driver queued (a wait of
+  0 ms) after each tick is out (:class:`~gpuwatch.collect.nvml.XidWatcher`). A thread
+  blocked in ``nvmlEventSetWait`` would have to wake every few hundred ms to see a stop,
+  at ~120 µs of CPU a wake on an H100. A poll stuck in NVML is rescued as a stuck read.
 - an **NVML opener**, now and then: NVML that failed to start, that answers as if the
   driver went away (unloaded, reloaded, upgraded), or whose every GPU is lost, is started
   again on a thread of its own (``nvmlInit`` can hang) with backoff; the old reader is
@@ -209,6 +212,9 @@ class _FastGpu:
             for pid, mem in procs)
 
 
+XID_POLL = object()  # a reader's ``current`` while it polls the XID events
+
+
 class _Reader:
     """The thread that reads the GPUs one after another: each grid slot while the loop
     runs, and the requests of tick() and the probe. Normally one for all GPUs; one that
@@ -219,7 +225,8 @@ class _Reader:
         self.sampler = sampler
         self.bell = _Bell()
         self.retired = False
-        self.current: _FastGpu | None = None  # the GPU whose calls it is inside now
+        # the GPU whose calls it is inside now (XID_POLL: the XID events'), or None
+        self.current: _FastGpu | object | None = None
         self.since = 0.0  # perf_counter when it went in
         self.next_slot = next_slot
         self.served = served  # the newest request number served in full
@@ -282,6 +289,21 @@ class _Reader:
                 s._collected.ring()
         if s.reader_publishes and s._grid is not None and not self.retired:
             s._publish_read(slot)
+        self._poll_xid()
+
+    def _poll_xid(self) -> None:
+        """The XID events queued since the last tick, once the tick is out. A poll stuck
+        in NVML is rescued as a stuck read is: the loop retires this reader and a fresh
+        one reads the GPUs (the watcher keeps it out of the events meanwhile)."""
+        xid = self.sampler._xid
+        if xid is None or self.retired:
+            return
+        self.since = time.perf_counter()
+        self.current = XID_POLL
+        try:
+            xid.poll()
+        finally:
+            self.current = None
 
     def _serve(self, req: tuple[int, str, float]) -> None:
         s = self.sampler
@@ -297,6 +319,8 @@ class _Reader:
             self._leave(g)
         self.served = number
         s._collected.ring()
+        if kind != "probe":
+            self._poll_xid()
 
 
 class _SlowWorker:
@@ -448,9 +472,7 @@ class Sampler:
         self._reader: _Reader | None = None
         # readers taken to be stuck inside a GPU's call (they end once it returns)
         self._stuck: list[_Reader] = []
-        self._xid: XidWatcher | None = None
-        self._xid_thread: threading.Thread | None = None
-        self._xid_stop = threading.Event()
+        self._xid: XidWatcher | None = None  # polled by the reader after each tick
         self.infos: tuple[GpuInfo, ...] = ()
         self.nvml_restarts = 0  # times NVML was started again after it stopped answering
         self._retired_threads: list[threading.Thread] = []
@@ -491,7 +513,6 @@ class Sampler:
                 alarm.fire_now()
             except OSError:
                 pass
-        self._xid_stop.set()
         self._grid = None
         if self._reader is not None:
             self._reader.bell.ring()
@@ -499,8 +520,7 @@ class Sampler:
             s.trigger.set()
         deadline = time.monotonic() + STOP_TIMEOUT
         with self._gone_lock:  # no NVML restart adds workers from here on
-            threads = [t for t in (self._loop, self._reopen_thread, self._xid_thread)
-                       if t is not None]
+            threads = [t for t in (self._loop, self._reopen_thread) if t is not None]
             threads += [r.thread for r in (self._reader, *self._stuck) if r is not None]
             threads += [s.thread for s in self._slow]
             threads += self._retired_threads
@@ -739,7 +759,6 @@ class Sampler:
         with self._gone_lock:
             if self._stop.is_set():
                 return
-            self._xid_stop = threading.Event()
             # before the workers: their samples read the XID totals
             self._xid = XidWatcher(nvml) if nvml.gpus else None
             slow = [_SlowWorker(gpu, self._stop, self._count) for gpu in nvml.gpus]
@@ -758,10 +777,6 @@ class Sampler:
         for w in fast:
             if not w.gpu.lost:
                 self._lost_said.discard(w.index)
-        if self._xid is not None:
-            self._xid_thread = threads.Thread(target=self._xid.run, args=(self._xid_stop,),
-                                              name="gpuwatch-xid", daemon=True)
-            self._xid_thread.start()
         self._check_all_lost()
 
     def _nvml_gone(self, reason: str) -> None:
@@ -796,7 +811,6 @@ class Sampler:
 
     def _retire(self) -> None:
         """Stop the current workers (under _gone_lock); NVML is closed once they are out."""
-        self._xid_stop.set()
         readers = [r for r in (self._reader, *self._stuck) if r is not None]
         for r in readers:
             r.retired = True
@@ -804,9 +818,7 @@ class Sampler:
         for sw in self._slow:
             sw.retired = True
             sw.trigger.set()
-        self._retired_threads = [r.thread for r in readers] + [
-            sw.thread for sw in self._slow] + (
-            [self._xid_thread] if self._xid_thread is not None else [])
+        self._retired_threads = [r.thread for r in readers] + [sw.thread for sw in self._slow]
         self._retired_nvml = self._nvml
         # the GPUs stay known (infos), without samples: exported as down, not vanished
         self._fast, self._slow, self._xid, self._reader, self._stuck = [], [], None, None, []
