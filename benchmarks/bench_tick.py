@@ -439,6 +439,47 @@ def bench(nv_factory: Callable[[], Any], intervals: list[float], seconds: float,
     return out
 
 
+def xid_costs(nv: Any) -> dict[str, dict[str, Any]]:
+    """What waiting for XID events costs while none come, per call, this thread's CPU:
+    a blocking wait that times out (how a thread of its own waited, every 250 ms), a wait
+    of 0 ms, and the sampler's poll (XidWatcher.poll: its first, which makes the event set
+    and registers every GPU, then one a tick)."""
+    from gpuwatch.collect.nvml import Nvml, XidWatcher
+
+    out: dict[str, dict[str, Any]] = {}
+
+    def per_call(key: str, fn: Callable[[], Any], n: int) -> None:
+        w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        note = "ok"
+        for _ in range(n):
+            try:
+                fn()
+            except Exception as err:  # noqa: BLE001 - a timeout is the expected answer
+                note = f"{type(err).__name__}: {err}"
+        out[key] = {"wall_us": (time.perf_counter_ns() - w0) / 1000.0 / n,
+                    "cpu_us": (time.thread_time_ns() - c0) / 1000.0 / n,
+                    "result": f"{note} (mean of {n})"}
+
+    try:
+        es = nv.nvmlEventSetCreate()
+        for i in range(nv.nvmlDeviceGetCount()):
+            nv.nvmlDeviceRegisterEvents(nv.nvmlDeviceGetHandleByIndex(i),
+                                        nv.nvmlEventTypeXidCriticalError, es)
+        per_call("event_wait_250ms", lambda: nv.nvmlEventSetWait_v2(es, 250), 8)
+        per_call("event_wait_0ms", lambda: nv.nvmlEventSetWait_v2(es, 0), 2000)
+        nv.nvmlEventSetFree(es)
+    except Exception as err:  # noqa: BLE001 - a benchmark row, not a crash
+        out["event_wait"] = {"wall_us": None, "cpu_us": None, "result": repr(err)}
+    nvml = Nvml(nv)
+    if nvml.open():
+        watcher = XidWatcher(nvml)
+        per_call("xid_poll_first", watcher.poll, 1)
+        out["xid_poll_first"]["result"] += f", registered GPUs {list(watcher.registered)}"
+        per_call("xid_poll", watcher.poll, 5000)
+        nvml.close()
+    return out
+
+
 def slow_calls(nv: Any, h: Any) -> dict[str, dict[str, Any]]:
     calls = {
         "pcie_tx": lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES),
@@ -454,18 +495,7 @@ def slow_calls(nv: Any, h: Any) -> dict[str, dict[str, Any]]:
     for name, fn in calls.items():
         fn_wall, fn_cpu, note = once_wall_cpu_us(fn)
         out[name] = {"wall_us": fn_wall, "cpu_us": fn_cpu, "result": note}
-    # what the reader's XID poll costs while nothing happens (a wait of 0 ms), beside a
-    # thread's blocking wait of 250 ms (how XIDs were waited for before)
-    for ms in (0, 250):
-        key = f"event_wait_{ms}ms"
-        try:
-            es = nv.nvmlEventSetCreate()
-            nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, es)
-            w, c, note = once_wall_cpu_us(lambda es=es, ms=ms: nv.nvmlEventSetWait_v2(es, ms))
-            out[key] = {"wall_us": w, "cpu_us": c, "result": note}
-            nv.nvmlEventSetFree(es)
-        except Exception as err:  # noqa: BLE001 - a benchmark row, not a crash
-            out[key] = {"wall_us": None, "cpu_us": None, "result": repr(err)}
+    out.update(xid_costs(nv))
     return out
 
 

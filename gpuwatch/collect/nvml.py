@@ -725,7 +725,7 @@ class XidWatcher:
     Polled, not waited on: the sampler's reader calls :meth:`poll` once a tick, after the
     tick is published, and takes the events the driver queued since (a wait of 0 ms: ~4 µs
     of CPU on an H100). A thread blocked in ``nvmlEventSetWait`` had to wake every 250 ms
-    to see a stop, and each wake cost ~120 µs of CPU on an H100: a fifth of an idle
+    to see a stop, and each wake cost 120–150 µs of CPU on an H100: a fifth of an idle
     daemon's CPU with one GPU. The event set is made and the GPUs registered at the first
     poll, on the reader, so a hung call there is rescued like a hung read (the sampler
     retires the reader; this watcher's lock keeps the fresh one out of NVML's events until

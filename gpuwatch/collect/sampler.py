@@ -27,7 +27,7 @@ Threads, and why each exists:
 - no thread waits for XID events: the reader polls the ones the driver queued (a wait of
   0 ms) after each tick is out (:class:`~gpuwatch.collect.nvml.XidWatcher`). A thread
   blocked in ``nvmlEventSetWait`` would have to wake every few hundred ms to see a stop,
-  at ~120 µs of CPU a wake on an H100. A poll stuck in NVML is rescued as a stuck read.
+  at 120–150 µs of CPU a wake on an H100. A poll stuck in NVML is rescued as a stuck read.
 - an **NVML opener**, now and then: NVML that failed to start, that answers as if the
   driver went away (unloaded, reloaded, upgraded), or whose every GPU is lost, is started
   again on a thread of its own (``nvmlInit`` can hang) with backoff; the old reader is
