@@ -520,12 +520,12 @@ class Sampler:
             s.trigger.set()
         deadline = time.monotonic() + STOP_TIMEOUT
         with self._gone_lock:  # no NVML restart adds workers from here on
-            threads = [t for t in (self._loop, self._reopen_thread) if t is not None]
-            threads += [r.thread for r in (self._reader, *self._stuck) if r is not None]
-            threads += [s.thread for s in self._slow]
-            threads += self._retired_threads
+            ours = [t for t in (self._loop, self._reopen_thread) if t is not None]
+            ours += [r.thread for r in (self._reader, *self._stuck) if r is not None]
+            ours += [s.thread for s in self._slow]
+            ours += self._retired_threads
         stuck = []
-        for t in threads:
+        for t in ours:
             if t is threading.current_thread() or t.ident is None:  # never started
                 continue
             t.join(max(0.0, deadline - time.monotonic()))

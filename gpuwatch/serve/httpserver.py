@@ -384,8 +384,8 @@ class _Server(ThreadingHTTPServer):
     def wait_conns(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self.conns_lock:
-            threads = list(self.conn_threads)
-        for thread in threads:
+            serving = list(self.conn_threads)
+        for thread in serving:
             thread.join(max(0.0, deadline - time.monotonic()))
         with self.conns_lock:
             left = list(self.conns.values())
