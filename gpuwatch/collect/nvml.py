@@ -745,6 +745,8 @@ class XidWatcher:
         self.registered: tuple[int, ...] = ()
         self._set: Any = None
         self._wait: Callable[..., Any] | None = None
+        self._type = 0x8  # NVML's XID event type, and its TIMEOUT code: set by _start
+        self._timeout: int | None = None
         self._started = False
         self._done = False  # nothing to poll (no GPU supports events, given up, freed)
         self._failures = 0
@@ -773,7 +775,8 @@ class XidWatcher:
 
     def _start(self) -> None:
         nv = self.nvml.nv
-        xid_type = getattr(nv, "nvmlEventTypeXidCriticalError", 0x8)
+        xid_type = self._type = getattr(nv, "nvmlEventTypeXidCriticalError", 0x8)
+        self._timeout = self.nvml.code("TIMEOUT")
         try:
             self._set = nv.nvmlEventSetCreate()
         except Exception as err:  # noqa: BLE001 - never fatal
@@ -797,14 +800,14 @@ class XidWatcher:
 
     def _take(self) -> None:
         nv = self.nvml.nv
-        xid_type = getattr(nv, "nvmlEventTypeXidCriticalError", 0x8)
+        xid_type = self._type
         wait = self._wait
         assert wait is not None
         for _ in range(self.MAX_PER_POLL):
             try:
                 data = wait(self._set, 0)
             except nv.NVMLError as err:
-                if getattr(err, "value", None) == self.nvml.code("TIMEOUT"):
+                if getattr(err, "value", None) == self._timeout:
                     self._failures = 0  # nothing (more) queued
                     return
                 self._failures += 1
