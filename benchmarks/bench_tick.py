@@ -23,7 +23,8 @@ for a moment, as pynvml's ctypes calls do, so threads contend as on a GPU host; 
 measures is the sampler's own overhead. On a GPU host ``--gpus N`` reads only the first N
 GPUs (NVML ignores CUDA_VISIBLE_DEVICES). ``--rss-seconds`` watches a whole daemon
 process at each interval (the CLI; with the stub tests/scripts/stub_daemon.py) for CPU and
-RSS; ``--full`` adds each slow-tier call once and other tools (nvidia-smi, nvitop,
+RSS, its peak and its course by minute (the store's history and the advisor's windows fill
+for the first minutes: ``--rss-seconds 1200`` shows where it levels off); ``--full`` adds each slow-tier call once and other tools (nvidia-smi, nvitop,
 gpustat) where they import.
 """
 
@@ -572,9 +573,13 @@ def measure_daemon(interval: float, seconds: float, stub_gpus: int | None,
         by0 = thread_cpu(proc.pid)
         t0 = time.monotonic()
         rss = [p.memory_info().rss]
+        curve = []  # (minutes since the start, MB) at each whole minute watched
         while time.monotonic() - t0 < seconds:
             time.sleep(1.0)
             rss.append(p.memory_info().rss)
+            if len(rss) % 60 == 1:
+                curve.append((round((time.monotonic() - t0 + settle) / 60, 1),
+                              round(rss[-1] / 2**20, 1)))
         c1 = p.cpu_times()
         by1 = thread_cpu(proc.pid)
         wall = time.monotonic() - t0
@@ -596,6 +601,7 @@ def measure_daemon(interval: float, seconds: float, stub_gpus: int | None,
         split[key] = split.get(key, 0.0) + 100.0 * (cpu - before) / wall
     return {"interval": interval, "measured": what, "seconds": round(wall, 1),
             "cpu_percent": 100.0 * busy / wall, "rss_mb": max(rss) / 2**20, "threads": threads,
+            "rss_last_mb": rss[-1] / 2**20, "rss_by_minute": curve,
             "by_thread": dict(sorted(split.items(), key=lambda kv: -kv[1]))}
 
 
@@ -664,6 +670,11 @@ def report(result: dict[str, Any]) -> str:
                              f"{d['cpu_percent']:.2f} % | {d['rss_mb']:.1f} MB | {d['threads']} |")
             else:
                 lines.append(f"| --interval {d['interval']:g} | {d['measured']} | - | - |")
+        for d in result["daemon"]:
+            if len(d.get("rss_by_minute") or ()) > 1:
+                lines.append(f"\nits RSS by minute since the start, --interval {d['interval']:g}"
+                             " (minute: MB): " + ", ".join(f"{m:g}: {mb:.1f}"
+                                                            for m, mb in d["rss_by_minute"]))
         for d in result["daemon"]:
             if d.get("by_thread"):
                 lines += ["", f"its CPU by thread (% of one core, the kernel's clock ticks: "

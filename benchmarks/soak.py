@@ -19,8 +19,10 @@ Every ``--every`` seconds a JSON line goes to ``--out``: the daemon's RSS, threa
 files, the number of series on /metrics (and of per-process and training series), the
 store's window sizes, the recording's size, ticks and errors. The daemon's memory is this
 process's (the drivers here are a few threads; the job senders and sleepers are other
-processes). The store keeps ``history_seconds`` (900 s) of windows, so its size grows for
-the first 15 minutes and must be flat after.
+processes). The store keeps ``history_seconds`` of windows (120 s by default; older soaks
+ran with 900 s, their ``meta`` line says which), and the advisor's windows fill for their
+longest window (ten minutes: the error counters'), so memory grows for the first minutes and
+must be flat after.
 """
 
 from __future__ import annotations

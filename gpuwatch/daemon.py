@@ -24,6 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from gpuwatch import threads
 from gpuwatch.errors import UserError, file_error
 from gpuwatch.samples import Sample
 from gpuwatch.serve import sdnotify
@@ -38,6 +39,93 @@ log = logging.getLogger(__name__)
 
 SYSTEM_HOOK_DIR = "/run/gpuwatch"  # created by the systemd unit (RuntimeDirectory=gpuwatch)
 HOOK_SOCKET_NAME = "hook.sock"
+# the C heap's free pages go back to the kernel this long after the start (imports, the
+# rule files, NVML's init and the advisor's first evaluation are behind it by then), and
+# again at this interval (the windows turn over, leaving free pages between live ones)
+TRIM_FIRST_SECONDS = 15.0
+TRIM_EVERY_SECONDS = 600.0
+
+
+def _malloc_trim() -> Callable[[], Any] | None:
+    """glibc's ``malloc_trim(0)``, or None where the C library has none (musl)."""
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return lambda: fn(0)
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class HeapTrimmer:
+    """Hands the C heap's free pages back to the kernel now and then.
+
+    glibc keeps memory that Python freed mapped for later, and only gives back what lies at
+    the top of its heap: what the start-up parsed and threw away, and what the windows
+    dropped as they turned over, stays in the daemon's RSS though nothing uses it.
+    ``malloc_trim(0)`` returns every free page (0.1 to 1 ms of CPU; docs/benchmarks.md
+    measures what it gives back). Without glibc it does nothing."""
+
+    def __init__(self, first: float | None = None, every: float | None = None) -> None:
+        self.first = TRIM_FIRST_SECONDS if first is None else first
+        self.every = TRIM_EVERY_SECONDS if every is None else every
+        self.trims = 0
+        self.released_bytes = 0
+        self._trim = _malloc_trim()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def trim(self) -> int | None:
+        """Trim once; the RSS it gave back, in bytes (None: not known or not glibc)."""
+        if self._trim is None:
+            return None
+        before = _rss_bytes()
+        self._trim()
+        after = _rss_bytes()
+        self.trims += 1
+        if before is None or after is None:
+            return None
+        self.released_bytes += max(0, before - after)
+        log.debug("heap trimmed: RSS %.1f -> %.1f MiB", before / 2**20, after / 2**20)
+        return before - after
+
+    def start(self) -> None:
+        if self._trim is None or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threads.Thread(target=self._run, name="gpuwatch-heap-trim",
+                                      daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        wait = self.first
+        while not self._stop.wait(wait):
+            try:
+                self.trim()
+            except Exception:  # never worth more than a line in the log
+                log.exception("trimming the heap failed; not trying again")
+                return
+            wait = self.every
 
 
 def _optional(module: str, name: str) -> Any | None:
@@ -118,6 +206,7 @@ class Daemon:
         self.advisor: Any = None
         self.recorder: Any = None
         self.http: HttpServer | None = None
+        self.trimmer = HeapTrimmer()
         self._started: list[Any] = []
         self._stop = threading.Event()
         self._previous_handlers: dict[int, Any] = {}  # while catch_signals() holds them
@@ -158,6 +247,8 @@ class Daemon:
                 self.http.start()
                 self._started.append(self.http)
                 self.url = self.http.url
+            self.trimmer.start()
+            self._started.append(self.trimmer)
         except BaseException:
             self.stop()
             raise
@@ -173,7 +264,8 @@ class Daemon:
             self.http.stop()  # bound but never started
         # stop serving first, then what produces samples, and the recorder last so that it
         # writes out everything the sources produced
-        order = [self.http, self.source, self.receiver, self.advisor, self.recorder]
+        order = [self.trimmer, self.http, self.source, self.receiver, self.advisor,
+                 self.recorder]
         for part in [p for p in order if p is not None and p in self._started]:
             try:
                 part.stop()

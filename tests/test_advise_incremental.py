@@ -6,7 +6,9 @@ every rule) and stops a condition at its first operand that is not true. The ref
 here is the evaluation as it was before that: every window read by a pass over the ring,
 every condition evaluated whole, a fresh context per subject and bucket, under the
 engine's own loop (so whatever the loop decides, gates and states, is the same on both
-sides and only the evaluation is compared). Both judge every
+sides and only the evaluation is compared). The reference keeps every ring as long as the
+longest window (the rules' reads are withheld from it), where the engine keeps each GPU
+signal only as far back as its readers look. Both judge every
 recording in tests/data through ``gpuwatch advise --replay`` (the CLI's code, in process,
 with the engine swapped) and must agree on the report and on every activation: which
 rule, which GPU, when it began and ended, and its evidence.
@@ -34,7 +36,7 @@ from gpuwatch.advisor import engine as engine_mod
 from gpuwatch.advisor import sources
 from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
 from gpuwatch.advisor.knobs import knob as knob_text
-from gpuwatch.advisor.rules import RuleSet
+from gpuwatch.advisor.rules import RuleSet, load_rules
 from gpuwatch.advisor.vocabulary import VOCABULARY
 from gpuwatch.advisor.windows import GROWTH_SIGNALS, Ring, scan_stat, window_stat
 
@@ -227,7 +229,8 @@ class ReferenceEngine(engine_mod.Engine):
 
     def __init__(self, ruleset: RuleSet, **kw: Any) -> None:
         plain = RuleSet([replace(r, holds=None, unless_holds=(), when_node=None,
-                                 unless_nodes=()) for r in ruleset.rules], ruleset.sources)
+                                 unless_nodes=(), reads=None) for r in ruleset.rules],
+                        ruleset.sources)
         super().__init__(plain, **kw)
         type(self).created.append(self)
 
@@ -324,10 +327,7 @@ def test_every_window_statistic_matches_a_pass_over_the_window(seed: int):
     for v in values:
         if rng.random() < 0.004:  # a long gap: the frame drops the ring's history
             idx += keep + rng.randint(1, 50)
-            ring.vals.clear()
-            ring.psum[:] = [0.0]
-            ring.pw[:] = [0.0]
-            ring.base = idx
+            ring.reset(idx)
         ring.push(v, rng.choice([1.0, 1.0, 1.0, 2.5, 0.0]))
         idx += 1
         if len(ring.vals) > 2 * keep:
@@ -390,10 +390,7 @@ def test_table_push_writes_the_ring_as_ring_push_does():
         else:
             gap = idx - ref.base - len(ref.vals)
             if gap > keep:
-                ref.vals.clear()
-                ref.psum[:] = [0.0]
-                ref.pw[:] = [0.0]
-                ref.base = idx
+                ref.reset(idx)
             else:
                 for _ in range(max(0, gap)):
                     ref.push(None)
@@ -430,3 +427,78 @@ def test_a_short_phase_between_two_lines_of_the_same_phase_lies_before_the_last(
     ring = frame.phase_owner(subj).phase_table.rings["phase_train"]
     shares = [ring.mean(b + 1, 1) for b in range(int(t0) + 10, int(t0) + 55)]
     assert all(s is not None and s >= 0.98 for s in shares), shares
+
+
+# -- each GPU ring as long as its readers look back -------------------------------------------
+def _gpu_stream(minutes: int) -> list[dict[str, Any]]:
+    """A GPU line and a host line a second, a training process on the GPU."""
+    out: list[dict[str, Any]] = []
+    for i in range(minutes * 60):
+        t = 1.8e9 + i
+        out.append({"kind": "gpu", "t": t, "gpu": 0, "util": 0.5 + 0.4 * (i % 7 == 0),
+                    "mem_util": 0.2, "mem_used_bytes": 2**33, "mem_total_bytes": 2**36,
+                    "power_watts": 300.0, "power_limit_watts": 700.0, "temp_celsius": 60,
+                    "sm_clock_mhz": 1980, "clock_event_reasons": 0, "sm_active": 0.4,
+                    "tensor_active": 0.1, "ecc_uncorrected_total": 0, "xid_errors_total": 0,
+                    "processes": [{"pid": 4242, "used_memory_bytes": 2**32}]})
+        out.append({"kind": "host", "t": t, "cpu_util_per_core": [0.5] * 8, "load1": 1.0})
+    return out
+
+
+def test_gpu_rings_keep_what_their_readers_read_and_the_counters_keep_ten_minutes():
+    """The built-in rules read the ECC and XID counters over 10 minutes and every other
+    GPU signal over a minute at most: those rings stop at about twice what is read (they
+    were all ten minutes long), the counters' and the attribution's inputs' do not."""
+    eng = engine_mod.Engine(load_rules())
+    frame = eng.frame
+    assert frame.keep >= 600
+    for line in _gpu_stream(25):
+        eng.feed(line)
+    eng.finish()
+    rings = frame.subjects[0].gpu_table.rings
+    for name in ("temp_celsius", "power_watts", "mem_util", "tensor_active"):
+        keep = frame.gpu_keeps[name]
+        assert keep <= 64 < frame.keep
+        assert rings[name].keep == keep and len(rings[name].vals) <= 2 * keep
+    for name in ("ecc_uncorrected_total", "xid_errors_total", "util", "sm_active"):
+        assert name not in frame.gpu_keeps
+        assert len(rings[name].vals) >= frame.keep  # ten minutes and more
+    # every window a rule reads fits in its ring (a growth signal's: its source's fit)
+    for rule in eng.rules:
+        for name, seconds in (rule.reads or {}).items():
+            if name in GROWTH_SIGNALS:
+                name = GROWTH_SIGNALS[name][0]
+                seconds = seconds or engine_mod.ATTRIBUTION_LAST_SECONDS
+            if name in frame.gpu_keeps and seconds > 0:
+                assert round(seconds) + 4 <= frame.gpu_keeps[name], (rule.id, name)
+
+
+def test_a_rule_file_that_reads_a_gpu_signal_further_back_makes_its_ring_longer(tmp_path):
+    """A rule from --rules-dir reading temperature over 5 minutes: that ring keeps 5
+    minutes (and the rest stay short), so the rule sees its whole window."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "hot.yaml").write_text(
+        "rules:\n"
+        "  - id: hot-for-long\n"
+        "    title: Hot for five minutes\n"
+        "    severity: info\n"
+        "    when: min(temp_celsius, 5m) >= 55\n"
+        "    message: GPU {gpu} has been at 55 C or more for five minutes.\n"
+        "    action: Check the cooling.\n")
+    eng = engine_mod.Engine(load_rules([str(rules_dir)]))
+    assert eng.frame.gpu_keeps["temp_celsius"] == 304
+    assert eng.frame.gpu_keeps["power_watts"] <= 64
+    for line in _gpu_stream(8):
+        eng.feed(line)
+    eng.finish()
+    assert len(eng.frame.subjects[0].gpu_table.rings["temp_celsius"].vals) >= 300
+    (hot,) = [f for f in eng.summary() if f.rule.id == "hot-for-long"]
+    assert hot.start == pytest.approx(1.8e9 + 300, abs=2)  # after the whole 5 minutes
+
+
+def test_rules_built_by_hand_keep_every_ring_whole():
+    """Without the rules' reads (a Rule built in code) no ring is shortened."""
+    plain = load_rules()
+    plain = RuleSet([replace(r, reads=None) for r in plain.rules], plain.sources)
+    assert engine_mod.Engine(plain).frame.gpu_keeps == {}

@@ -56,7 +56,8 @@ def test_the_daemons_threads_are_named_in_the_kernel(tmp_path: Path) -> None:
     threading.Thread(target=lambda: daemon.lines.extend(proc.stderr or ()), daemon=True).start()
     try:
         want = {"gw-gpu-reader", "gw-gpu0-slow", "gw-gpu1-slow", "gw-sampler",
-                "gw-http", "gw-http-janitor", "gw-hook-receive", "gw-advisor"}
+                "gw-http", "gw-http-janitor", "gw-hook-receive", "gw-advisor",
+                "gw-heap-trim"}
         names = wait_for(lambda: (n := set(kernel_names(proc.pid))) >= want and n,
                          "every daemon thread named in /proc", 30, proc)
         # the main thread keeps the process's own name; nothing else is left unnamed

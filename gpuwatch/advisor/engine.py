@@ -157,7 +157,9 @@ class Engine:
         self.rules = ruleset.rules
         self.res = res
         keep = max((r.max_window for r in self.rules), default=60.0) + 2 * res
-        self.frame = Frame(res, ruleset.signals(), keep, on_bucket=self._evaluate)
+        self._stale = max(1, math.ceil(STALE_SECONDS / res))
+        self.frame = Frame(res, ruleset.signals(), keep, on_bucket=self._evaluate,
+                           gpu_reads=self._gpu_reads())
         self.states: dict[tuple[str, int | None], _State] = {}
         # per subject, the ids of the rules with a state there (states' keys, for the loop)
         self._stated: dict[int | None, set[str]] = {}
@@ -185,7 +187,6 @@ class Engine:
         self._readers: list[Leaf] = []  # what a condition calls to read each slot
         self._blank: list[Any] = []
         self._ctxs: dict[int | None, _Ctx] = {}
-        self._stale = max(1, math.ceil(STALE_SECONDS / res))
         # this bucket's memory fits, by ring and window: a ring may serve several subjects
         self._fits: dict[tuple[Any, int], Any] = {}
         # each rule's when and unless, compiled to read the slots directly
@@ -195,6 +196,26 @@ class Engine:
                 self._compiled[rule.id] = (
                     tuple(condition_parts(rule.when_node, self._reader)),
                     tuple(compile_condition(n, self._reader) for n in rule.unless_nodes))
+
+    def _gpu_reads(self) -> dict[str, int] | None:
+        """How many buckets back the rules read each GPU signal's ring, as the slots
+        compiled below read it (None: a rule built by hand, whose reads are not known)."""
+        out: dict[str, int] = {}
+        for rule in self.rules:
+            if rule.reads is None:
+                return None
+            for name, seconds in rule.reads.items():
+                if name in ATTRIBUTION_SIGNALS:
+                    continue  # its inputs are read over any window: kept whole
+                if name in GROWTH_SIGNALS:  # the fit of its source
+                    name = GROWTH_SIGNALS[name][0]
+                    seconds = seconds or ATTRIBUTION_LAST_SECONDS
+                if _TABLE_OF.get(name) != "gpu":
+                    continue
+                # a window's buckets, or a newest value's look back (_compile_last)
+                n = max(1, round(seconds / self.res)) if seconds > 0 else self._stale
+                out[name] = max(out.get(name, 0), n)
+        return out
 
     # -- input --------------------------------------------------------------------------
     def feed(self, sample: Any) -> None:

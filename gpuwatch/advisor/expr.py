@@ -404,6 +404,16 @@ def signals_of(node: Node) -> set[str]:
     return out
 
 
+def reads_of(node: Node) -> Iterable[tuple[str, float]]:
+    """Every value a parsed condition reads, as ``(name, seconds)``: a window's length, or
+    0.0 for a newest value (a bare name, ``last(name)``). Names may be the rule's own."""
+    for n in node.walk():
+        if n.op == "name":
+            yield n.args[0], 0.0
+        elif n.op == "win":
+            yield n.args[1], float(n.args[2])
+
+
 def max_window(node: Node) -> float:
     """The longest window a parsed condition looks back over (seconds)."""
     return max((n.args[2] for n in node.walk() if n.op == "win"), default=0.0)

@@ -99,12 +99,13 @@ class _Acc:
 class Table:
     """The history of one subject's signals of one kind (a GPU's, the host's, a job's)."""
 
-    __slots__ = ("acc", "ever", "frame", "keep", "rings", "trim_at")
+    __slots__ = ("acc", "ever", "frame", "keep", "keeps", "rings")
 
-    def __init__(self, frame: Frame) -> None:
+    def __init__(self, frame: Frame, keeps: Mapping[str, int] | None = None) -> None:
         self.frame = frame
         self.keep = frame.keep  # buckets the longest window reads (fixed per frame)
-        self.trim_at = 2 * self.keep
+        # signals whose readers all look back less far: their own (Frame.gpu_keeps)
+        self.keeps = keeps or {}
         self.acc = _Acc()
         self.rings: dict[str, Ring] = {}
         self.ever: bool = False  # any sample seen (a hook that never reported stays unknown)
@@ -116,16 +117,13 @@ class Table:
         if ring is None:
             if value is None:
                 return
-            ring = self.rings[name] = Ring(idx)
+            ring = self.rings[name] = Ring(idx, self.keeps.get(name, self.keep))
         vals = ring.vals
         n = len(vals)
         gap = idx - ring.base - n
         if gap > 0:  # a gap: skip ahead, keeping at most what windows use
-            if gap > self.keep:
-                vals.clear()
-                ring.psum[:] = [0.0]
-                ring.pw[:] = [0.0]
-                ring.base = idx
+            if gap > ring.keep:
+                ring.reset(idx)
                 n = 0
             else:
                 for _ in range(gap):
@@ -141,8 +139,8 @@ class Table:
         else:
             psum.append(psum[-1] + value * weight)
             pw.append(pw[-1] + weight)
-        if n >= self.trim_at:  # len(vals) > 2 * keep: Ring.trim's own test
-            ring.trim(self.keep)
+        if n >= ring.trim_at:  # len(vals) > 2 * keep: Ring.trim's own test
+            ring.trim(ring.keep)
 
 
 class Subject:
@@ -151,7 +149,7 @@ class Subject:
     def __init__(self, frame: Frame, gpu: int | None, first: int) -> None:
         self.gpu = gpu
         self.first = first  # first bucket with data: windows before it are incomplete
-        self.gpu_table = Table(frame)
+        self.gpu_table = Table(frame, frame.gpu_keeps)
         self.job = Table(frame)
         # the CPU of this GPU's own job trees (its rank and that rank's workers), from the
         # host line's per-tree ``jobs``: per-rank evidence without the hook
@@ -245,11 +243,17 @@ class Frame:
     """
 
     def __init__(self, res: float, needed: Iterable[str], keep_seconds: float,
-                 on_bucket: Callable[[int], None] | None = None) -> None:
+                 on_bucket: Callable[[int], None] | None = None,
+                 gpu_reads: Mapping[str, int] | None = None) -> None:
         self.res = float(res)
         self.keep = max(4, math.ceil(keep_seconds / self.res) + 2)
         # the attribution's inputs are always kept: the report's jobs list reads them
         self.needed = set(needed) | _dependencies(set(needed)) | _ATTRIBUTION_INPUTS
+        # a GPU signal every reader of which looks back fewer buckets than the longest
+        # window (``gpu_reads``: the rules', by signal; the frame's own are _GPU_READS)
+        # keeps only that many: a daemon's rings hold each GPU's signals, and a few
+        # counters' 10-minute windows would otherwise make them all that long
+        self.gpu_keeps = _gpu_keeps(self.needed, gpu_reads, self.keep)
         self.on_bucket = on_bucket
         self.idx: int | None = None  # the open bucket
         self.subjects: dict[int | None, Subject] = {}
@@ -1886,6 +1890,30 @@ PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
 
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
                        "main_busy_ratio", "workers_busy_ratio", "job_workers"}
+# the GPU rings the frame reads itself, and how many buckets back (None: any number: the
+# attribution's windows, an evaluation's idle time since the phase began)
+_GPU_READS: dict[str, int | None] = {"util": None, "sm_active": None, "mem_used_ratio": 15,
+                                     "mem_headroom_bytes": 5, "mem_total_bytes": 1}
+
+
+def _gpu_keeps(needed: Iterable[str], reads: Mapping[str, int] | None, keep: int
+               ) -> dict[str, int]:
+    """The buckets each GPU signal's ring keeps where that is less than ``keep``: as far
+    as its readers look back (``reads``, the rules', by signal, and ``_GPU_READS``), with
+    the margin ``keep`` has over the longest window (four buckets). ``reads`` None: the
+    rules' readers are not known, and every ring keeps ``keep``."""
+    if reads is None:
+        return {}
+    out: dict[str, int] = {}
+    for name in needed:
+        d = VOCABULARY.get(name)
+        own = _GPU_READS.get(name, 0)
+        if d is None or d.table != "gpu" or own is None:
+            continue
+        k = max(reads.get(name, 0), own) + 4
+        if k < keep:
+            out[name] = k
+    return out
 
 
 def _dependencies(names: set[str]) -> set[str]:

@@ -296,6 +296,9 @@ class Rule:
     description: str = ""
     signals: set[str] = field(default_factory=set)
     max_window: float = 0.0
+    # the longest look back at each signal the rule reads (seconds; 0.0: its newest value),
+    # its templates' names included; None (a Rule built by hand): not known
+    reads: dict[str, float] | None = None
     template_names: set[str] = field(default_factory=set)
     # ``when(ctx) is True`` and each ``unless(ctx) is True`` as predicates that stop early
     # (expr.compile_condition): what the engine asks at every bucket
@@ -710,13 +713,20 @@ class _FileChecker:
             return None
         signals: set[str] = set()
         window = 0.0
+        reads: dict[str, float] = {}
         for n in nodes:
             signals |= {s for s in expr.signals_of(n) if s in VOCABULARY}
             window = max(window, expr.max_window(n))
+            for name, seconds in expr.reads_of(n):
+                if name in VOCABULARY:
+                    reads[name] = max(reads.get(name, 0.0), seconds)
         tpl_names = message.names() | (gain_text.names() if gain_text else set())
         for a in actions:
             tpl_names |= a.text.names()
         signals |= {n for n in tpl_names if n in VOCABULARY}
+        for name in tpl_names:
+            if name in VOCABULARY:
+                reads.setdefault(name, 0.0)
         return Rule(
             template_names=tpl_names, id=rid, title=spaced_percents(title), severity=sev,
             when=when[1],
@@ -729,6 +739,7 @@ class _FileChecker:
             without_hook=None if without_hook is None else spaced_percents(without_hook),
             references=tuple(refs),
             description=str(raw.get("description", "")), signals=signals, max_window=window,
+            reads=reads,
             holds=expr.compile_condition(when[0]), unless_holds=tuple(unless_holds),
             when_node=when[0], unless_nodes=tuple(unless_nodes))
 

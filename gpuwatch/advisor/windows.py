@@ -8,6 +8,7 @@ window. Rings are trimmed to the longest window the rules use.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, insort
 from collections import deque
 from typing import Any
@@ -21,13 +22,20 @@ class Ring:
     (function, window length), created on first use and brought up to date when read.
     """
 
-    __slots__ = ("base", "last_none", "psum", "pw", "vals", "views")
+    __slots__ = ("base", "keep", "last_none", "psum", "pw", "trim_at", "vals", "views")
 
-    def __init__(self, base: int) -> None:
+    def __init__(self, base: int, keep: int | None = None) -> None:
         self.base = base  # absolute bucket index of vals[0]
+        # the buckets its readers look back over (the frame's Table.push trims it to them
+        # once it holds twice as many); None: whoever owns it trims it
+        self.keep = keep
+        self.trim_at = 2 * keep if keep is not None else 1 << 62
         self.vals: list[float | None] = []
-        self.psum: list[float] = [0.0]
-        self.pw: list[float] = [0.0]
+        # the prefix sums as C doubles, 8 bytes a bucket each rather than a float object
+        # and its pointer (32): a daemon's rings hold every signal of every GPU for the
+        # longest window (``Frame.keep``), and these two are most of their memory
+        self.psum = array("d", (0.0,))
+        self.pw = array("d", (0.0,))
         # absolute index of the newest bucket without a value: a window that starts after
         # it holds a value in every bucket (its count and first value need no pass)
         self.last_none = base - 1
@@ -48,6 +56,14 @@ class Ring:
 
     def end(self) -> int:
         return self.base + len(self.vals)
+
+    def reset(self, base: int) -> None:
+        """Empty, starting over at absolute bucket ``base`` (a gap longer than any window:
+        nothing before it is read again)."""
+        self.vals.clear()
+        del self.psum[1:], self.pw[1:]
+        self.psum[0] = self.pw[0] = 0.0
+        self.base = base
 
     def trim(self, keep: int) -> None:
         extra = len(self.vals) - keep

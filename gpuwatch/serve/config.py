@@ -38,7 +38,9 @@ class Config:
     listen_address: str = DEFAULT_LISTEN  # HOST:PORT, ':PORT' for all interfaces
     interval: float = 1.0  # seconds between cheap NVML/host reads
     slow_interval: float = 30.0  # seconds between slow NVML reads (PCIe, energy, ECC)
-    history_seconds: float = 900.0  # how much history the store keeps for the advisor
+    # how much history the store keeps for the advisor, which takes each sample within
+    # seconds (it judges every 5 s, 2 s behind) into windows of its own: more costs memory
+    history_seconds: float = 120.0
     rules_dirs: tuple[str, ...] = ()  # extra rule directories, after the built-in rules
     hook_socket: str | None = None  # the torch hook's datagram socket; None: chosen at start
     record: str | None = None  # also record what is sampled to this trace file
