@@ -17,7 +17,8 @@ Run from the repository root (no GPU needed):
    an 8-rank job reporting through the hook (ten steps a second each, its configuration
    sent once); times ``LiveAdvisor``'s first evaluation (the whole history, as after a
    start) and its steady CPU per tick (one tick of 8 GPUs, the host and the ranks' steps
-   published, one evaluation), and the same without the hook (8 GPUs alone), beside the
+   published, one evaluation, the store keeping from then on the daemon's default
+   ``history_seconds``), and the same without the hook (8 GPUs alone), beside the
    sampler's own tick with 8 stubbed GPUs (tests/nvml_stub.py).
 
 ``--split`` also times, in this process, reading the recording alone, reading and bucketing
@@ -202,6 +203,10 @@ def bench_live(gpus: int = 8, seconds: int = 900, ticks: int = 300,
     t0, c0 = time.perf_counter(), time.thread_time()
     advisor.evaluate()
     first, first_cpu = time.perf_counter() - t0, time.thread_time() - c0
+    # from here on the store keeps what the daemon's does (its history_seconds default)
+    from gpuwatch.serve.config import Config
+
+    store.history_seconds = Config().history_seconds
     per_tick, per_tick_cpu = [], []
     for i in range(ticks):
         _publish_tick(store, t_next + i, gpus, infos, ranks)
