@@ -77,13 +77,12 @@ class HeapTrimmer:
     measures what it gives back). Without glibc it does nothing."""
 
     def __init__(self, first: float | None = None, every: float | None = None) -> None:
-        self.first = TRIM_FIRST_SECONDS if first is None else first
-        self.every = TRIM_EVERY_SECONDS if every is None else every
         self.trims = 0
         self.released_bytes = 0
         self._trim = _malloc_trim()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = threads.Periodic(
+            self._tick, TRIM_EVERY_SECONDS if every is None else every, "gpuwatch-heap-trim",
+            first=TRIM_FIRST_SECONDS if first is None else first)
 
     @property
     def available(self) -> bool:
@@ -104,28 +103,19 @@ class HeapTrimmer:
         return before - after
 
     def start(self) -> None:
-        if self._trim is None or self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threads.Thread(target=self._run, name="gpuwatch-heap-trim",
-                                      daemon=True)
-        self._thread.start()
+        if self._trim is not None:
+            self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-            self._thread = None
+        self._loop.stop()
 
-    def _run(self) -> None:
-        wait = self.first
-        while not self._stop.wait(wait):
-            try:
-                self.trim()
-            except Exception:  # never worth more than a line in the log
-                log.exception("trimming the heap failed; not trying again")
-                return
-            wait = self.every
+    def _tick(self) -> bool:
+        try:
+            self.trim()
+        except Exception:  # never worth more than a line in the log
+            log.exception("trimming the heap failed; not trying again")
+            return False
+        return True
 
 
 def _optional(module: str, name: str) -> Any | None:

@@ -5,12 +5,15 @@ knows every thread of the daemon as ``python3``). A :class:`Thread` of this modu
 gives the kernel its name, so ``top -H``, ``ps -L``, ``py-spy`` and
 ``/proc/PID/task/TID/comm`` tell the GPU reader from the HTTP server, and
 ``benchmarks/bench_tick.py`` splits the daemon's CPU by thread. The kernel keeps 15
-bytes: ``gpuwatch-`` becomes ``gw-``, and the rest is cut there.
+bytes: ``gpuwatch-`` becomes ``gw-``, and the rest is cut there. :class:`Periodic` runs
+a function on such a thread every so many seconds (the live advisor, the heap trimmer).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 PREFIX = "gpuwatch-"
 COMM_BYTES = 15  # TASK_COMM_LEN less its NUL
@@ -40,3 +43,42 @@ class Thread(threading.Thread):
     def run(self) -> None:
         name_this_thread(self.name)
         super().run()
+
+
+class Periodic:
+    """Calls ``fn`` on a :class:`Thread` of its own named ``name``, ``first`` seconds after
+    :meth:`start` (``every`` if not given) and every ``every`` seconds after that, until
+    :meth:`stop` or until ``fn`` returns False. ``fn`` handles its own exceptions."""
+
+    def __init__(self, fn: Callable[[], Any], every: float, name: str,
+                 first: float | None = None) -> None:
+        self.fn = fn
+        self.every = every
+        self.first = every if first is None else first
+        self.name = name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        wait = self.first
+        while not self._stop.wait(wait):
+            if self.fn() is False:
+                return
+            wait = self.every

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -242,8 +243,11 @@ def test_stop_ends_the_thread():
     advisor = LiveAdvisor(Store(), None, interval=0.1)
     advisor.start()
     time.sleep(0.3)
+    assert advisor.running
+    assert any(t.name == "gpuwatch-advisor" for t in threading.enumerate())
     advisor.stop()
-    assert advisor._thread is None
+    assert not advisor.running
+    assert not any(t.name == "gpuwatch-advisor" for t in threading.enumerate())
 
 
 def test_a_daemon_without_nvml_says_the_gpu_was_not_judged():

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from gpuwatch import threads
@@ -65,3 +66,31 @@ def test_the_daemons_threads_are_named_in_the_kernel(tmp_path: Path) -> None:
         assert len(unnamed) == 1, (unnamed, names)
     finally:
         assert daemon.stop() == 0, daemon.stderr()
+
+
+def test_periodic_calls_after_first_then_every_until_stopped_or_told() -> None:
+    calls: list[float] = []
+    start = time.monotonic()
+
+    def tick() -> bool:
+        calls.append(time.monotonic() - start)
+        return len(calls) < 4  # False at the fourth call: no fifth
+
+    loop = threads.Periodic(tick, 0.05, "gpuwatch-test-periodic", first=0.2)
+    loop.start()
+    wait_for(lambda: len(calls) == 4 and not any(
+        t.name == "gpuwatch-test-periodic" for t in threading.enumerate()),
+        "four calls, then the thread's end", 10)
+    assert calls[0] >= 0.19  # the first call waited for `first`
+    time.sleep(0.2)
+    assert len(calls) == 4
+    loop.stop()  # after its own end: nothing to wait for
+    assert not loop.running
+
+    stopped = threads.Periodic(lambda: calls.append(-1.0), 0.02, "gpuwatch-test-periodic")
+    stopped.start()
+    assert stopped.running
+    stopped.stop()
+    count = len(calls)
+    time.sleep(0.1)
+    assert len(calls) == count and not stopped.running

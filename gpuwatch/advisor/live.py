@@ -118,8 +118,7 @@ class LiveAdvisor:
         self.res = res
         self.engine = self._new_engine()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = threads.Periodic(self._tick, self.interval, "gpuwatch-advisor")
         self._fed_until: float | None = None
         self._fed_at_edge: set[int] = set()
         self._infos_seen: tuple[Any, ...] = ()
@@ -138,24 +137,20 @@ class LiveAdvisor:
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threads.Thread(target=self._run, name="gpuwatch-advisor", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-            self._thread = None
+        self._loop.stop()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.evaluate()
-            except Exception:  # one bad evaluation must not end the advisor
-                log.exception("advisor evaluation failed")
+    @property
+    def running(self) -> bool:
+        return self._loop.running
+
+    def _tick(self) -> None:
+        try:
+            self.evaluate()
+        except Exception:  # one bad evaluation must not end the advisor
+            log.exception("advisor evaluation failed")
 
     # -- segments ----------------------------------------------------------------------------
     def new_segment(self, t: float) -> None:
