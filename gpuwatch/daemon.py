@@ -73,8 +73,8 @@ class HeapTrimmer:
     glibc keeps memory that Python freed mapped for later, and only gives back what lies at
     the top of its heap: what the start-up parsed and threw away, and what the windows
     dropped as they turned over, stays in the daemon's RSS though nothing uses it.
-    ``malloc_trim(0)`` returns every free page (0.1 to 1 ms of CPU; docs/benchmarks.md
-    measures what it gives back). Without glibc it does nothing."""
+    ``malloc_trim(0)`` returns every free page (docs/benchmarks.md measures the daemon's
+    RSS with it). Without glibc it does nothing."""
 
     def __init__(self, first: float | None = None, every: float | None = None) -> None:
         self.trims = 0

@@ -32,8 +32,8 @@ class Ring:
         self.trim_at = 2 * keep if keep is not None else 1 << 62
         self.vals: list[float | None] = []
         # the prefix sums as C doubles, 8 bytes a bucket each rather than a float object
-        # and its pointer (32): a daemon's rings hold every signal of every GPU for the
-        # longest window (``Frame.keep``), and these two are most of their memory
+        # and its pointer (32): a daemon's rings hold each GPU's signals, and these two
+        # are most of their memory
         self.psum = array("d", (0.0,))
         self.pw = array("d", (0.0,))
         # absolute index of the newest bucket without a value: a window that starts after
