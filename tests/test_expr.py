@@ -47,6 +47,18 @@ def test_arithmetic_logic_and_functions(text, value):
     assert ev(text) == value
 
 
+def test_functions_of_infinite_or_nan_values_say_unknown_and_never_raise():
+    # a rule reading a ratio of two windows can meet 1/0-like values: an error raised
+    # here would stop every rule's evaluation of that bucket
+    inf = Ctx(last={"util": float("inf"), "sm_active": float("nan")})
+    assert ev("pow2floor(util)", inf) is None
+    assert ev("pow2floor(sm_active)", inf) is None
+    assert ev("round(2.5, util)", inf) is None
+    assert ev("round(2.5, sm_active)", inf) is None
+    assert ev("floor(util)", inf) is None and ev("ceil(sm_active)", inf) is None
+    assert ev("round(util, 1)", inf) == float("inf")
+
+
 def test_windowed_functions_read_the_source_with_their_window_in_seconds():
     ctx = Ctx(windows={("mean", "util", 60.0): 0.3, ("p95", "sm_active", 30.0): 0.9,
                        ("max", "util", 120.0): 0.8})

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
+from gpuwatch.advisor.condsrc import compile_rule
 from gpuwatch.advisor.expr import compile_condition, condition_parts
 from gpuwatch.advisor.frame import PER_GPU_CPU, Frame, Subject
 from gpuwatch.advisor.knobs import knob as knob_text
@@ -189,11 +190,14 @@ class Engine:
         self._ctxs: dict[int | None, _Ctx] = {}
         # this bucket's memory fits, by ring and window: a ring may serve several subjects
         self._fits: dict[tuple[Any, int], Any] = {}
-        # each rule's when and unless, compiled to read the slots directly
-        self._compiled: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+        # each rule's when and unless as one function reading the slots directly
+        # (condsrc), else as closures over them
+        self._compiled: dict[str, Callable[[Any], bool]] = {}
         for rule in self.rules:
             if rule.when_node is not None:
-                self._compiled[rule.id] = (
+                self._compiled[rule.id] = compile_rule(
+                    rule.when_node, rule.unless_nodes, self._slot_of, self._reader, _MISSING,
+                    f"<rule {rule.id}, {rule.file}:{rule.line}>") or _holds(
                     tuple(condition_parts(rule.when_node, self._reader)),
                     tuple(compile_condition(n, self._reader) for n in rule.unless_nodes))
 
@@ -254,8 +258,12 @@ class Engine:
     def _reader(self, fn: str, name: str, seconds: float) -> Leaf:
         """expr.LeafFactory: a value of a condition read straight from its slot, computed
         at most once per bucket."""
-        return self._readers[self._slot(name if fn == "last" and seconds == 0.0
-                                        else (fn, name, seconds))]
+        return self._slot_of(fn, name, seconds)[1]
+
+    def _slot_of(self, fn: str, name: str, seconds: float) -> tuple[int, Leaf]:
+        """condsrc.SlotOf: the slot of a value a condition reads, and its reader."""
+        i = self._slot(name if fn == "last" and seconds == 0.0 else (fn, name, seconds))
+        return i, self._readers[i]
 
     def _compile(self, key: Any, i: int) -> Leaf:
         if isinstance(key, str):
@@ -438,16 +446,17 @@ class Engine:
         for rule in rules:
             if cc is not None and not rule.applies_to(cc):
                 continue
-            if rule.id in self._compiled:
-                parts, unless = self._compiled[rule.id]
-            elif rule.holds is not None:
-                parts, unless = (rule.holds,), rule.unless_holds
-            else:  # a Rule built by hand, without the predicates
-                when = rule.when
-                parts = (lambda ctx, when=when: when(ctx) is True,)  # noqa: E731
-                unless = tuple((lambda ctx, u=u: u(ctx) is True) for _, u in rule.unless)
-            plan.append((rule, rule.id, None if rule.phase == "any" else rule.phase, parts,
-                         unless, rule.suppressed_by, rule.id in self._suppressors))
+            test = self._compiled.get(rule.id)
+            if test is None:
+                if rule.holds is not None:
+                    test = _holds((rule.holds,), rule.unless_holds)
+                else:  # a Rule built by hand, without the predicates
+                    when = rule.when
+                    test = _holds((lambda ctx, when=when: when(ctx) is True,),  # noqa: E731
+                                  tuple((lambda ctx, u=u: u(ctx) is True)
+                                        for _, u in rule.unless))
+            plan.append((rule, rule.id, None if rule.phase == "any" else rule.phase, test,
+                         rule.suppressed_by, rule.id in self._suppressors))
         self._plans[(scope, cc)] = plan
         return plan
 
@@ -490,7 +499,7 @@ class Engine:
             live = stated.get(subj.gpu)
             if live is None:
                 live = stated[subj.gpu] = set()
-            for rule, rid, phase, parts, unless, suppressed_by, suppresses in plan:
+            for rule, rid, phase, test, suppressed_by, suppresses in plan:
                 if phase is not None:
                     ok = phase_ok.get(phase)
                     if ok is None:
@@ -502,22 +511,13 @@ class Engine:
                             holding[rid] = bool(st and st.finding and st.finding.active)
                         continue
                 # a condition stops at its first conjunct that is not true (its first
-                # window, for most rules): expr.condition_parts
-                cond = True
-                for part in parts:
-                    if not part(ctx):
-                        cond = False
-                        break
-                if cond:
-                    for u in unless:
-                        if u(ctx):
+                # window, for most rules), then asks its unless clauses
+                cond = test(ctx)
+                if cond and suppressed_by:
+                    for sid in suppressed_by:
+                        if holding.get(sid):
                             cond = False
                             break
-                    if cond and suppressed_by:
-                        for sid in suppressed_by:
-                            if holding.get(sid):
-                                cond = False
-                                break
                 if suppresses:
                     holding[rid] = cond
                 if cond or rid in live:  # else: nothing held, nothing to do
@@ -711,6 +711,20 @@ def _newest(i: int, find: Leaf, name: str, look_back: int) -> Leaf:
         return v
     newest.keeps_slot = True  # type: ignore[attr-defined]
     return newest
+
+
+def _holds(parts: tuple[Callable[[Any], bool], ...],
+           unless: tuple[Callable[[Any], bool], ...]) -> Callable[[Any], bool]:
+    """Every part true, in order (stopping at the first that is not), and no unless."""
+    def holds(ctx: Any) -> bool:
+        for part in parts:
+            if not part(ctx):
+                return False
+        for u in unless:
+            if u(ctx):
+                return False
+        return True
+    return holds
 
 
 def _keeping(i: int, compute: Leaf) -> Leaf:

@@ -683,7 +683,7 @@ def _test_number(op: str, left: Compiled, y: float) -> Callable[[Any], bool]:
 
 
 def _pow2floor(x: float) -> float | None:
-    if x < 1:
+    if not x >= 1 or x == math.inf:  # NaN, below 1, infinite: no power of two
         return None
     return float(2 ** math.floor(math.log2(x)))
 
@@ -760,7 +760,7 @@ def _call(name: str, fs: list[Compiled]) -> Compiled:
 
         def round_(ctx: Any) -> Any:
             x, d = _num(fx(ctx)), _num(fd(ctx))
-            if x is None or d is None:
+            if x is None or d is None or not math.isfinite(d):
                 return None
             return float(round(x, int(d)))
         return round_
