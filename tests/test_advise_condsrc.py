@@ -251,3 +251,12 @@ def test_the_engine_judges_the_same_with_the_closures(name, monkeypatch):
     assert all(not hasattr(f, "source") for f in eng._compiled.values())
     assert _report(path) == compiled
     assert compiled["advice"], "a recording with advice, so the comparison means something"
+
+
+def test_engines_of_the_same_rules_compile_their_source_once():
+    rules = load_rules()
+    a, b = engine_mod.Engine(rules), engine_mod.Engine(rules)
+    for rid, fa in a._compiled.items():
+        fb = b._compiled[rid]
+        assert fa is not fb  # each reads its own engine's slots
+        assert fa.__code__ is fb.__code__

@@ -22,6 +22,7 @@ deeper than its parser takes) keeps its closures.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -218,6 +219,14 @@ class _Source:
         return f"({self.value(node)} is True)"
 
 
+@functools.lru_cache(maxsize=512)
+def _compiled(code: str, where: str) -> Any:
+    """Python's compilation of a condition's source, once per process: every engine made
+    of the same rules (the live advisor's segments, each report) makes the same source,
+    and compiling it costs more than the rest of an engine's making."""
+    return compile(code, where, "exec")
+
+
 def compile_rule(when: Node, unless: Sequence[Node], slot_of: SlotOf,
                  leaf: Callable[[str, str, float], Reader], missing: Any,
                  where: str = "<rule>") -> Callable[[Any], bool] | None:
@@ -235,7 +244,7 @@ def compile_rule(when: Node, unless: Sequence[Node], slot_of: SlotOf,
         if unless:
             test = f"({test}) and not ({' or '.join(src.condition(u) for u in unless)})"
         code = f"def holds(ctx):\n    vals = ctx.vals\n    return {test}\n"
-        exec(compile(code, where, "exec"), src.ns)  # noqa: S102 (no rule text: see above)
+        exec(_compiled(code, where), src.ns)  # noqa: S102 (no rule text: see above)
     except (SyntaxError, RecursionError, MemoryError, ValueError):
         return None
     fn = src.ns["holds"]
