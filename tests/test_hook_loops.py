@@ -14,6 +14,7 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -107,6 +108,18 @@ def attached(tmp_path: Path) -> Iterator[hook._Hook]:
         yield hook._hook
     finally:
         hook.detach()
+
+
+def _no_reporter(h: hook._Hook) -> None:
+    """Stop the reporting thread attach() started (it reports at once, then every
+    interval), so that the step records stay in ``pending`` for the test to read or
+    report by hand: one that took them in the middle of a test made it fail by timing."""
+    h.stop.set()
+    thread = h.thread
+    if isinstance(thread, threading.Thread):
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    h.thread = object()  # and none started at the next step
 
 
 def test_an_optimizer_that_never_steps_falls_back_to_backward(
@@ -306,7 +319,7 @@ def test_the_loss_is_the_unscaled_value_of_the_iterations_last_backward(
     w = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([w], lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    attached.thread = object()  # no reporter thread: this test reports by hand
+    _no_reporter(attached)  # this test reports by hand
     sent: list[bytes] = []
     # the hook's state has fixed slots: its sender is replaced on the class, for this test
     monkeypatch.setattr(hook._Hook, "_send", lambda _self, data: sent.append(data))
@@ -364,7 +377,7 @@ def test_every_way_of_calling_backward_counts_and_changes_nothing(
     each form a script may use still reaches torch as it was given and counts once."""
     assert "args" not in torch.autograd.backward.__code__.co_varnames  # the named one
     w = torch.nn.Parameter(torch.ones(3))
-    attached.thread = object()  # no reporter thread: the records stay where they are
+    _no_reporter(attached)  # the records stay where they are
     with_hook = _backward_every_way(w)
     # no optimizer: each top-level backward() is an iteration, the first one ends start-up
     assert attached.n == 10 and attached.source == hook.BACKWARD
@@ -408,7 +421,7 @@ def test_steps_lost_to_a_stalled_reporter_leave_the_others_exact(
     w = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([w], lr=0.1)
     loader = torch.utils.data.DataLoader(list(range(40)), batch_size=4)
-    attached.thread = object()  # no reporter thread: this test reports by hand
+    _no_reporter(attached)  # this test reports by hand
     sent: list[bytes] = []
     monkeypatch.setattr(hook._Hook, "_send", lambda _self, data: sent.append(data))
 

@@ -119,8 +119,25 @@ class Finding:
     active: bool = True
     ended: float | None = None
     held_seconds: float = 0.0
-    details: dict[str, Any] = field(default_factory=dict)
     detail_t: float = -math.inf
+    # the evidence and numbers read at detail_t; their words (message, action, gain) are
+    # written when first asked for: a refresh every REFRESH_SECONDS of an advice that
+    # holds for an hour is overwritten by the next long before a report reads it
+    _details: dict[str, Any] = field(default_factory=dict, repr=False)
+    _words: tuple[Any, ...] | None = field(default=None, repr=False)
+
+    @property
+    def details(self) -> dict[str, Any]:
+        words = self._words
+        if words is not None:
+            self._words = None
+            self._details = _render(self.rule, *words)
+        return self._details
+
+    @details.setter
+    def details(self, value: dict[str, Any]) -> None:
+        self._words = None
+        self._details = value
 
     def to_json(self) -> dict[str, Any]:
         r = self.rule
@@ -646,27 +663,18 @@ class Engine:
         gain = _round(max(1.0, float(gain))) if isinstance(gain, (int, float)) \
             and not isinstance(gain, bool) and math.isfinite(gain) else None
         shown["expected_gain"] = gain
-        action = ""
+        action = None
         for a in rule.actions:
             if cc is not None and ((a.arch_min is not None and cc < a.arch_min - 1e-9)
                                    or (a.arch_max is not None and cc > a.arch_max + 1e-9)):
                 continue
             if a.when is not None and a.when(ctx) is not True:
                 continue
-            action = a.text.render(shown)
+            action = a.text
             break
         hook = self.frame.fact(subj, "hook")
-        f.details = {
-            "confidence": round(conf, 2),
-            "message": _clean(rule.message.render(shown)),
-            "evidence": evidence,
-            "action": _clean(action),
-            "expected_gain": gain,
-            "expected_gain_text": _clean(rule.gain_text.render(shown))
-            if rule.gain_text is not None and gain is not None else None,
-            "hook_would_add": _clean(rule.without_hook) if rule.without_hook and not hook
-            else None,
-        }
+        # the words are rendered from these when the details are read (Finding.details)
+        f._words = (shown, evidence, round(conf, 2), gain, action, bool(hook))
         f.detail_t = t
         ctx.locals = {}
 
@@ -711,6 +719,22 @@ def _newest(i: int, find: Leaf, name: str, look_back: int) -> Leaf:
         return v
     newest.keeps_slot = True  # type: ignore[attr-defined]
     return newest
+
+
+def _render(rule: Rule, shown: dict[str, Any], evidence: dict[str, float], conf: float,
+            gain: float | None, action: Any, hook: bool) -> dict[str, Any]:
+    """A finding's details: the numbers read at its refresh and the rule's words."""
+    return {
+        "confidence": conf,
+        "message": _clean(rule.message.render(shown)),
+        "evidence": evidence,
+        "action": _clean(action.render(shown)) if action is not None else "",
+        "expected_gain": gain,
+        "expected_gain_text": _clean(rule.gain_text.render(shown))
+        if rule.gain_text is not None and gain is not None else None,
+        "hook_would_add": _clean(rule.without_hook) if rule.without_hook and not hook
+        else None,
+    }
 
 
 def _holds(parts: tuple[Callable[[Any], bool], ...],
