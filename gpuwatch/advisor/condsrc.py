@@ -26,7 +26,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuwatch.advisor.expr import Node, _chain, _number, compile_expr
+from gpuwatch.advisor.expr import Node, _chain, _number, compare_values, compile_expr
 
 # a comparison with a number: the operator's text, and what text on its left gives
 _OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
@@ -74,32 +74,6 @@ def _div(a: Any, b: Any) -> Any:
     return None if y == 0 else x / y
 
 
-def _cmp(op: str) -> Callable[[Any, Any], Any]:
-    """expr._compare's rules for two values, as a function of the two."""
-    def compare(x: Any, y: Any) -> Any:
-        if x is None or y is None:
-            return None
-        if isinstance(x, str) or isinstance(y, str):
-            if op == "==":
-                return x == y
-            if op == "!=":
-                return x != y
-            if not (isinstance(x, str) and isinstance(y, str)):
-                return None
-        if op == "<":
-            return x < y
-        if op == "<=":
-            return x <= y
-        if op == ">":
-            return x > y
-        if op == ">=":
-            return x >= y
-        if op == "==":
-            return x == y
-        return x != y
-    return compare
-
-
 def _min(*args: Any) -> Any:
     vals = [_num(v) for v in args]
     return None if None in vals else min(vals)
@@ -114,7 +88,7 @@ _HELPERS: dict[str, Any] = {
     "_neg": _neg, "_not": _not, "_add": _add, "_sub": _sub, "_mul": _mul, "_div": _div,
     "_min": _min, "_max": _max, "_float": float, "_str": str, "_isinstance": isinstance,
     "_type": type, "_bool": bool,
-    **{f"_cmp{i}": _cmp(op) for i, op in enumerate(_OPS)},
+    **{f"_cmp{i}": compare_values(op) for i, op in enumerate(_OPS)},
 }
 _CMP_NAME = {op: f"_cmp{i}" for i, op in enumerate(_OPS)}
 _ARITH = {"+": "_add", "-": "_sub", "*": "_mul", "/": "_div"}

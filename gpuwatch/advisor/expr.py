@@ -620,8 +620,17 @@ def _arith(op: str, left: Compiled, right: Compiled) -> Compiled:
 
 
 def _compare(op: str, left: Compiled, right: Compiled) -> Compiled:
+    of = compare_values(op)
+
     def compare(ctx: Any) -> Any:
-        x, y = left(ctx), right(ctx)
+        return of(left(ctx), right(ctx))
+    return compare
+
+
+def compare_values(op: str) -> Callable[[Any, Any], Any]:
+    """A comparison of two values: unknown where either is, text only equal or unequal
+    to anything but text."""
+    def compare(x: Any, y: Any) -> Any:
         if x is None or y is None:
             return None
         if isinstance(x, str) or isinstance(y, str):
