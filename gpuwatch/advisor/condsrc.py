@@ -26,21 +26,15 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuwatch.advisor.expr import Node, _chain, _number, compare_values, compile_expr
+from gpuwatch.advisor.expr import Node, _chain, _num, _number, compare_values, compile_expr
 
-# a comparison with a number: the operator's text, and what text on its left gives
-_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
+# the comparisons (written as they are: the parser allows no other operator text)
+_OPS = ("<", "<=", ">", ">=", "==", "!=")
 
 Reader = Callable[[Any], Any]
 # (fn, name, seconds) -> the slot that holds it at each bucket, and its reader (which
 # computes it once a bucket, keeping it in ``ctx.vals``)
 SlotOf = Callable[[str, str, float], tuple[int, Reader]]
-
-
-def _num(v: Any) -> float | None:
-    if v is None or isinstance(v, str):
-        return None
-    return float(v)
 
 
 def _neg(v: Any) -> Any:
@@ -97,11 +91,12 @@ _ARITH = {"+": "_add", "-": "_sub", "*": "_mul", "/": "_div"}
 class _Source:
     """The source of one condition function, and the namespace it runs in."""
 
-    def __init__(self, slot_of: SlotOf, leaf: Callable[[str, str, float], Reader]) -> None:
+    def __init__(self, slot_of: SlotOf, leaf: Callable[[str, str, float], Reader],
+                 missing: Any) -> None:
         self.slot_of = slot_of
         self.leaf = leaf
         self.ns: dict[str, Any] = dict(_HELPERS)
-        self.ns["_M"] = None  # set by compile_rule: the slots' "not computed yet"
+        self.ns["_M"] = missing  # a slot not computed yet this bucket
         self.temps = 0
         self.names: dict[int, str] = {}  # id(object) -> its name in the namespace
 
@@ -140,7 +135,7 @@ class _Source:
                 x = self._temp()
                 text = "False" if op == "==" else "True" if op == "!=" else "None"
                 return (f"(None if ({x} := {self.value(a[0])}) is None else {text} "
-                        f"if _isinstance({x}, _str) else {x} {_OPS[op]} "
+                        f"if _isinstance({x}, _str) else {x} {op} "
                         f"{self._name('K', y)})")
             return f"{_CMP_NAME[op]}({self.value(a[0])}, {self.value(a[1])})"
         if op == "call":
@@ -167,11 +162,12 @@ class _Source:
     # -- truth: expr._truthy (known and true) ----------------------------------------------
     def truth(self, node: Node) -> str:
         op, a = node.op, node.args
-        if op in _OPS and _number(a[1]) is not None:
+        y = _number(a[1]) if op in _OPS else None
+        if y is not None:
             # expr._test_number: unknown is not true, text only ever differs from a number
             x = self._temp()
-            k = self._name("K", _number(a[1]))
-            o = _OPS[op]
+            k = self._name("K", y)
+            o = op
             return (f"(False if ({x} := {self.value(a[0])}) is None else ({x} {o} {k}) "
                     f"if _type({x}) is _float else {op == '!='} if _isinstance({x}, _str) "
                     f"else _bool({x} {o} {k}))")
@@ -209,8 +205,7 @@ def compile_rule(when: Node, unless: Sequence[Node], slot_of: SlotOf,
     Python cannot compile its source (the caller keeps the closures). ``missing`` is the
     value of a slot not yet computed this bucket; ``leaf`` makes the closures of what
     stays a closure."""
-    src = _Source(slot_of, leaf)
-    src.ns["_M"] = missing
+    src = _Source(slot_of, leaf, missing)
     try:
         parts = [src.truth(x) for x in _chain(when)] if when.op == "and" \
             else [src.condition(when)]
