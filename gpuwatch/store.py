@@ -3,7 +3,8 @@
 Writers (the sampler, the hook receiver, replay) publish; readers (the exporter, the
 advisor, the recorder) read. The latest snapshot is swapped atomically (a reference
 assignment), so a scrape never waits on a tick. History is kept per kind in bounded
-deques: at most ``history_seconds`` of time and ``max_records`` records each.
+deques: at most ``history_seconds`` of time and ``max_records`` records each, and only
+until its reader (the live advisor) has taken it (``release``).
 
 Training steps are thinned as they come in (``StepThinner``), so the step history, and
 the recording made from it, stay bounded whatever the step rate: each job's steps pass
@@ -377,6 +378,8 @@ class Store:
         # errors of parts that are not the sampler (the hook receiver, the recorder); merged
         # into the snapshot's errors_total on read
         self._errors: dict[str, int] = {}
+        # every sample older than this has been taken by the history's reader (``release``)
+        self._released = -math.inf
 
     # -- writers -------------------------------------------------------------------
     def publish(self, snapshot: Snapshot) -> None:
@@ -438,7 +441,10 @@ class Store:
 
     def _keep_steps(self, steps: list[StepSample | StepsSample]) -> None:
         if steps:
-            self._steps.extend(steps)
+            # steps reach here out of time order across jobs (each job's hook reports
+            # every 0.5 s): those older than what the reader has taken stay out
+            released = self._released
+            self._steps.extend(s for s in steps if s.t >= released)
             self._trim(self._steps, max(s.t for s in steps))
 
     def set_config(self, config: ConfigSample) -> None:
@@ -459,8 +465,9 @@ class Store:
         """A job's phase (``PhaseSample``) or a problem of its hook (``HookProblem``):
         kept with the history and passed to the listeners (the recorder)."""
         with self._lock:
-            self._events.append(event)
-            self._trim(self._events, event.t)
+            if event.t >= self._released:
+                self._events.append(event)
+                self._trim(self._events, event.t)
             listeners = list(self._listeners)
         for fn in listeners:
             fn(event)
@@ -518,9 +525,24 @@ class Store:
             if fn in self._listeners:
                 self._listeners.remove(fn)
 
+    def release(self, before: float) -> None:
+        """The history's reader (the live advisor) has taken every sample older than
+        ``before`` into windows of its own: they go now. Nothing else reads the history,
+        so a daemon whose advisor keeps up holds the few seconds between two evaluations,
+        not ``history_seconds`` of every GPU's samples; ``history_seconds`` bounds what
+        it holds while the advisor falls behind."""
+        with self._lock:
+            if before <= self._released:
+                return
+            self._released = before
+            for ring in (*self._gpu.values(), self._host, self._steps, self._events):
+                while ring and ring[0].t < before:
+                    ring.popleft()
+
     def clear(self) -> None:
         """Forget history (replay starting over)."""
         with self._lock:
+            self._released = -math.inf
             self._gpu.clear()
             self._host.clear()
             self._steps.clear()
@@ -584,6 +606,6 @@ class Store:
         return out
 
     def _trim(self, ring: deque, now: float) -> None:
-        horizon = now - self.history_seconds
+        horizon = max(now - self.history_seconds, self._released)
         while ring and ring[0].t < horizon:
             ring.popleft()

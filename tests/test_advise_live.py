@@ -339,3 +339,65 @@ def test_live_windows_do_not_straddle_the_loop_of_a_replay(caplog):
     assert all(r["advice"] for r in reports[first:])
     started = [r for r in caplog.records if "advice started" in r.getMessage()]
     assert len(started) == 1 and advisor.segments == 3
+
+
+@pytest.mark.parametrize("name", ["fw_hf_eval_epoch", "fw_hf_ddp", "near_oom"])
+def test_the_store_holds_only_what_the_advisor_has_not_taken(name):
+    """Each evaluation releases what the advisor took into its windows: the store then
+    holds only the samples after its horizon, and the advice is the same as from a store
+    that holds the whole recording."""
+    class Keeping(Store):
+        release = None  # LiveAdvisor releases nothing to a store without the method
+
+    reports, held = [], []
+    for cls in (Store, Keeping):
+        store = cls(history_seconds=86_400)
+        advisor = LiveAdvisor(store, None)
+        play(store, advisor, name, every=5)
+        report = advisor.report_json()
+        report.pop("generated_at", None)
+        reports.append(report)
+        timed = [s for s in store.timeline() if not isinstance(s, (ConfigSample, JobEnd))]
+        held.append((advisor._fed_until, timed))
+    assert reports[0] == reports[1]
+    assert reports[0]["advice"]
+    (horizon, kept), (_, whole) = held
+    assert kept and all(s.t >= horizon for s in kept)
+    assert len(whole) > 10 * len(kept)
+    assert any(s.t < horizon for s in whole)
+
+
+def test_history_seconds_bounds_the_history_and_release_cuts_it_short():
+    store = Store(history_seconds=30, step_lines_per_second=1e9)
+
+    def tick(t: float) -> None:
+        store.publish(Snapshot(t=t, gpus=(GpuSample(t=t, gpu=0, util=0.5),),
+                               host=HostSample(t=t)))
+
+    def held(kind: type) -> list[float]:
+        return [s.t for s in store.timeline() if isinstance(s, kind)]
+
+    for i in range(100):
+        tick(1000.0 + i)
+    store.add_steps([StepSample(t=1098.5, step=1, step_seconds=0.5)])
+    store.flush_steps()
+    assert held(GpuSample) == [1069.0 + i for i in range(31)]  # no reader: 30 s kept
+    assert held(HostSample)[0] == 1069.0
+    store.release(1090.0)
+    assert held(GpuSample) == [1090.0 + i for i in range(10)]
+    assert held(HostSample)[0] == 1090.0 and held(StepSample) == [1098.5]
+    store.release(1080.0)  # an older horizon takes nothing back
+    assert held(GpuSample)[0] == 1090.0
+    # a sample older than what was taken, coming late, is not kept for a reader that
+    # has gone past it; newer ones are; the listeners (the recorder) get both
+    heard: list[float] = []
+    store.subscribe(lambda s: heard.append(s.t) if isinstance(s, StepSample) else None)
+    store.add_steps([StepSample(t=1085.0, step=2, step_seconds=0.5),
+                     StepSample(t=1099.5, step=3, step_seconds=0.5)])
+    store.flush_steps()
+    tick(1100.0)
+    assert held(StepSample) == [1098.5, 1099.5] and held(GpuSample)[-1] == 1100.0
+    assert heard == [1085.0, 1099.5]
+    store.clear()  # a replay starting over: what was taken before says nothing now
+    tick(500.0)
+    assert held(GpuSample) == [500.0]

@@ -239,6 +239,11 @@ class LiveAdvisor:
                 edge.add(id(s))
         self._fed_at_edge = edge
         self._fed_until = horizon
+        # what is older than the horizon is in the engine's windows now: the store need not
+        # hold it (the horizon's own samples stay: the next read starts there)
+        release = getattr(self.store, "release", None)
+        if release is not None:
+            release(horizon)
         # the GPUs' facts once the engine has data: a GPU made known before its first
         # sample would have its windows read as complete from the start
         if latest.infos != self._infos_seen and self.engine.frame.t_first is not None:
