@@ -11,6 +11,7 @@ active at some point, with evidence from the window where it held) and the live 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from gpuwatch.advisor.knobs import knob as knob_text
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
 from gpuwatch.advisor.vocabulary import VOCABULARY
 from gpuwatch.advisor.windows import GROWTH_SIGNALS, growth, scan_stat, window_stat
+
+log = logging.getLogger(__name__)
 
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
 _MISSING = object()
@@ -186,6 +189,9 @@ class Engine:
         self.on_end = on_end
         self.evaluated_until: float | None = None
         self.ticks = 0
+        # rules that raised (a bug in a rule or in gpuwatch): how often, and the first
+        # error's words; their condition reads as not holding, the other rules go on
+        self.rule_errors: dict[str, list[Any]] = {}
         # the report's step-time attribution: over the whole run (None, a recording) or
         # over the last this many seconds (the live daemon)
         self.jobs_window: float | None = None
@@ -529,7 +535,10 @@ class Engine:
                         continue
                 # a condition stops at its first conjunct that is not true (its first
                 # window, for most rules), then asks its unless clauses
-                cond = test(ctx)
+                try:
+                    cond = test(ctx)
+                except Exception as err:  # noqa: BLE001 - one rule's failure is its own
+                    cond = self._rule_failed(rule, subj, err)
                 if cond and suppressed_by:
                     for sid in suppressed_by:
                         if holding.get(sid):
@@ -539,6 +548,25 @@ class Engine:
                     holding[rid] = cond
                 if cond or rid in live:  # else: nothing held, nothing to do
                     self._step(rule, subj, ctx, cond, t)
+
+    def _rule_failed(self, rule: Rule, subj: Subject, err: Exception,
+                     part: str = "condition") -> bool:
+        """A rule raised: said once per rule (with its file and line) and counted; where
+        it raised its condition does not hold. The rules after it are judged as ever."""
+        seen = self.rule_errors.get(rule.id)
+        if seen is not None:
+            seen[0] += 1
+            return False
+        where = "the host" if subj.gpu is None else f"GPU {subj.gpu}"
+        said = f"{type(err).__name__}: {err}"
+        self.rule_errors[rule.id] = [1, f"{rule.file}:{rule.line}", part, said]
+        then = ("where it fails it does not hold" if part == "condition" else
+                "its advice stands without the numbers it failed to read")
+        log.error("rule %s (%s:%s) failed evaluating its %s on %s (%s): %s; the other rules "
+                  "go on (said once per rule)", rule.id, rule.file, rule.line, part, where,
+                  said, then,
+                  exc_info=(type(err), err, err.__traceback__))
+        return False
 
     def _in_phase(self, phase: str, subj: Subject, end: int) -> bool:
         """Whether ``subj``'s job is doing ``phase`` (a rule's ``phase:``) at bucket ``end``.
@@ -630,7 +658,20 @@ class Engine:
                 self._stated[subj.gpu].discard(rule.id)
 
     def _details(self, f: Finding, ctx: _Ctx, t: float) -> None:
-        """Evidence, numbers and text, read from the window where the rule holds now."""
+        """Evidence, numbers and text, read from the window where the rule holds now;
+        where the rule's evidence raises, its advice stands with the numbers it had (none,
+        at its start) and the error is said as for a condition (``_rule_failed``)."""
+        try:
+            self._read_details(f, ctx, t)
+        except Exception as err:  # noqa: BLE001 - the advice stands without its numbers
+            self._rule_failed(f.rule, ctx.subj, err, "evidence")
+            if f.detail_t == -math.inf:  # its first reading: words from no numbers
+                hook = bool(self.frame.fact(ctx.subj, "hook"))
+                f._words = ({"gpu": ctx.subj.gpu}, {}, DEFAULT_CONFIDENCE, None, None, hook)
+                f.detail_t = t
+            ctx.locals = {}
+
+    def _read_details(self, f: Finding, ctx: _Ctx, t: float) -> None:
         rule = f.rule
         ctx.locals = {}
         for name, fn in rule.values:

@@ -281,7 +281,16 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
     host_cpus = None
     ended: list[dict[str, Any]] = []
     problems: list[dict[str, Any]] = []
+    failed: list[str] = []
     for engine, findings, instance in parts:
+        for rid, (n, where, part, said) in getattr(engine, "rule_errors", {}).items():
+            on = f" on {instance}" if instance is not None else ""
+            failed.append(f"Rule {rid} ({where}) failed {n} time{'s' if n != 1 else ''} "
+                          f"evaluating its {part}{on} (first: {said}): "
+                          + ("where it failed it was judged as not holding"
+                             if part == "condition" else
+                             "its advice stands without the numbers it failed to read")
+                          + "; the other rules were judged as usual.")
         ended += getattr(engine.frame, "job_ends", [])
         problems += [dict(p, instance=instance) if instance is not None else dict(p)
                      for p in getattr(engine.frame, "problems", [])]
@@ -294,7 +303,7 @@ def build_report(parts: list[tuple[Engine, list[Finding], str | None]], source: 
         config = config or engine.frame.hook_config
         host_cpus = host_cpus or engine.frame.facts.get("host_cpus")
     advice.sort(key=advice_order)
-    notes = hook_problem_notes(problems)
+    notes = hook_problem_notes(problems) + failed
     if not steps and not config and not phases and gpus:
         notes.append(HOOK_NOTE)
     if gpus and not any(g["gpm"] for g in gpus):
