@@ -3,6 +3,14 @@
 
     python3 benchmarks/bench_host.py                       # 1 job tree of 4 workers
     python3 benchmarks/bench_host.py --jobs 8 --workers 6  # 8 ranks' trees
+    python3 benchmarks/bench_host.py --host-fields --cores 128
+
+``--host-fields``: the host-wide part of a tick alone (each core's CPU times, memory and
+swap), psutil's calls (``cpu_times(percpu=True)``, ``virtual_memory()``, ``swap_memory()``)
+against the sampler's own reads of ``/proc/stat`` and ``/proc/meminfo``, in alternating
+rounds: on this machine's /proc, and on a copy of it whose ``stat`` lists ``--cores`` cores
+(a GPU node's count; a file read from disk costs less than the kernel's making of
+/proc/stat, so that row compares the parsing).
 
 Starts ``--jobs`` sleeping processes, each with ``--workers`` sleeping children (a GPU main
 process and its DataLoader workers, as the sampler sees them), then times
@@ -17,9 +25,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,13 +52,76 @@ def _tick_cpu(sampler: host_mod.HostSampler, roots: dict[int, tuple[int, ...]],
     return (time.process_time() - t0) / ticks
 
 
+def _per_call(fn: object, calls: int) -> float:
+    t0 = time.process_time()
+    for _ in range(calls):
+        fn()  # type: ignore[operator]
+    return (time.process_time() - t0) / calls
+
+
+def _fake_proc(cores: int) -> str:
+    """A copy of /proc's stat (its cores' lines made ``cores`` long), meminfo, vmstat."""
+    d = tempfile.mkdtemp(prefix="bench-procfs-")
+    lines = Path("/proc/stat").read_text().splitlines()
+    first_core = next(line for line in lines[1:] if line.startswith("cpu"))
+    rest = [line for line in lines[1:] if not line.startswith("cpu")]
+    values = first_core.split()[1:]
+    body = [lines[0]] + [f"cpu{i} " + " ".join(values) for i in range(cores)] + rest
+    Path(d, "stat").write_text("\n".join(body) + "\n")
+    for name in ("meminfo", "vmstat"):
+        shutil.copy(f"/proc/{name}", Path(d, name))
+    return d
+
+
+def host_fields(args: argparse.Namespace) -> None:
+    import psutil
+
+    def with_psutil() -> object:
+        cpus = [host_mod._busy_and_total(c) for c in psutil.cpu_times(percpu=True)]
+        vm, swap = psutil.virtual_memory(), psutil.swap_memory()
+        return cpus, vm.total - vm.available, swap.used
+
+    def own() -> object:
+        return host_mod.read_proc_stat_cpus(), host_mod.read_meminfo()
+
+    print(f"## bench_host --host-fields: {platform.node()}, {os.cpu_count()} CPUs, Python "
+          f"{sys.version.split()[0]}, psutil {psutil.__version__}; {args.rounds} alternating "
+          f"rounds of {args.ticks * 10} calls")
+    print("| procfs | cores | psutil's calls | the sampler's reads | ratio |")
+    print("| --- | --- | --- | --- | --- |")
+    fake = _fake_proc(args.cores)
+    try:
+        for where, path in (("this machine's /proc", "/proc"), ("a copy, on disk", fake)):
+            psutil.PROCFS_PATH = path
+            cores = len(host_mod.read_proc_stat_cpus() or ())
+            assert cores == len(psutil.cpu_times(percpu=True))
+            got: dict[str, list[float]] = {"psutil": [], "own": []}
+            for r in range(args.rounds):
+                order = (("psutil", with_psutil), ("own", own))
+                for name, fn in order if r % 2 == 0 else reversed(order):
+                    got[name].append(_per_call(fn, args.ticks * 10))
+            med = {k: statistics.median(v) * 1e6 for k, v in got.items()}
+            print(f"| {where} | {cores} | {med['psutil']:.1f} µs | {med['own']:.1f} µs | "
+                  f"{med['psutil'] / med['own']:.2f}× |")
+    finally:
+        psutil.PROCFS_PATH = "/proc"
+        shutil.rmtree(fake, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=1, help="job trees (one per GPU main process)")
     ap.add_argument("--workers", type=int, default=4, help="children in each tree")
     ap.add_argument("--ticks", type=int, default=200, help="ticks per round")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--host-fields", action="store_true",
+                    help="time the host-wide reads alone: psutil's against the sampler's")
+    ap.add_argument("--cores", type=int, default=128,
+                    help="with --host-fields: cores in the copied /proc/stat")
     args = ap.parse_args()
+    if args.host_fields:
+        host_fields(args)
+        return
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(args.workers)],
                               stdout=subprocess.PIPE, text=True)
              for _ in range(args.jobs)]

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -430,3 +431,99 @@ def test_named_workers_alive_before_the_first_tick_are_not_counted_as_started() 
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+# -- the host-wide fields read straight from procfs --------------------------------------
+def test_procfs_reads_agree_with_psutil_on_this_machine() -> None:
+    from gpuwatch.collect.host import _busy_and_total, read_meminfo, read_proc_stat_cpus
+    ours = read_proc_stat_cpus()
+    theirs = [_busy_and_total(c) for c in psutil.cpu_times(percpu=True)]
+    assert ours is not None and len(ours) == len(theirs) == psutil.cpu_count()
+    for (b1, t1), (b2, t2) in zip(ours, theirs, strict=True):
+        # the clock runs between the two reads: a few ticks at most
+        assert abs(b1 - b2) < 1.0 and abs(t1 - t2) < 1.0 and 0 <= b1 <= t1
+    mem = read_meminfo()
+    vm, swap = psutil.virtual_memory(), psutil.swap_memory()
+    assert mem is not None
+    assert mem[0] == vm.total and mem[2] == swap.total
+    assert abs(mem[1] - vm.available) < 256 * 2**20  # available moves between reads
+
+
+STAT = """cpu  {all}
+cpu0 100 0 50 800 50 0 0 0 20 0
+cpu1 {c1}
+cpu2 10 0 0 90 0 0 0 0 0 0
+intr 12345 1 2 3
+ctxt 999
+"""
+MEMINFO = """MemTotal:       16000000 kB
+MemFree:         1000000 kB
+MemAvailable:    9000000 kB
+Buffers:          100000 kB
+SwapTotal:       2000000 kB
+SwapFree:        1500000 kB
+"""
+
+
+def fake_proc(tmp_path: Any, c1: str, meminfo: str = MEMINFO) -> None:
+    (tmp_path / "stat").write_text(STAT.format(all="1 2 3 4 5 6 7 8 9 10", c1=c1))
+    (tmp_path / "meminfo").write_text(meminfo)
+
+
+def test_host_fields_from_a_procfs_with_known_numbers(tmp_path: Any, monkeypatch: Any) -> None:
+    from gpuwatch.collect import host as host_mod
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path))
+    ticks = host_mod._CLOCK_TICKS
+    fake_proc(tmp_path, "300 0 100 500 100 0 0 0 0 0")
+    def flat(pairs: Any) -> list[float]:
+        return [x for pair in pairs for x in pair]
+    got = flat(host_mod.read_proc_stat_cpus())
+    assert got == pytest.approx([(1000 - 850) / ticks, 1000 / ticks, 400 / ticks,
+                                 1000 / ticks, 10 / ticks, 100 / ticks], rel=1e-12)
+    # as psutil reads the same file
+    assert got == pytest.approx(flat(host_mod._busy_and_total(c)
+                                     for c in psutil.cpu_times(percpu=True)), rel=1e-12)
+    # an older kernel's eight fields (no guest time), and a line after the cores' that
+    # only looks like one
+    (tmp_path / "stat").write_text("cpu  1 2 3 4 5 6 7 8\ncpu0 10 0 0 90 0 0 0 0\n"
+                                   "intr 1 2\ncpu9 is not a core\n")
+    assert flat(host_mod.read_proc_stat_cpus()) == pytest.approx([10 / ticks, 100 / ticks])
+    fake_proc(tmp_path, "300 0 100 500 100 0 0 0 0 0")
+    host = HostSampler()
+    # a second later: core 0 busy 100 of 200 ticks, core 1 200 of 200 (guest time is in
+    # user already and not counted twice), core 2 idle; iowait counts as idle
+    (tmp_path / "stat").write_text(STAT.format(all="1", c1="500 0 100 500 100 0 0 0 0 0")
+                                   .replace("cpu0 100 0 50 800 50 0 0 0 20 0",
+                                            "cpu0 150 0 100 900 50 0 0 0 70 0")
+                                   .replace("cpu2 10 0 0 90 0 0 0 0 0 0",
+                                            "cpu2 10 0 0 290 0 0 0 0 0 0"))
+    s = host.sample(time.time(), [])
+    assert s.cpu_util_per_core == (0.5, 1.0, 0.0)
+    assert s.cpu_util == round(300 / 600, 4)
+    assert s.mem_total_bytes == 16_000_000 * 1024
+    assert s.mem_used_bytes == (16_000_000 - 9_000_000) * 1024
+    assert s.swap_total_bytes == 2_000_000 * 1024
+    assert s.swap_used_bytes == 500_000 * 1024
+
+
+def test_a_procfs_without_memavailable_or_stat_falls_back_to_psutil(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    from gpuwatch.collect import host as host_mod
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path))
+    # a kernel before 3.14: no MemAvailable; psutil estimates it from the other lines
+    old = MEMINFO.replace("MemAvailable:    9000000 kB\n", "") + (
+        "Cached:          2000000 kB\nActive:          3000000 kB\n"
+        "Inactive:        2000000 kB\nShmem:             10000 kB\n"
+        "SReclaimable:     50000 kB\n")
+    fake_proc(tmp_path, "300 0 100 500 100 0 0 0 0 0", old)
+    (tmp_path / "vmstat").write_text("pswpin 0\npswpout 0\n")  # psutil's swap reads it
+    assert host_mod.read_meminfo() is None
+    s = HostSampler().sample(time.time(), [])
+    assert s.mem_total_bytes == 16_000_000 * 1024  # psutil's reading of the same file
+    assert s.mem_used_bytes is not None and 0 < s.mem_used_bytes < s.mem_total_bytes
+    assert s.swap_used_bytes == 500_000 * 1024
+    # no /proc/stat at all: psutil is asked, fails, and the CPU is not measured
+    (tmp_path / "stat").unlink()
+    assert host_mod.read_proc_stat_cpus() is None
+    s = HostSampler().sample(time.time(), [])
+    assert s.cpu_util is None and s.cpu_util_per_core == ()

@@ -2,9 +2,12 @@
 
 It runs every tick beside a training job, so it is built to be cheap:
 
-- Host CPU utilisation comes from deltas of ``psutil.cpu_times(percpu=True)`` between two
-  calls (what ``psutil.cpu_percent(interval=None)`` does), kept per ``HostSampler`` so two
-  samplers in one process do not steal each other's deltas. Nothing ever sleeps.
+- Host CPU utilisation comes from deltas of each core's times between two calls (what
+  ``psutil.cpu_percent(interval=None)`` does), kept per ``HostSampler`` so two samplers in
+  one process do not steal each other's deltas. Nothing ever sleeps. On Linux the cores'
+  times and the memory and swap figures are read straight from ``/proc/stat`` and
+  ``/proc/meminfo``, one read each (psutil's calls build a named tuple per core and read
+  ``/proc/meminfo`` twice and ``/proc/vmstat``); elsewhere psutil's calls.
 - Per-process CPU needs deltas too: ``psutil.Process`` objects are kept between calls,
   keyed by PID and checked against their creation time (``is_running()``), so a reused PID
   starts over instead of inheriting a dead process's counters. A process seen for the first
@@ -161,6 +164,76 @@ def _sum_known(values: Iterable[float | None]) -> float | None:
     return round(sum(known), 1) if known else None
 
 
+def _procfs() -> str:
+    return getattr(psutil, "PROCFS_PATH", "/proc")
+
+
+try:
+    _CLOCK_TICKS = float(os.sysconf("SC_CLK_TCK"))
+except (AttributeError, ValueError, OSError):  # not a POSIX system: psutil's path is used
+    _CLOCK_TICKS = 0.0
+
+
+def read_proc_stat_cpus() -> list[tuple[float, float]] | None:
+    """Each core's (busy, total) seconds from ``/proc/stat`` in one read: what
+    ``_busy_and_total`` makes of ``psutil.cpu_times(percpu=True)``, without a named tuple
+    of ten floats per core (on a node of 100+ cores, most of the host's tick). None where
+    the file is not Linux's (psutil is asked instead)."""
+    if not _CLOCK_TICKS:
+        return None
+    try:
+        with open(f"{_procfs()}/stat", "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError:
+        return None
+    out = []
+    ticks = _CLOCK_TICKS
+    try:
+        for line in lines[1:]:  # the first line is every core's sum
+            if line[:3] != b"cpu":
+                if out:
+                    break  # the cores' lines come together, first
+                continue
+            # user nice system idle iowait irq softirq steal [guest guest_nice]: guest
+            # time is inside user and nice already; iowait is idle
+            u = list(map(int, line.split()[1:9]))
+            total = sum(u)
+            out.append(((total - u[3] - u[4]) / ticks, total / ticks))
+    except (ValueError, IndexError):  # not the layout above
+        return None
+    return out or None
+
+
+_MEMINFO_KEYS = (b"MemTotal:", b"MemAvailable:", b"SwapTotal:", b"SwapFree:")
+
+
+def read_meminfo() -> tuple[int, int, int, int] | None:
+    """(memory total, available, swap total, swap free) in bytes from one read of
+    ``/proc/meminfo``: psutil's virtual_memory and swap_memory read it twice, and the
+    latter ``/proc/vmstat`` too (for swap-in and -out, which nothing here reads). None
+    where a key is missing (a kernel before 3.14 has no MemAvailable: psutil estimates
+    it) or the file is not there."""
+    try:
+        with open(f"{_procfs()}/meminfo", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    found: dict[bytes, int] = {}
+    for line in data.split(b"\n"):
+        key, _, rest = line.partition(b" ")
+        if key in _MEMINFO_KEYS:
+            try:
+                found[key] = int(rest.split()[0]) * 1024
+            except (IndexError, ValueError):
+                return None
+            if len(found) == 4:
+                break
+    if len(found) != 4:
+        return None
+    return (found[b"MemTotal:"], found[b"MemAvailable:"], found[b"SwapTotal:"],
+            found[b"SwapFree:"])
+
+
 def _busy_and_total(times: object) -> tuple[float, float]:
     # Linux counts guest time inside user/nice and iowait outside idle (as psutil and htop).
     total = sum(times)  # type: ignore[arg-type]
@@ -197,8 +270,15 @@ class HostSampler:
             self._prev_t, self._now = self._now, _since_boot()
             per_core, total = self._cpu()
             load = self._call("load", psutil.getloadavg)
-            vm = self._call("memory", psutil.virtual_memory)
-            swap = self._call("swap", psutil.swap_memory)
+            mem = read_meminfo()
+            if mem is not None:
+                mem_total, mem_used = mem[0], mem[0] - mem[1]
+                swap_total, swap_used = mem[2], mem[2] - mem[3]
+            else:
+                vm = self._call("memory", psutil.virtual_memory)
+                swap = self._call("swap", psutil.swap_memory)
+                mem_total, mem_used = (vm.total, vm.total - vm.available) if vm else (None,) * 2
+                swap_total, swap_used = (swap.total, swap.used) if swap else (None,) * 2
             if isinstance(gpu_pids, Mapping):
                 on_gpus = {int(p): tuple(sorted(g)) for p, g in gpu_pids.items()}
             else:
@@ -215,10 +295,10 @@ class HostSampler:
             # used = total - available: memory that can't be had back without swapping,
             # which is what pressure means (psutil's own `used` counts caches differently
             # from one kernel version to the next)
-            mem_used_bytes=(vm.total - vm.available) if vm else None,
-            mem_total_bytes=vm.total if vm else None,
-            swap_used_bytes=swap.used if swap else None,
-            swap_total_bytes=swap.total if swap else None,
+            mem_used_bytes=mem_used,
+            mem_total_bytes=mem_total,
+            swap_used_bytes=swap_used,
+            swap_total_bytes=swap_total,
             jobs=jobs,
         )
         if not jobs:
@@ -246,6 +326,9 @@ class HostSampler:
 
     # -- host-wide -------------------------------------------------------------------
     def _read_cpu_times(self) -> list[tuple[float, float]] | None:
+        fast = read_proc_stat_cpus()
+        if fast is not None:
+            return fast
         times = self._call("cpu", psutil.cpu_times, True)
         return [_busy_and_total(c) for c in times] if times else None
 
