@@ -26,7 +26,15 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuwatch.advisor.expr import Node, _chain, _num, _number, compare_values, compile_expr
+from gpuwatch.advisor.expr import (
+    Node,
+    _chain,
+    _num,
+    _number,
+    arith_values,
+    compare_values,
+    compile_expr,
+)
 
 # the comparisons (written as they are: the parser allows no other operator text)
 _OPS = ("<", "<=", ">", ">=", "==", "!=")
@@ -46,28 +54,6 @@ def _not(v: Any) -> Any:
     return None if v is None else not v
 
 
-def _add(a: Any, b: Any) -> Any:
-    x, y = _num(a), _num(b)
-    return None if x is None or y is None else x + y
-
-
-def _sub(a: Any, b: Any) -> Any:
-    x, y = _num(a), _num(b)
-    return None if x is None or y is None else x - y
-
-
-def _mul(a: Any, b: Any) -> Any:
-    x, y = _num(a), _num(b)
-    return None if x is None or y is None else x * y
-
-
-def _div(a: Any, b: Any) -> Any:
-    x, y = _num(a), _num(b)
-    if x is None or y is None:
-        return None
-    return None if y == 0 else x / y
-
-
 def _min(*args: Any) -> Any:
     vals = [_num(v) for v in args]
     return None if None in vals else min(vals)
@@ -79,8 +65,8 @@ def _max(*args: Any) -> Any:
 
 
 _HELPERS: dict[str, Any] = {
-    "_neg": _neg, "_not": _not, "_add": _add, "_sub": _sub, "_mul": _mul, "_div": _div,
-    "_min": _min, "_max": _max, "_float": float, "_str": str, "_isinstance": isinstance,
+    "_neg": _neg, "_not": _not, "_add": arith_values("+"), "_sub": arith_values("-"),
+    "_mul": arith_values("*"), "_div": arith_values("/"), "_min": _min, "_max": _max, "_float": float, "_str": str, "_isinstance": isinstance,
     "_type": type, "_bool": bool,
     **{f"_cmp{i}": compare_values(op) for i, op in enumerate(_OPS)},
 }
@@ -167,10 +153,9 @@ class _Source:
             # expr._test_number: unknown is not true, text only ever differs from a number
             x = self._temp()
             k = self._name("K", y)
-            o = op
-            return (f"(False if ({x} := {self.value(a[0])}) is None else ({x} {o} {k}) "
+            return (f"(False if ({x} := {self.value(a[0])}) is None else ({x} {op} {k}) "
                     f"if _type({x}) is _float else {op == '!='} if _isinstance({x}, _str) "
-                    f"else _bool({x} {o} {k}))")
+                    f"else _bool({x} {op} {k}))")
         if op in ("and", "or"):
             return "(" + f" {op} ".join(self.truth(x) for x in _chain(node)) + ")"
         if op == "call" and a[0] == "coalesce":

@@ -605,18 +605,36 @@ def _truthy(node: Node, leaf: LeafFactory) -> Callable[[Any], bool]:
 
 
 def _arith(op: str, left: Compiled, right: Compiled) -> Compiled:
+    of = arith_values(op)
+
     def arith(ctx: Any) -> Any:
-        x, y = _num(left(ctx)), _num(right(ctx))
-        if x is None or y is None:
-            return None
-        if op == "+":
-            return x + y
-        if op == "-":
-            return x - y
-        if op == "*":
-            return x * y
-        return None if y == 0 else x / y
+        return of(left(ctx), right(ctx))
     return arith
+
+
+def _plus(a: Any, b: Any) -> Any:
+    x, y = _num(a), _num(b)
+    return None if x is None or y is None else x + y
+
+
+def _minus(a: Any, b: Any) -> Any:
+    x, y = _num(a), _num(b)
+    return None if x is None or y is None else x - y
+
+
+def _times(a: Any, b: Any) -> Any:
+    x, y = _num(a), _num(b)
+    return None if x is None or y is None else x * y
+
+
+def _over(a: Any, b: Any) -> Any:
+    x, y = _num(a), _num(b)
+    return None if x is None or y is None or y == 0 else x / y
+
+
+def arith_values(op: str) -> Callable[[Any, Any], Any]:
+    """Arithmetic of two values: unknown where either is not a number; x / 0 unknown."""
+    return {"+": _plus, "-": _minus, "*": _times, "/": _over}[op]
 
 
 def _compare(op: str, left: Compiled, right: Compiled) -> Compiled:
