@@ -9,9 +9,9 @@ Each call is timed on its own (thread CPU clock and wall clock), in rounds: "spa
 rounds leave 50 ms between calls and a second between rounds (the driver and the CPU idle
 between two reads, as at the daemon's 1 s cadence); "hot" rounds make the calls back to
 back. Besides the calls gpuwatch makes (``read_fast()`` is a whole tick's reads of one GPU,
-``read_slow()`` the slow tier's), it times ``nvmlDeviceGetFieldValues`` batches that could
-stand in for the slow tier's calls (the energy counter, the PCIe byte counters, all ten
-slow fields at once). Medians; where the driver refuses a call, it is listed as an error.
+``read_slow()`` the slow tier's), it times ``nvmlDeviceGetFieldValues`` batches: the
+energy counter, the PCIe byte counters, all ten slow fields at once, and the eight
+counters that ``read_slow()`` takes through five calls, as one batch beside those calls. Medians; where the driver refuses a call, it is listed as an error.
 ``--stub`` runs it over tests/nvml_stub.py: a check of the script, its figures say nothing
 of a driver.
 """
@@ -35,12 +35,19 @@ SLOW_FIELDS = ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "NVML_FI_DEV_PCIE_COUNT_T
                "NVML_FI_DEV_ECC_SBE_VOL_TOTAL", "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
                "NVML_FI_DEV_REMAPPED_COR", "NVML_FI_DEV_REMAPPED_UNC",
                "NVML_FI_DEV_REMAPPED_PENDING", "NVML_FI_DEV_REMAPPED_FAILURE")
+# the counters read_slow() takes through five calls of their own: energy, PCIe replays,
+# ECC corrected and uncorrected (volatile), the four remapped-rows figures
+COUNTER_FIELDS = ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
+                  "NVML_FI_DEV_ECC_SBE_VOL_TOTAL", "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
+                  "NVML_FI_DEV_REMAPPED_COR", "NVML_FI_DEV_REMAPPED_UNC",
+                  "NVML_FI_DEV_REMAPPED_PENDING", "NVML_FI_DEV_REMAPPED_FAILURE")
 
 
 def calls_of(nv: Any, h: Any, gpu: Any) -> dict[str, Callable[[], Any]]:
     def fields(*names: str) -> list[int]:
         return [getattr(nv, n) for n in names if hasattr(nv, n)]
     slow = fields(*SLOW_FIELDS)
+    counters = fields(*COUNTER_FIELDS)
     return {
         "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
         "memory (v2)": lambda: nv.nvmlDeviceGetMemoryInfo(h, nv.nvmlMemory_v2),
@@ -69,6 +76,15 @@ def calls_of(nv: Any, h: Any, gpu: Any) -> dict[str, Callable[[], Any]]:
             h, fields("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES")),
         f"field values: all {len(slow)} slow fields": lambda: nv.nvmlDeviceGetFieldValues(
             h, slow),
+        "field values: the 8 counters of read_slow()'s 5 calls (energy, replays, ECC, rows)":
+            lambda: nv.nvmlDeviceGetFieldValues(h, counters),
+        "those 8 counters through read_slow()'s 5 calls": lambda: (
+            nv.nvmlDeviceGetTotalEnergyConsumption(h), nv.nvmlDeviceGetPcieReplayCounter(h),
+            nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                                           nv.NVML_VOLATILE_ECC),
+            nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                           nv.NVML_VOLATILE_ECC),
+            nv.nvmlDeviceGetRemappedRows(h)),
     }
 
 

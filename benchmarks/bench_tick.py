@@ -4,6 +4,7 @@
     python3 benchmarks/bench_tick.py                          # NVML's GPUs, else the stub
     python3 benchmarks/bench_tick.py --stub --gpus 8 --interval 1 --interval 0.1
     python3 benchmarks/bench_tick.py --gpus 4 --interval 1 --interval 0.1 --out tick.json
+    python3 benchmarks/bench_tick.py --gpus 4 --repeat-gpus 2 --interval 1   # 8 GPUs read
 
 Prints one short table (and writes JSON with ``--out``). Per GPU, for each cadence:
 
@@ -25,7 +26,10 @@ GPUs (NVML ignores CUDA_VISIBLE_DEVICES). ``--rss-seconds`` watches a whole daem
 process at each interval (the CLI; with the stub tests/scripts/stub_daemon.py) for CPU and
 RSS, its peak and its course by minute (the store's history and the advisor's windows fill
 for the first minutes: ``--rss-seconds 1200`` shows where it levels off); ``--full`` adds each slow-tier call once and other tools (nvidia-smi, nvitop,
-gpustat) where they import.
+gpustat) where they import. ``--repeat-gpus K`` (a GPU host) lists each GPU K times, each
+copy read as a GPU of its own by the real driver (benchmarks/repeat_gpus_daemon.py): a
+stand-in for a node with more GPUs than the one at hand, which reads a copy a little
+warmer than a GPU of its own would be, and runs the copies' slow tiers on one device.
 """
 
 from __future__ import annotations
@@ -546,9 +550,10 @@ def _free_port() -> int:
 
 
 def measure_daemon(interval: float, seconds: float, stub_gpus: int | None,
-                   settle: float = 3.0) -> dict[str, Any]:
-    """A whole daemon process (``gpuwatch run``; with the stub, tests/scripts/stub_daemon.py)
-    watched with psutil: CPU (% of one core), RSS (at the end, its peak, by minute), threads."""
+                   settle: float = 3.0, repeat: int = 1) -> dict[str, Any]:
+    """A whole daemon process (``gpuwatch run``; with the stub, tests/scripts/stub_daemon.py;
+    with ``repeat`` > 1, benchmarks/repeat_gpus_daemon.py) watched with psutil: CPU (% of
+    one core), RSS (at the end, its peak, by minute), threads."""
     import psutil
 
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -558,6 +563,10 @@ def measure_daemon(interval: float, seconds: float, stub_gpus: int | None,
         env["STUB_GPUS"] = str(stub_gpus)
         cmd = [sys.executable, str(REPO / "tests" / "scripts" / "stub_daemon.py"), *args[1:]]
         what = f"gpuwatch run, {stub_gpus} stub GPUs"
+    elif repeat > 1:
+        env["REPEAT_GPUS"] = str(repeat)
+        cmd = [sys.executable, str(REPO / "benchmarks" / "repeat_gpus_daemon.py"), *args[1:]]
+        what = f"gpuwatch run, each GPU listed {repeat} times"
     else:
         cmd = [sys.executable, "-m", "gpuwatch", *args]
         what = "gpuwatch run"
@@ -734,6 +743,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="how long to watch a whole daemon process at each cadence (0: skip)")
     ap.add_argument("--full", action="store_true",
                     help="on a GPU host: also each slow-tier call once and other tools")
+    ap.add_argument("--repeat-gpus", type=int, default=1, metavar="K",
+                    help="on a GPU host: list each GPU K times, read as K GPUs (8 over a "
+                         "4-GPU machine: a stand-in for a bigger node; "
+                         "benchmarks/repeat_gpus_daemon.py)")
     ap.add_argument("--out", metavar="FILE", help="write the results as JSON here")
     args = ap.parse_args(argv)
     intervals = args.interval or [1.0, CADENCE_INTERVAL]
@@ -765,7 +778,14 @@ def main(argv: list[str] | None = None) -> int:
             count = min(count, args.gpus)
         name = nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(0))
         result["device"] = f"{count}x {name}, driver {result['driver']}"
-        factory = lambda: FirstGpus(nv, count)  # noqa: E731
+        if args.repeat_gpus > 1:
+            from benchmarks.repeat_gpus_daemon import RepeatedGpus
+
+            result["device"] += (f"; each listed {args.repeat_gpus} times: "
+                                 f"{count * args.repeat_gpus} GPUs read")
+            factory = lambda: RepeatedGpus(FirstGpus(nv, count), args.repeat_gpus)  # noqa: E731
+        else:
+            factory = lambda: FirstGpus(nv, count)  # noqa: E731
     result["bench"] = bench(factory, intervals, args.seconds, args.reps, args.rounds)
     if nv is not None and args.full:
         result["slow_calls"] = slow_calls(nv, nv.nvmlDeviceGetHandleByIndex(0))
@@ -777,7 +797,9 @@ def main(argv: list[str] | None = None) -> int:
         for interval in intervals:
             print(f"watching a daemon process at --interval {interval:g} for "
                   f"{args.rss_seconds:.0f} s", file=sys.stderr)
-            result["daemon"].append(measure_daemon(interval, args.rss_seconds, stub_gpus))
+            result["daemon"].append(measure_daemon(
+                interval, args.rss_seconds, stub_gpus,
+                repeat=args.repeat_gpus if stub_gpus is None else 1))
     result["targets"] = targets(result)
     print(report(result))
     if args.out:
