@@ -29,11 +29,14 @@ from typing import Any
 from gpuwatch.advisor.expr import (
     Node,
     _chain,
-    _num,
     _number,
     arith_values,
     compare_values,
     compile_expr,
+    max_values,
+    min_values,
+    negate_value,
+    not_value,
 )
 
 # the comparisons (written as they are: the parser allows no other operator text)
@@ -45,29 +48,12 @@ Reader = Callable[[Any], Any]
 SlotOf = Callable[[str, str, float], tuple[int, Reader]]
 
 
-def _neg(v: Any) -> Any:
-    v = _num(v)
-    return None if v is None else -v
-
-
-def _not(v: Any) -> Any:
-    return None if v is None else not v
-
-
-def _min(*args: Any) -> Any:
-    vals = [_num(v) for v in args]
-    return None if None in vals else min(vals)
-
-
-def _max(*args: Any) -> Any:
-    vals = [_num(v) for v in args]
-    return None if None in vals else max(vals)
-
-
 _HELPERS: dict[str, Any] = {
-    "_neg": _neg, "_not": _not, "_add": arith_values("+"), "_sub": arith_values("-"),
-    "_mul": arith_values("*"), "_div": arith_values("/"), "_min": _min, "_max": _max, "_float": float, "_str": str, "_isinstance": isinstance,
-    "_type": type, "_bool": bool,
+    "_neg": negate_value, "_not": not_value,
+    "_add": arith_values("+"), "_sub": arith_values("-"),
+    "_mul": arith_values("*"), "_div": arith_values("/"),
+    "_min": min_values, "_max": max_values,
+    "_float": float, "_str": str, "_isinstance": isinstance, "_type": type, "_bool": bool,
     **{f"_cmp{i}": compare_values(op) for i, op in enumerate(_OPS)},
 }
 _CMP_NAME = {op: f"_cmp{i}" for i, op in enumerate(_OPS)}

@@ -465,15 +465,13 @@ def compile_expr(node: Node, leaf: LeafFactory = ask_context) -> Compiled:
         f = compile_expr(a[0], leaf)
 
         def neg(ctx: Any) -> Any:
-            v = _num(f(ctx))
-            return None if v is None else -v
+            return negate_value(f(ctx))
         return neg
     if op == "not":
         f = compile_expr(a[0], leaf)
 
         def not_(ctx: Any) -> Any:
-            v = f(ctx)
-            return None if v is None else not v
+            return not_value(f(ctx))
         return not_
     if op == "and":
         # a chain of ``and`` as one closure (``a and b and c`` parses as nested pairs): the
@@ -637,6 +635,29 @@ def arith_values(op: str) -> Callable[[Any, Any], Any]:
     return {"+": _plus, "-": _minus, "*": _times, "/": _over}[op]
 
 
+def negate_value(v: Any) -> Any:
+    """``-v``: unknown where ``v`` is not a number."""
+    x = _num(v)
+    return None if x is None else -x
+
+
+def not_value(v: Any) -> Any:
+    """``not v``: unknown stays unknown."""
+    return None if v is None else not v
+
+
+def min_values(*args: Any) -> Any:
+    """The smallest argument: unknown where any is not a number."""
+    vals = [_num(v) for v in args]
+    return None if any(v is None for v in vals) else min(vals)
+
+
+def max_values(*args: Any) -> Any:
+    """The largest argument: unknown where any is not a number."""
+    vals = [_num(v) for v in args]
+    return None if any(v is None for v in vals) else max(vals)
+
+
 def _compare(op: str, left: Compiled, right: Compiled) -> Compiled:
     of = compare_values(op)
 
@@ -747,13 +768,10 @@ def _call(name: str, fs: list[Compiled]) -> Compiled:
             return fa(ctx) if c else fb(ctx)
         return ifelse
     if name in ("min", "max"):
-        pick = min if name == "min" else max
+        pick = min_values if name == "min" else max_values
 
         def minmax(ctx: Any) -> Any:
-            vals = [_num(f(ctx)) for f in fs]
-            if any(v is None for v in vals):
-                return None
-            return pick(vals)
+            return pick(*(f(ctx) for f in fs))
         return minmax
     if name == "clamp":
         fx, flo, fhi = fs
