@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.bench_tick import once_wall_cpu_us  # noqa: E402
 from gpuwatch.collect.nvml import Nvml  # noqa: E402
 
 SLOW_FIELDS = ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "NVML_FI_DEV_PCIE_COUNT_TX_BYTES",
@@ -88,16 +89,6 @@ def calls_of(nv: Any, h: Any, gpu: Any) -> dict[str, Callable[[], Any]]:
     }
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, float, str | None]:
-    c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
-    try:
-        fn()
-        err = None
-    except Exception as e:  # noqa: BLE001 - a refused call is reported, not fatal
-        err = repr(e)
-    return (time.thread_time_ns() - c0) / 1e3, (time.perf_counter_ns() - w0) / 1e3, err
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", type=int, default=0)
@@ -120,11 +111,11 @@ def main() -> None:
     for mode, rounds, gap in (("spaced", args.spaced, 1.0), ("hot", args.hot, 0.0)):
         for _ in range(rounds):
             for name, fn in calls.items():
-                cpu, wall, err = timed(fn)
-                if err is None:
+                wall, cpu, note = once_wall_cpu_us(fn)
+                if note == "ok":
                     got[mode].setdefault(name, []).append((cpu, wall))
-                else:
-                    errors[name] = err
+                else:  # a call the driver refuses is reported, not fatal
+                    errors[name] = note
                 if gap:
                     time.sleep(0.05)
             if gap:
