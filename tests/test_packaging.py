@@ -29,12 +29,15 @@ def test_every_subpackage_is_listed_in_pyproject():
     assert listed == on_disk
 
 
-def test_test_extra_pins_no_cuda_torch():
-    # CI installs the CPU torch==2.13.0 first; the extra must accept it rather than pull
-    # another (CUDA) build
+def test_test_extra_pins_the_torch_ci_installs():
+    # CI installs torch==X first (the CPU build where pip is pointed at one); the extra
+    # pins the same release, which a local build (X+cpu) meets, and names no CUDA build
     extra = _pyproject()["project"]["optional-dependencies"]["test"]
     torch = [r for r in extra if re.match(r"torch\b", r)]
-    assert torch and all("==" not in r and "cu" not in r for r in torch)
+    ci = re.findall(r"pip install (torch==[0-9.]+)\s*$", (REPO / ".ci" / "run").read_text(),
+                    re.MULTILINE)
+    assert ci and torch == ci[:1], (torch, ci)
+    assert "+" not in torch[0] and "cu" not in torch[0]
 
 
 def _clean_env() -> dict[str, str]:
