@@ -20,6 +20,7 @@ from test_advise_support import (
     ids,
     load,
     stretched,
+    transform,
     without_gpm,
     write,
 )
@@ -87,6 +88,16 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "generate": ({"batch-inference-requests"}, {"raise-batch-size", "gpu-underused",
                                                  "reduce-launch-overhead"}),
     "timm_fp16": ({"use-bf16-not-fp16"}, {"enable-mixed-precision"}),
+    # a ViT-B/16 (timm) under Accelerate: its one convolution is the patch embedding, so
+    # no conv net's advice. In fp32 (TF32 off) the FP32 pipe does the matmuls: bf16; with
+    # TF32 matmuls (2.9x faster steps) TF32 is the fix already taken, as for any
+    # transformer; two workers that cannot keep up: more of them
+    "accel_vit_fp32": ({"enable-mixed-precision"}, {"enable-cudnn-benchmark",
+                                                    "add-dataloader-workers"}),
+    "accel_vit_tf32": (set(), {"enable-mixed-precision", "enable-cudnn-benchmark",
+                               "add-dataloader-workers", "raise-batch-size"}),
+    "accel_vit_starved": ({"add-dataloader-workers"}, {"raise-batch-size",
+                                                       "enable-cudnn-benchmark"}),
     "lightning_ddp": (set(), {"add-dataloader-workers", "straggler-rank"}),
     "lightning_ddp4": (set(), {"add-dataloader-workers", "straggler-rank"}),
     # Lightning's defaults in DDP on 4 H100s (num_workers=0, 32-true, an MLP at batch 32;
@@ -506,6 +517,51 @@ def test_accumulation_lowers_in_accelerates_words_at_the_same_effective_batch():
     assert "Accelerator(gradient_accumulation_steps=16 → " in text
     assert "DataLoader(batch_size=4 → " in text and "effective batch of 64" in text
     assert all(LR not in a["action"] for a in report["advice"])
+
+
+def test_a_vits_patch_embedding_gets_no_conv_nets_advice():
+    """The hook counts a convolution whose kernel is its stride (no padding) as a patch
+    embedding, not as a conv net's: no channels_last in the ViT's bf16 advice."""
+    report = advise_json(path_of("accel_vit_fp32"))
+    advice = next(a for a in report["advice"] if a["id"] == "enable-mixed-precision")
+    assert advice["evidence"]["uses_conv"] == 0
+    assert "channels_last" not in advice["action"]
+    assert 'Accelerator(mixed_precision="bf16")' in advice["action"]
+
+
+def test_more_workers_come_with_the_loader_settings_not_set_already():
+    """The ViT's loader has pin_memory=True and prefetch_factor 2: the advice adds workers,
+    persistent_workers and a larger prefetch, not the pin_memory it has. Its evidence is
+    read while it trained, not from the second after its job_end line (the loader's two
+    workers gone as the loop broke)."""
+    report = advise_json(path_of("accel_vit_starved"))
+    advice = next(a for a in report["advice"] if a["id"] == "add-dataloader-workers")
+    assert "pin_memory" not in advice["action"]
+    assert "DataLoader(persistent_workers=True) and DataLoader(prefetch_factor=4)" in \
+        advice["action"]
+    assert advice["action"].startswith("DataLoader(num_workers=2 → ")
+    assert advice["evidence"]["job_workers"] == advice["evidence"]["num_workers"] == 2
+    assert advice["evidence"]["workers_busy_ratio"] >= 0.9
+
+
+def test_the_evidence_stands_as_read_before_the_job_said_it_ended(tmp_path):
+    """A held advice's numbers are read again every 10 s of the clock; the second after the
+    job's `job_end` line (its loader's workers gone, as the loop broke) is no training to
+    read them from, wherever that second falls on the clock: the recording shifted by
+    each whole second of ten."""
+    lines = load("fw_accel_vit_starved")
+
+    def shift(d: dict, k: int) -> dict:
+        for f in ("t", "first_step_t", "last_report_t"):
+            if isinstance(d.get(f), float):
+                d[f] += k
+        return d
+
+    for k in range(10):
+        shifted = transform(lines, lambda d, k=k: shift(d, k))
+        report = advise_json(write(tmp_path / f"shifted{k}.jsonl", shifted))
+        advice = next(a for a in report["advice"] if a["id"] == "add-dataloader-workers")
+        assert advice["evidence"]["job_workers"] == 2, (k, advice["evidence"])
 
 
 def test_a_generate_loop_is_named_an_inference_process():
@@ -1302,16 +1358,18 @@ def test_lightnings_fsdp_offload_is_named_in_lightnings_words():
 
 def test_checkpointing_stays_where_the_activations_it_drops_may_not_fit(tmp_path):
     """GPT-2 small at 512 tokens, micro-batch 8, with gradient checkpointing: on its 80 GB
-    H100 the micro-batch's activations fit 19 times in what they hold and what is free, so turning
-    checkpointing off (up to ~17x the activations for a transformer block) is advised. The
-    same job on a 24 GB card holds a quarter of it or less too, but its activations fit
-    only ~5 times over: turning checkpointing off may not fit, and nothing is said."""
+    H100 the micro-batch's activations (265 MiB a sample while it trained; the step the job
+    reported as it ended, after freeing its tensors, read 444) fit 31 times in what they
+    hold and what is free, so turning checkpointing off (up to ~17x the activations for a
+    transformer block) is advised. The same job on a 24 GB card holds a quarter of it or
+    less too, but its activations fit only ~8 times over: turning checkpointing off may
+    not fit, and nothing is said."""
     from test_advise_support import on_card
 
     a = [x for x in advise_json(path_of("accel_clm_grad_ckpt"))["advice"]
          if x["id"] == "disable-gradient-checkpointing"]
     assert a and a[0]["evidence"]["batch_room"] >= 17
-    assert "would fit 19 times in what they hold and what is free" in a[0]["message"]
+    assert "would fit 31 times in what they hold and what is free" in a[0]["message"]
     small = write(tmp_path / "l4.jsonl", on_card(load("fw_accel_clm_grad_ckpt"),
                                                  total=24 * 2**30, name="NVIDIA L4"))
     report = advise_json(small)

@@ -155,6 +155,23 @@ def test_channels_last_is_read_from_the_conv_weights(attached: hook._Hook) -> No
     assert attached._config()["channels_last"] is True
 
 
+def test_a_patch_embedding_alone_is_no_conv_net(attached: hook._Hook) -> None:
+    """A ViT's one convolution cuts the image into patches (kernel = stride, no padding):
+    the model is a transformer, and the advice for conv nets (channels_last, cuDNN's
+    benchmark, bf16 where TF32 is on) is not for it. A ConvNeXt's stem is a patch
+    embedding too, but its depthwise convolutions make it a conv net."""
+    vit = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 16, stride=16), torch.nn.Flatten(2),
+                              torch.nn.Linear(196, 196), torch.nn.Linear(196, 10))
+    assert vit(torch.zeros(1, 3, 224, 224)).shape == (1, 64, 10)
+    assert attached._config()["uses_conv"] is False
+    assert "channels_last" not in attached._config()
+    convnext = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 4, stride=4),
+                                   torch.nn.Conv2d(32, 32, 7, padding=3, groups=32))
+    assert convnext(torch.zeros(1, 3, 32, 32)).shape == (1, 32, 8, 8)
+    assert attached._config()["uses_conv"] is True
+    assert not attached.problems.seen
+
+
 def test_a_data_parallel_model_is_reported_with_its_device_count(attached: hook._Hook) -> None:
     """``torch.nn.DataParallel`` registers the model before it sets ``device_ids`` (and on a
     machine without CUDA leaves them empty): the count is read when the settings are."""

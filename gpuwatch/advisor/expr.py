@@ -91,6 +91,8 @@ SCALAR_FUNCTIONS: dict[str, str] = {
     "ifelse": "ifelse(cond, a, b): a when cond is true, b when false, unknown when unknown",
     "knob": ('knob("name", old, new): the change of a setting in the words of the framework '
              "that drives the job, with the torch form beside it (docs/rules.md)"),
+    "listing": ('listing(a, b, ...): the known ones of its texts as a list in words, "a, b '
+                'and c"; unknown when none is known'),
 }
 
 _KEYWORDS = {"and", "or", "not", "true", "false", "null"}
@@ -337,7 +339,7 @@ class _Parser:
                  "ceil": (1, 1), "round": (1, 2), "clamp": (3, 3), "pow2floor": (1, 1),
                  "divisor": (2, 2),
                  "known": (1, 1), "ifelse": (3, 3), "min": (1, 99), "max": (1, 99),
-                 "coalesce": (1, 99), "knob": (3, 3)}[name]
+                 "coalesce": (1, 99), "knob": (3, 3), "listing": (1, 99)}[name]
         if not arity[0] <= len(args) <= arity[1]:
             want = str(arity[0]) if arity[0] == arity[1] else f"{arity[0]} or more"
             raise ExprError(f"{name}() takes {want} argument(s), got {len(args)}", fname.col)
@@ -758,6 +760,14 @@ def _call(name: str, fs: list[Compiled]) -> Compiled:
     if name == "known":
         f0 = fs[0]
         return lambda ctx: f0(ctx) is not None
+    if name == "listing":
+        def listing(ctx: Any) -> Any:
+            said = [v if isinstance(v, str) else str(v).lower() if isinstance(v, bool)
+                    else f"{v:g}" for v in (f(ctx) for f in fs) if v is not None]
+            if len(said) < 2:
+                return said[0] if said else None
+            return f"{', '.join(said[:-1])} and {said[-1]}"
+        return listing
     if name == "ifelse":
         fc, fa, fb = fs
 

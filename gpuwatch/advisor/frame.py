@@ -1376,10 +1376,16 @@ class Frame:
 
     def steps_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
         """Whether the hook reported steps for ``subj``'s job and none in the last
-        ``grace`` seconds before bucket ``idx`` ended (the job ended or paused)."""
+        ``grace`` seconds before bucket ``idx`` ended (the job ended or paused), or whose
+        hook said the job ended (its `job_end` line) by then, after its newest step."""
         _, owner = self._job_table(subj)
         last = owner.job_last
-        return last is not None and (idx - last) * self.res > grace
+        if last is None:
+            return False
+        if (idx - last) * self.res > grace:
+            return True
+        ended = self.ended_pids.get(owner.job_pid) if owner.job_pid is not None else None
+        return ended is not None and last <= ended <= idx
 
     def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True,
                    stopped: bool = True) -> JobWindow | None:

@@ -240,7 +240,8 @@ def _defs() -> dict[str, SignalDef]:
         ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),
         ("gradient_checkpointing", "config", "bool", "last", "activation checkpointing on",
          False),
-        ("uses_conv", "config", "bool", "last", "the model has convolution layers", False),
+        ("uses_conv", "config", "bool", "last",
+         "the model has convolution layers (a patch embedding alone does not count)", False),
         ("world_size", "config", "count", "last", "distributed world size", False),
         ("data_parallel_gpus", "config", "count", "last", ("devices one torch.nn.DataParallel "
          "replicates the model over (its device_ids; absent without one)"), False),

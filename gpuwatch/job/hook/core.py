@@ -1497,6 +1497,20 @@ def _wrap_optimizer_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     return __init__
 
 
+def _patch_embedding(conv: Any) -> bool:
+    """Whether ``conv`` cuts its input into patches that do not overlap (its kernel as large
+    as its stride, above 1, no padding, no dilation): a ViT's, a Swin's or a ConvNeXt's
+    stem, a linear layer over patches. A transformer with one is no conv net: its TF32,
+    channels_last and cuDNN settings matter little."""
+    try:
+        k, stride, pad = tuple(conv.kernel_size), tuple(conv.stride), conv.padding
+        unpadded = pad == "valid" or (not isinstance(pad, str) and not any(pad))
+        return (k == stride and min(k) > 1 and unpadded
+                and all(d == 1 for d in conv.dilation))
+    except (AttributeError, TypeError, ValueError):  # a conv of its own kind: a conv net's
+        return False
+
+
 def _on_submodule(_parent: Any, _name: str, module: Any) -> None:
     """A submodule is registered (torch's global module registration hook): a model is
     being built; note its convolutions."""
@@ -1504,7 +1518,7 @@ def _on_submodule(_parent: Any, _name: str, module: Any) -> None:
     if h is None or h.off:
         return
     try:
-        if isinstance(module, torch.nn.modules.conv._ConvNd):
+        if isinstance(module, torch.nn.modules.conv._ConvNd) and not _patch_embedding(module):
             h.uses_conv = True
             if len(h.convs) < 8 and isinstance(module, torch.nn.Conv2d):
                 h.convs.append(weakref.ref(module))

@@ -55,6 +55,12 @@ want accelerate_accum && rec accelerate_accum 150 python3 accelerate_accum.py --
 want generate && rec generate 120 python3 generate.py --seconds 45 --width 768 --new-tokens 32
 # 7. timm ResNet-50 in fp16 with a GradScaler on a GPU that has bf16
 want timm_fp16 && rec timm_fp16 150 python3 timm_fp16.py --seconds 45
+# 7b. a ViT-B/16 (timm) under Accelerate: in fp32 (TF32 off), with TF32 matmuls, and bf16
+# with two workers each spending 4 ms of CPU a sample (the workers cannot keep up)
+want accel_vit_fp32 && rec accel_vit_fp32 150 python3 accel_vit.py --mixed no --seconds 35
+want accel_vit_tf32 && rec accel_vit_tf32 150 python3 accel_vit.py --mixed no --tf32 --seconds 35
+want accel_vit_starved && rec accel_vit_starved 150 python3 accel_vit.py --mixed bf16 --batch 128 \
+  --workers 2 --cpu-ms 4 --seconds 35
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
