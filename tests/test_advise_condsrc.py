@@ -160,6 +160,8 @@ CONDITIONS = [
     "util or mem_util or power_ratio",
     "not (util and mem_util)",
     "pow2floor(util) >= 2 and divisor(util, mem_util) >= 1",
+    "known(listing(ifelse(util > 0.5, 'a', null), ifelse(mem_util > 0.5, 'b', null)))",
+    "listing(ifelse(util > 0.5, 'a', null), 'b') == 'a and b'",
 ]
 
 

@@ -42,6 +42,9 @@ def ev(text: str, ctx: Ctx | None = None):
     ("sqrt(-1)", None), ("round(2.567, 1)", 2.6), ('"bf16" == "bf16"', True),
     ("ifelse(1 > 2, 10, 20)", 20.0), ("coalesce(null, null, 3)", 3.0), ("known(null)", False),
     ("30s", 30.0), ("5m", 300.0), ("250ms", 0.25), ("1.5h", 5400.0),
+    ('listing("a", "b", "c")', "a, b and c"), ('listing(null, "b", null, "d")', "b and d"),
+    ('listing(null, "b")', "b"), ("listing(null, null)", None),
+    ('listing("batch", 4, 1 > 2)', "batch, 4 and false"),
 ])
 def test_arithmetic_logic_and_functions(text, value):
     assert ev(text) == value
@@ -109,6 +112,7 @@ def test_and_or_short_circuit():
     ("util && 1", "write 'and'"),
     ("", "empty condition"),
     ("sqrt(1, 2)", "takes 1 argument"),
+    ("listing()", "takes 1 or more argument"),
 ])
 def test_rejected_at_parse_time(text, needle):
     with pytest.raises(ExprError) as err:
