@@ -146,7 +146,7 @@ def starved_cnn(seconds: float = 40.0) -> Run:
                 host=lambda rel: {"job_cpu_cores": 3.1, "job_main_cpu_cores": 0.1,
                                   "job_workers_cpu_cores": 3.0, "job_processes": 4},
                 configs={0: {"num_workers": 3, "persistent_workers": True, "pin_memory": True,
-                             "uses_dataloader": True, "uses_conv": True,
+                             "uses_dataloader": True, "uses_conv": True, "channels_last": False,
                              "autocast_dtype": "bfloat16", "batch_size": 128}})
     run.truth = {0: {"data": data}}
     return run
@@ -173,8 +173,8 @@ def gan(seconds: float = 40.0) -> Run:
                 host=lambda rel: {"job_cpu_cores": 1.5, "job_main_cpu_cores": 1.3,
                                   "job_workers_cpu_cores": 0.2, "job_processes": 3},
                 configs={0: {"num_workers": 2, "persistent_workers": False, "pin_memory": True,
-                             "uses_dataloader": True, "uses_conv": True, "batch_size": 64,
-                             "autocast_dtype": None}})
+                             "uses_dataloader": True, "uses_conv": True, "channels_last": False,
+                             "batch_size": 64, "autocast_dtype": None}})
     run.truth = {0: {"data": data}}
     return run
 
@@ -225,8 +225,9 @@ def resnet_fp32(seconds: float = 40.0, config: bool = True) -> Run:
     7.5 %, FP32 pipe 1.3 %, DRAM 49 %; the hook reports autocast off and convolutions."""
     steps = steady_steps(seconds, 0.3, wait=0.01)
     cfg = {"num_workers": 8, "persistent_workers": True, "pin_memory": True,
-           "uses_dataloader": True, "uses_conv": True, "autocast_dtype": None, "tf32": False,
-           "cudnn_benchmark": True, "fused_optimizer": True, "batch_size": 64}
+           "uses_dataloader": True, "uses_conv": True, "channels_last": False,
+           "autocast_dtype": None, "tf32": False, "cudnn_benchmark": True,
+           "fused_optimizer": True, "batch_size": 64}
     return build(steps={0: steps},
                  gpu=const(util=0.84, sm_active=0.71, tensor_active=0.075, fp32_active=0.013,
                            dram_active=0.49),

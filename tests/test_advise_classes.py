@@ -145,6 +145,15 @@ def test_fp32_conv_net_gets_mixed_precision_and_channels_last(tmp_path):
     assert "torch.bfloat16" in a["action"] and "channels_last" in a["action"]
     assert "TF32" in a["message"]
     assert onset(report, run, "enable-mixed-precision") <= WARNING_ONSET
+    # convolutions whose weights tell no layout (1-d ones, as an audio model's: Whisper's,
+    # wav2vec 2.0's; the hook reports no channels_last): channels_last does not apply
+    audio = synthetic.resnet_fp32()
+    for d in audio.lines:
+        if d["kind"] == "config":
+            del d["channels_last"]
+    c = advice(judge(tmp_path, audio, "audio.jsonl"), "enable-mixed-precision")
+    assert "torch.bfloat16" in c["action"] and "channels_last" not in c["action"]
+    assert "cuDNN runs FP32 convolutions as TF32" in c["message"]
     # the same job without convolutions: no channels_last
     plain = synthetic.resnet_fp32()
     for d in plain.lines:

@@ -172,6 +172,18 @@ def test_a_patch_embedding_alone_is_no_conv_net(attached: hook._Hook) -> None:
     assert not attached.problems.seen
 
 
+def test_one_dimensional_convolutions_tell_no_layout(attached: hook._Hook) -> None:
+    """An audio model's 1-d convolutions (Whisper's, wav2vec 2.0's stem) are convolutions
+    cuDNN runs, but channels_last is a layout of 4-d tensors: it is not reported, so it is
+    not advised."""
+    stem = torch.nn.Sequential(torch.nn.Conv1d(80, 64, 3, padding=1),
+                               torch.nn.Conv1d(64, 64, 3, stride=2, padding=1))
+    assert stem(torch.zeros(1, 80, 100)).shape == (1, 64, 50)
+    config = attached._config()
+    assert config["uses_conv"] is True and "channels_last" not in config
+    assert not attached.problems.seen
+
+
 def test_a_data_parallel_model_is_reported_with_its_device_count(attached: hook._Hook) -> None:
     """``torch.nn.DataParallel`` registers the model before it sets ``device_ids`` (and on a
     machine without CUDA leaves them empty): the count is read when the settings are."""
