@@ -61,6 +61,16 @@ want accel_vit_fp32 && rec accel_vit_fp32 150 python3 accel_vit.py --mixed no --
 want accel_vit_tf32 && rec accel_vit_tf32 150 python3 accel_vit.py --mixed no --tf32 --seconds 35
 want accel_vit_starved && rec accel_vit_starved 150 python3 accel_vit.py --mixed bf16 --batch 128 \
   --workers 2 --cpu-ms 4 --seconds 35
+# 7c. Lightning with TF32 through torch.set_float32_matmul_precision("high"); the Trainer
+# evaluating and saving every 40 steps (load_best_model_at_end); generate() at batch 64.
+# (the first drafts of lightning_lm.py and gpt2_trainer.py made the recordings: the same
+# runs, written up after, and they wrote no truth file)
+want lightning_lm_tf32 && rec lightning_lm_tf32 150 python3 lightning_lm.py --precision 32-true \
+  --matmul high --batch 16 --accum 1 --seconds 35
+want hf_gpt2_eval_save && rec hf_gpt2_eval_save 200 python3 gpt2_trainer.py --precision bf16 \
+  --batch 16 --workers 2 --eval-every 40 --output-dir /tmp/ckpt --seconds 50
+want generate_b64 && rec generate_b64 120 python3 generate.py --batch 64 --width 1024 --layers 12 \
+  --new-tokens 64 --seconds 40
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
