@@ -168,6 +168,30 @@ def test_fp32_conv_net_gets_mixed_precision_and_channels_last(tmp_path):
     assert "enable-mixed-precision" not in ids(judge(tmp_path, plain, "tf32.jsonl"))
 
 
+def test_cudnn_benchmark_is_advised_unless_the_job_asked_for_reproducible_kernels(tmp_path):
+    """A conv net with cudnn.benchmark off gets it, in Lightning's words under Lightning;
+    not where the job asked for deterministic kernels (Lightning's
+    Trainer(deterministic=True) turns benchmark off for that very reason)."""
+    def run(**config):
+        r = synthetic.resnet_fp32()
+        for d in r.lines:
+            if d["kind"] == "config":
+                d.update(cudnn_benchmark=False, **config)
+        return r
+    plain = advice(judge(tmp_path, run(), "plain.jsonl"), "enable-cudnn-benchmark")
+    assert plain["action"].startswith("Set torch.backends.cudnn.benchmark = True when")
+    lit = advice(judge(tmp_path, run(framework="lightning"), "lit.jsonl"),
+                 "enable-cudnn-benchmark")
+    assert lit["action"].startswith("Set Trainer(benchmark=True) (in torch: "
+                                    "torch.backends.cudnn.benchmark = True) when")
+    for name, config in [("det", {"deterministic": True}),
+                         ("litdet", {"deterministic": True, "framework": "lightning"})]:
+        assert "enable-cudnn-benchmark" not in ids(judge(tmp_path, run(**config),
+                                                         f"{name}.jsonl"))
+    assert "enable-cudnn-benchmark" in ids(judge(tmp_path, run(deterministic=False),
+                                                 "nodet.jsonl"))
+
+
 def test_manual_loop_without_dataloader_gets_no_worker_advice(tmp_path):
     run = synthetic.manual_lstm()
     report = judge(tmp_path, run)

@@ -111,6 +111,18 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # process already batching its requests, its decoding loop host-bound
     "generate_b64": (set(), {"batch-inference-requests", "raise-batch-size",
                              "add-dataloader-workers", "enable-mixed-precision"}),
+    # a timm ResNet-34 under Trainer(deterministic=True), host-bound at batch 128: the
+    # batch, and not cuDNN's benchmark, which Lightning left off for reproducibility
+    "lightning_det": ({"raise-batch-size"}, {"enable-cudnn-benchmark", "add-dataloader-workers"}),
+    # auto_find_batch_size from 1024: 16 out-of-memory retries before a batch of 186 fits;
+    # memory full by design, so checkpointing is the lever, not the batch; the failed tries
+    # are no leak and no out-of-memory of the training
+    "hf_autobatch": ({"enable-gradient-checkpointing"}, {"raise-batch-size", "out-of-memory",
+                                                         "memory-leak"}),
+    # a ViT whose Dataset crops and blurs each image on 2 workers: 79 % of each step waits
+    "hf_vit_aug": ({"add-dataloader-workers"}, {"raise-batch-size"}),
+    # a compiled MLP in a plain loop at 3 ms a step, 1.5 GiB of the card held
+    "plain_compiled": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     "lightning_ddp": (set(), {"add-dataloader-workers", "straggler-rank"}),
     "lightning_ddp4": (set(), {"add-dataloader-workers", "straggler-rank"}),
     # Lightning's defaults in DDP on 4 H100s (num_workers=0, 32-true, an MLP at batch 32;
@@ -402,6 +414,9 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "lightning_cnn_oom": ({"exited-with-memory-full"}, {"out-of-memory"}),
     "hf_large_fits": (set(), {"raise-batch-size", "enable-gradient-checkpointing",
                               "gpu-underused"}),
+    # the workers pegged and the GPU busy a tenth of the time, seen from outside
+    "hf_vit_aug": ({"add-dataloader-workers"}, {"raise-batch-size"}),
+    "lightning_det": ({"raise-batch-size"}, {"add-dataloader-workers"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -592,6 +607,31 @@ def test_a_batched_generate_loop_is_inference_told_nothing_of_batching():
     report = advise_json(path_of("generate_b64"))
     assert truth("generate_b64")["generate_calls"] == 85
     assert "batch-inference-requests" not in ids(report)
+
+
+def test_the_batch_size_finders_failed_tries_are_start_up_not_steps():
+    """Trainer(auto_find_batch_size=True) from 1024: each try that ran out of memory lets go
+    of its graph and is start-up, so the steps are the callback's, every step after the
+    first at the batch the finder settled on (the first is twice that: accelerate's loader
+    looks one batch ahead), and checkpointing is named in the Trainer's words."""
+    report = advise_json(path_of("hf_autobatch"))
+    t = truth("hf_autobatch")
+    (job,) = report["jobs"]
+    assert job["steps"] == t["steps"] == 62
+    steps = [d for d in lines(path_of("hf_autobatch")) if d.get("kind") == "step"]
+    assert len(t["batch_sizes"]) == 17 and t["batch_sizes"][-1] == 186
+    assert {d["batch_size"] for d in steps[1:]} == {186}
+    assert steps[0]["batch_size"] == 2 * 186
+    # the first step is the try that fitted, not the 16 before it (over a minute of them)
+    assert steps[0]["step_seconds"] < 10 * steps[1]["step_seconds"]
+    assert "TrainingArguments(gradient_checkpointing=True)" in action(report,
+                                                                      "enable-gradient-checkpointing")
+
+
+def test_workers_too_few_for_the_datasets_augmentation_are_raised_in_the_trainers_words():
+    report = advise_json(path_of("hf_vit_aug"))
+    assert truth("hf_vit_aug")["workers"] == 2
+    assert "TrainingArguments(dataloader_num_workers=2 → " in action(report, "add-dataloader-workers")
 
 
 @pytest.mark.parametrize("name", ["generate", "generate_b64"])

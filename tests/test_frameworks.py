@@ -416,3 +416,29 @@ def test_the_scripts_run_without_gpuwatch(tmp_path: Path) -> None:
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert json.loads(truth.read_text())["steps"] == 3
+
+
+def test_the_trainers_batch_size_finder_settles_where_it_does_without_the_hook(
+        tmp_path: Path) -> None:
+    """TrainingArguments(auto_find_batch_size=True): each batch whose backward runs out of
+    memory is tried again at 90 %. The hook must hold nothing of a failed attempt (its
+    loss still holds the graph a failed backward did not free), or the next attempts run
+    beside that memory and the Trainer settles on a smaller batch than the card allows
+    (on an H200, GPT-2 at 56 samples instead of 186). The script plays the memory on the
+    CPU: the batch settled on, with the hook and without, is the largest that fits."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWATCH", "PYTHONPATH"))}
+    bare = tmp_path / "bare.json"
+    run = subprocess.run([sys.executable, str(SCRIPTS / "hf_autobatch.py"), "--out", str(bare)],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rec, truth = record(tmp_path, "hf_autobatch")
+    expected = json.loads(bare.read_text())
+    assert expected["tried"] == [64, 57, 51, 45, 40] and expected["trained_batch"] == 40
+    assert truth["tried"] == expected["tried"] and truth["steps"] == 6
+    steps = lines(rec, "step")
+    assert len(steps) == 6 and {s["batch_size"] for s in steps[1:]} == {40}
+    # the first step: the attempts that failed are start-up, not part of it. It holds its
+    # batch and the one accelerate's loader fetches ahead, as in any Trainer run (not the
+    # 2 x 257 samples of every attempt's two batches)
+    assert steps[0]["batch_size"] == 2 * 40 and steps[0]["micro_batches"] == 1
+    assert not lines(rec, "hook_problem")

@@ -10,6 +10,7 @@ truth. Iteration counts and first-batch flags must match exactly; first-batch wa
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import json
 import subprocess
@@ -66,12 +67,19 @@ def test_a_loop_without_an_optimizer_counts_iterations_at_backward(tmp_path: Pat
     assert configs[0]["t"] < steps[0]["t"] - 1.0
 
 
+@pytest.mark.parametrize("new_loader", [False, True])
 def test_a_gan_counts_one_iteration_per_generator_step_and_marks_epoch_starts(
-        tmp_path: Path) -> None:
+        tmp_path: Path, new_loader: bool) -> None:
     """DCGAN: three backward() and two optimizer steps per iteration; 4-batch epochs with
-    persistent_workers=False, so each epoch starts new workers."""
+    persistent_workers=False, so each epoch starts new workers. Also with the DataLoader
+    built anew each epoch: a loader the hook has not seen train, whose first batch a
+    backward() follows, is training's (its epoch start, its wait), not an evaluation."""
     steps, configs, truth = record_loop(tmp_path, "gan", "--epochs", "3",
-                                        "--epoch-batches", "4", "--workers", "2")
+                                        "--epoch-batches", "4", "--workers", "2",
+                                        *(["--new-loader"] if new_loader else []))
+    final = lines(tmp_path / "rec.jsonl", "phase")[-1]
+    assert "eval" not in final["seconds"] and final["eval_batches"] == 0
+    assert sum(s["batch_size"] for s in steps) == 12 * 8
     assert [s["step"] for s in steps] == [s["step"] for s in truth] == list(range(12))
     config = configs[-1]
     assert config["step_source"] == "optimizer"
@@ -153,6 +161,22 @@ def test_channels_last_is_read_from_the_conv_weights(attached: hook._Hook) -> No
     assert attached._config()["channels_last"] is False
     net.to(memory_format=torch.channels_last)
     assert attached._config()["channels_last"] is True
+
+
+def test_deterministic_kernels_asked_for_are_reported(attached: hook._Hook) -> None:
+    """torch.use_deterministic_algorithms (Lightning's Trainer(deterministic=True)) or
+    cudnn.deterministic alone: the job asked for reproducible kernels."""
+    assert attached._config()["deterministic"] is False
+    was = torch.backends.cudnn.deterministic
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)  # deterministic="warn"
+        assert attached._config()["deterministic"] is True
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = True
+        assert attached._config()["deterministic"] is True
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = was
 
 
 def test_a_patch_embedding_alone_is_no_conv_net(attached: hook._Hook) -> None:
@@ -368,6 +392,48 @@ def test_the_loss_is_the_unscaled_value_of_the_iterations_last_backward(
     assert [s.step for s in got] == [0, 1, 2]
     assert [s.loss for s in got] == [None, losses[1], losses[2]]  # one per report
     assert losses[2] != losses[1] and losses[2] < 1024  # unscaled
+
+
+class _FailingBackward(torch.autograd.Function):
+    """Saves a tensor for backward, then fails in backward as a CUDA allocation would."""
+
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(x * 1.0)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_backward_that_fails_leaves_nothing_of_its_graph_held(
+        attached: hook._Hook, scaled: bool) -> None:
+    """A backward() that raises part way (CUDA out-of-memory) has not freed its graph: the
+    loss it ran on still holds what the forward saved. A job that catches the error and
+    tries a smaller batch (the Trainer's auto_find_batch_size) must get that memory back:
+    the hook keeps no reference to the failed loss, nor to GradScaler.scale()'s pair."""
+    w = torch.nn.Parameter(torch.ones(64))
+    opt = torch.optim.SGD([w], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0) if scaled else None
+    _no_reporter(attached)
+    (w * 2).sum().backward()  # one iteration that works: the hook takes its short ways
+    opt.step()
+    refs = []
+    for _ in range(2):  # the second time through the hook's short way (bw_plain)
+        saved_by_forward = w * 3.0
+        refs.append(weakref.ref(saved_by_forward))
+        loss = _FailingBackward.apply(saved_by_forward).sum()
+        with pytest.raises(torch.OutOfMemoryError):
+            (scaler.scale(loss) if scaler else loss).backward()
+        del saved_by_forward, loss
+        gc.collect()
+        assert refs[-1]() is None, "the failed backward's graph is still held"
+    assert attached.loss_tensor is None and attached.scaled is None
+    (w * w).sum().backward()  # the job goes on: its next backward counts
+    opt.step()
+    assert attached.n == 2 and not attached.errors
 
 
 def _backward_every_way(w: torch.Tensor) -> list[torch.Tensor]:

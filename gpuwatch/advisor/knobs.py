@@ -91,6 +91,11 @@ KNOBS: dict[str, dict[str, str]] = {
         "transformers": "TrainingArguments(tf32=True)",
         "lightning": 'torch.set_float32_matmul_precision("high") before Trainer.fit',
     },
+    # Lightning sets torch's flag from Trainer(benchmark=...) when the Trainer is built
+    "cudnn_benchmark": {
+        TORCH: "torch.backends.cudnn.benchmark = {new}",
+        "lightning": "Trainer(benchmark={new})",
+    },
     "fused_optimizer": {
         TORCH: "torch.optim.{new}(..., fused=True)",
         "transformers": 'TrainingArguments(optim="adamw_torch_fused")',

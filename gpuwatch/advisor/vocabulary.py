@@ -237,6 +237,9 @@ def _defs() -> dict[str, SignalDef]:
          "model's sign)"), False),
         ("tf32", "config", "bool", "last", "TF32 matmuls allowed", False),
         ("cudnn_benchmark", "config", "bool", "last", "torch.backends.cudnn.benchmark", False),
+        ("deterministic", "config", "bool", "last", ("the job asked for reproducible "
+         "kernels: torch.use_deterministic_algorithms (Lightning's "
+         "Trainer(deterministic=True)) or torch.backends.cudnn.deterministic"), False),
         ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),
         ("gradient_checkpointing", "config", "bool", "last", "activation checkpointing on",
          False),

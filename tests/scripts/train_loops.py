@@ -5,7 +5,8 @@
   evaluation pass (no backward) every ``--eval-every`` iterations. ``--reentrant`` runs the
   LSTM under reentrant checkpointing, whose backward() runs a nested backward().
 - ``gan``: DCGAN's shape: conv nets, two optimizers, three backward() calls per iteration,
-  short epochs over a DataLoader with ``persistent_workers=False`` (new workers each epoch).
+  short epochs over a DataLoader with ``persistent_workers=False`` (new workers each epoch);
+  ``--new-loader`` builds the DataLoader anew inside the epoch loop, as many notebooks do.
 - ``accumulate``: gradient accumulation: ``--accumulate`` backward() calls per optimizer step.
 
 Each writes its own ground truth to ``--out`` (one JSON line per iteration, the trace's step
@@ -37,6 +38,7 @@ p.add_argument("--eval-every", type=int, default=5)
 p.add_argument("--reentrant", action="store_true")
 p.add_argument("--channels-last", action="store_true")
 p.add_argument("--pause", type=float, default=0.0)
+p.add_argument("--new-loader", action="store_true", help="gan: a DataLoader built each epoch")
 p.add_argument("--out", default=None)
 a = p.parse_args()
 
@@ -121,6 +123,8 @@ elif a.loop == "gan":
     end_wait = 0.0  # the last next() of an epoch: it shuts the epoch's workers down
     for _epoch in range(a.epochs):
         t_iter = time.perf_counter()
+        if a.new_loader:
+            loader = DataLoader(Images(), batch_size=8, num_workers=a.workers)
         it = iter(loader)
         first: float | None = 0.0
         while True:

@@ -155,7 +155,7 @@ class _Hook:
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
                  "last_info", "prev_step", "mem_due", "mem_end",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
-                 "eval_batch_size", "eval_wait", "infer_batches", "infer_t0",
+                 "eval_batch_size", "eval_wait", "eval_probe", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "generate_calls",
                  "compiles", "saving", "saves", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
@@ -251,6 +251,11 @@ class _Hook:
         self.eval_samples = 0
         self.eval_batch_size: int | None = None
         self.eval_wait = 0.0  # their data wait, seconds
+        # the first batch of a loader not known to train, which began an evaluation:
+        # (its facts, fetch start and end, its first-batch wait, the evaluation's
+        # batch size before). A backward() right after it says it was training's after all
+        # (a training DataLoader built anew each epoch, a tuner's trial): undo_eval()
+        self.eval_probe: tuple[Any, ...] | None = None
         self.infer_batches = 0  # batches and generate() calls of a process that never trained
         self.infer_t0: float | None = None  # when the first of them came
         self.infer_compile0 = 0.0  # compile seconds by then
@@ -361,6 +366,8 @@ class _Hook:
         self.phase_seconds[old] += spent
         if old is EVAL or old is CHECKPOINT or old is COMPILE:
             self.excluded += spent
+        if old is EVAL:
+            self.eval_probe = None  # only an evaluation of one batch, straight after
         self.phase = phase
         self.phase_t0 = now
         # the short ways of the per-step wrappers hold only while training
@@ -381,8 +388,12 @@ class _Hook:
     def other_batch(self, info: list[Any] | None, t0: float, t1: float) -> None:
         """A batch of a loader that has not trained, once training began: evaluation
         (``info`` None: the loader's end, no batch)."""
+        probe = None
         if self.phase is TRAIN:
             self.switch(EVAL, t0)
+            if info is not None:
+                probe = (info, t0, t1, info[2], self.eval_batch_size)
+        self.eval_probe = probe  # a second batch, or the loader's end: evaluation it is
         self.eval_wait += t1 - t0
         if info is not None:
             self.eval_batches += 1
@@ -390,6 +401,28 @@ class _Hook:
             if info[0]:
                 self.eval_samples += info[0]
                 self.eval_batch_size = info[0]
+
+    def undo_eval(self, now: float) -> None:
+        """A backward() came right after the one batch that began an evaluation: that
+        batch was training's, from a loader built anew (each epoch, or by a batch size
+        tuner's trial). What it counted as evaluation is training's again: the time since
+        it began, its data wait, its samples, and its epoch start."""
+        info, t0, t1, first_wait, eval_batch_size = self.eval_probe
+        self.eval_probe = None
+        self.phase_seconds[TRAIN] += now - self.phase_t0
+        self.phase = TRAIN
+        self.phase_t0 = now
+        self.eval_wait -= t1 - t0
+        self.eval_batches -= 1
+        self.loader = info
+        if info[0]:
+            self.eval_samples -= info[0]
+            self.samples += info[0]
+        self.eval_batch_size = eval_batch_size
+        self.wait += t1 - t0
+        if first_wait is not None:
+            firsts, waited = self.first
+            self.first = (firsts + 1, waited + first_wait + (t1 - t0))
 
     def inference_work(self, batch: int | None, now: float) -> None:
         """A batch (or a generate() call) before any backward(): a process that keeps
@@ -936,6 +969,7 @@ class _Hook:
         read(cfg, "cudnn_tf32", facts.cudnn_tf32, p)
         read(cfg, "float32_matmul_precision", facts.float32_matmul_precision, p)
         read(cfg, "cudnn_benchmark", lambda: bool(torch.backends.cudnn.benchmark), p)
+        read(cfg, "deterministic", facts.deterministic, p)
         ref = self.primary
         opt = ref() if ref is not None else None
         if opt is not None:
@@ -1272,6 +1306,7 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             return
         if h.phase is EVAL:
             h.switch(TRAIN, t0)  # the training loader again: evaluation is over
+            h.eval_probe = None
         h.wait += t1 - t0
         if h.iter_start is None:
             h.iter_start = t0
@@ -1401,7 +1436,11 @@ def _backward_begins(h: _Hook, t: Any) -> None:
     h.backwards += 1
     h.backward_seen = True
     if h.phase is EVAL:
-        h.switch(TRAIN, _perf())
+        probe = h.eval_probe
+        if probe is not None and probe[0] is h.last_info:
+            h.undo_eval(_perf())
+        else:
+            h.switch(TRAIN, _perf())
     info = h.last_info
     if info is not None and info[5] is not True:
         info[5] = True  # its batches are what trains (and its loader's next ones)
@@ -1441,12 +1480,38 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = orig(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
                           inputs)
+        except BaseException:
+            if not depth:
+                _backward_failed(h)
+            raise
         finally:
             h.depth = depth
         if not depth and h.source is not OPTIMIZER and not h.off:
             _backward_ended(h)
         return result
     return backward
+
+
+def _backward_failed(h: _Hook) -> None:
+    """A top-level backward() raised (CUDA out-of-memory, most often): let go of its loss.
+    A backward that fails part way has not freed its graph, so the loss it ran on still
+    holds every activation the forward saved. A job that catches the error and tries again
+    (Trainer(auto_find_batch_size=True), accelerate's find_executable_batch_size,
+    Lightning's batch size finder) would otherwise run its next attempt beside all of
+    that memory, and fail again where it would have fit.
+
+    What the iteration fetched did not train: its samples and micro-batches are dropped.
+    Before the first iteration ended (a batch size finder's attempts), the first one starts
+    over at its next batch: the attempts were start-up (the phase says so), not a step."""
+    h.loss_tensor = None
+    h.scaled = None
+    h.samples = 0
+    h.backwards = 0
+    if h.n == 0 and not h.held_backwards:
+        h.iter_start = None
+        h.wait = 0.0
+        h.first = (0, 0.0)
+        h.excluded = 0.0
 
 
 def _backward_ended(h: _Hook) -> None:
@@ -1477,6 +1542,10 @@ def _wrap_backward_any(orig: Callable[..., Any]) -> Callable[..., Any]:
         h.depth = depth + 1
         try:
             result = orig(*args, **kwargs)
+        except BaseException:
+            if not depth:
+                _backward_failed(h)
+            raise
         finally:
             h.depth = depth
         if not depth and h.source is not OPTIMIZER and not h.off:

@@ -101,6 +101,14 @@ def cudnn_tf32() -> bool:
     return bool(b.cudnn.allow_tf32)
 
 
+def deterministic() -> bool:
+    """Whether the job asked for reproducible kernels: torch.use_deterministic_algorithms
+    (Lightning's Trainer(deterministic=True), the Trainer's full_determinism=True) or
+    torch.backends.cudnn.deterministic."""
+    return bool(torch.are_deterministic_algorithms_enabled()
+                or torch.backends.cudnn.deterministic)
+
+
 _MATMUL_PRECISION = {"tf32": "high", "ieee": "highest", "bf16": "medium"}
 
 

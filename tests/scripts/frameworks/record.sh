@@ -71,6 +71,14 @@ want hf_gpt2_eval_save && rec hf_gpt2_eval_save 200 python3 gpt2_trainer.py --pr
   --batch 16 --workers 2 --eval-every 40 --output-dir /tmp/ckpt --seconds 50
 want generate_b64 && rec generate_b64 120 python3 generate.py --batch 64 --width 1024 --layers 12 \
   --new-tokens 64 --seconds 40
+# 7d. Lightning with Trainer(deterministic=True) (cuDNN's benchmark left off on purpose); the
+# Trainer's auto_find_batch_size from a batch of 1024 (out-of-memory retries before the first
+# step); a ViT whose Dataset crops and blurs each image on two workers; a compiled MLP in a
+# plain loop. (First drafts of these scripts made the recordings: the same runs, tidied after)
+want lightning_det && rec lightning_det 150 python3 lightning_det.py --seconds 30
+want hf_autobatch && rec hf_autobatch 200 python3 gpt2_autobatch.py --seconds 35
+want hf_vit_aug && rec hf_vit_aug 150 python3 hf_vit_aug.py --seconds 35
+want plain_compiled && rec plain_compiled 150 python3 plain_compiled.py --seconds 30
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
