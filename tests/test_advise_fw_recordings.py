@@ -803,7 +803,7 @@ def test_without_the_hook_a_pegged_main_process_is_a_suspicion_with_its_check(tm
     assert a["message"].startswith("The input pipeline may hold the training back")
     assert "the wait for data is not measured" in a["message"]
     assert a["evidence"]["job_workers"] == 0 and a["evidence"]["main_busy_ratio"] >= 0.85
-    assert "while the training process is pegged" in a["action"]
+    assert "while the main process is pegged" in a["action"]
     assert "raise the batch size instead" in a["action"]
     assert a["confidence"] < 0.6
     assert "CPU cores are free." in a["action"]  # one GPU: the host's free cores are its own

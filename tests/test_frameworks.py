@@ -171,6 +171,41 @@ def test_lightning_validation_is_a_phase(tmp_path: Path) -> None:
     assert phase["eval_batch_size"] == 8 and phase["eval_batches"] >= 4 * 64
 
 
+def test_lightning_reloading_its_training_loader_each_epoch_is_still_training(
+        tmp_path: Path) -> None:
+    """Trainer(reload_dataloaders_every_n_epochs=1): a new training DataLoader each epoch
+    (epochs of 8 batches). Each new loader's first batch is followed by a backward(), so it
+    is training, not evaluation: every step counted, every epoch's first batch marked."""
+    rec, truth = record(tmp_path, "lightning_cnn", "--size", "32", "--batch", "32",
+                        "--workers", "2", "--samples", "256", "--reload", "--seconds", "12")
+    assert truth["loaders"] >= 5
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"]
+    firsts = sum(int(s.get("first_batch") or 0) for s in steps)
+    assert firsts == truth["loaders"]
+    phase = lines(rec, "phase")[-1]
+    assert phase["eval_batches"] == 0 and "eval" not in phase["seconds"]
+    report = advise(rec)
+    assert "speed-up-evaluation" not in {a["id"] for a in report["advice"]}
+
+
+def test_lightning_predict_is_an_inference_process_in_lightnings_words(tmp_path: Path) -> None:
+    """Trainer.predict over and over, never a backward(): an inference process whose
+    batches are the predict loader's, counted exactly, with Lightning named."""
+    rec, truth = record(tmp_path, "lightning_predict", "--accelerator", "cpu", "--size", "32",
+                        "--batch", "16", "--workers", "1", "--samples", "256",
+                        "--seconds", "12")
+    assert truth["rounds"] >= 2
+    assert not lines(rec, "step") and not lines(rec, "steps")
+    phase = lines(rec, "phase")[-1]
+    assert phase["phase"] == "inference" and phase["inference_batch_size"] == 16
+    assert phase["inference_batches"] == truth["predict_batches"]
+    report = advise(rec)
+    (job,) = report["jobs"]
+    assert job["phase"] == "inference" and job["framework"] == "lightning"
+    assert all("learning rate" not in a["action"] for a in report["advice"])
+
+
 def test_generate_under_no_grad_is_an_inference_process(tmp_path: Path) -> None:
     rec, truth = record(tmp_path, "generate", "--seconds", "30")
     assert not lines(rec, "step") and not lines(rec, "steps")

@@ -12,6 +12,8 @@ mistake of collecting samples for an image grid at ``on_train_epoch_end`` withou
 switch of its own: the tutorials compile the model they hand it). ``--no-persistent`` leaves
 ``persistent_workers`` at the DataLoader's default (False): each epoch starts its workers
 anew (with ``--samples`` small, epochs are short).
+``--reload`` builds the training DataLoader in the module's ``train_dataloader()`` and asks
+``Trainer(reload_dataloaders_every_n_epochs=1)``: a new loader each epoch, the same data.
 ``--slow-rank R`` gives rank R's loader twice the augmentation work and half the workers
 (one node whose data path is slower: its rank holds the others back at every all-reduce).
 
@@ -49,6 +51,8 @@ p.add_argument("--ckpt-every", type=int, default=0,
 p.add_argument("--compile", action="store_true", help="torch.compile(model) in the module")
 p.add_argument("--no-persistent", action="store_true",
                help="persistent_workers=False (the DataLoader's default): workers made anew each epoch")
+p.add_argument("--reload", action="store_true",
+               help="a new training DataLoader each epoch (reload_dataloaders_every_n_epochs=1)")
 p.add_argument("--seconds", type=float, default=45.0)
 p.add_argument("--out")
 a = p.parse_args()
@@ -117,19 +121,34 @@ class Count(pl.Callback):
 
 torch.set_num_threads(1)  # per-item work stays on the worker's own core
 workers = max(1, a.workers // 2) if slow else a.workers
-loader = torch.utils.data.DataLoader(Images(), batch_size=a.batch, shuffle=True,
-                                     num_workers=workers, pin_memory=True,
-                                     persistent_workers=workers > 0 and not a.no_persistent)
+
+
+def make_loader() -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(Images(), batch_size=a.batch, shuffle=True,
+                                       num_workers=workers, pin_memory=True,
+                                       persistent_workers=workers > 0 and not a.no_persistent)
+
+
+class Reloading(Classifier):
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        truth.data["loaders"] = truth.data.get("loaders", 0) + 1
+        return make_loader()
+
+
 ckpt_dir = tempfile.mkdtemp(prefix="ckpt-", dir=".") if a.ckpt_every else None  # on disk
 saving = [pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, save_top_k=1,
                                        every_n_train_steps=a.ckpt_every)] if a.ckpt_every else []
 trainer = pl.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu",
                      devices=a.devices, precision=a.precision,
                      accumulate_grad_batches=a.accum, max_epochs=1000,
+                     reload_dataloaders_every_n_epochs=1 if a.reload else 0,
                      max_time={"seconds": a.seconds}, logger=False,
                      enable_checkpointing=a.ckpt_every > 0, enable_progress_bar=False,
                      enable_model_summary=False, callbacks=[Count(), *saving])
-trainer.fit(Classifier(), loader)
+if a.reload:
+    trainer.fit(Reloading())
+else:
+    trainer.fit(Classifier(), make_loader())
 if trainer.global_rank == 0:
     truth.write(micro_batches=a.accum, batch=a.batch)
 print("trained", trainer.global_step, "steps", file=sys.stderr)
