@@ -235,6 +235,7 @@ class PhaseSample:
     inference_batches: int | None = None  # a process that never trained: its batches
     inference_samples: int | None = None
     inference_batch_size: int | None = None
+    inference_wait_seconds: float | None = None  # its DataLoader's wait for those batches
     generate_calls: int | None = None
     hook_state: str | None = None  # "off": the hook stopped measuring
     pid: int | None = None

@@ -123,6 +123,19 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_vit_aug": ({"add-dataloader-workers"}, {"raise-batch-size"}),
     # a compiled MLP in a plain loop at 3 ms a step, 1.5 GiB of the card held
     "plain_compiled": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    # Lightning's Trainer.predict of a ResNet-50 in fp32 (convolutions in TF32), 4 workers
+    # pegged making 224 px images, the GPU 27 % busy: the loaders, in inference's words (no
+    # batch, no learning rate); from outside, a process tree alone, nothing
+    "lightning_predict": ({"inference-waits-for-data"}, {"raise-batch-size",
+                                                         "batch-inference-requests",
+                                                         "add-dataloader-workers",
+                                                         "inference-in-fp32"}),
+    "lightning_predict_bare": (set(), {"raise-batch-size", "inference-waits-for-data"}),
+    # Trainer(reload_dataloaders_every_n_epochs=1): a new training loader each epoch of 100
+    # steps, host-bound at batch 128; no evaluation, and persistent workers are set already
+    "lightning_cnn_reload": ({"raise-batch-size"}, {"speed-up-evaluation",
+                                                    "enable-persistent-workers",
+                                                    "add-dataloader-workers"}),
     "lightning_ddp": (set(), {"add-dataloader-workers", "straggler-rank"}),
     "lightning_ddp4": (set(), {"add-dataloader-workers", "straggler-rank"}),
     # Lightning's defaults in DDP on 4 H100s (num_workers=0, 32-true, an MLP at batch 32;
@@ -626,6 +639,52 @@ def test_the_batch_size_finders_failed_tries_are_start_up_not_steps():
     assert steps[0]["step_seconds"] < 10 * steps[1]["step_seconds"]
     assert "TrainingArguments(gradient_checkpointing=True)" in action(report,
                                                                       "enable-gradient-checkpointing")
+
+
+def test_a_loader_built_each_epoch_is_training_every_step_and_epoch_start_counted():
+    t = truth("lightning_cnn_reload")
+    steps = [d for d in lines(path_of("lightning_cnn_reload")) if d.get("kind") in ("step", "steps")]
+    assert sum(d.get("steps", 1) for d in steps) == t["steps"] == 1801
+    assert sum(int(d.get("first_batch") or 0) for d in steps) == t["loaders"] == 19
+    phase = [d for d in lines(path_of("lightning_cnn_reload")) if d.get("kind") == "phase"][-1]
+    assert phase["eval_batches"] == 0 and "eval" not in phase["seconds"]
+
+
+def test_an_inference_process_starved_by_its_loaders_is_told_so_in_lightnings_words():
+    """Trainer.predict, its workers pegged: more workers on the predict DataLoader, in
+    Lightning's words (the DataLoader it builds), and nothing of batches or learning rates.
+    Its hook was older than the inference wait's timing: the workers' busy decides, and the
+    message says the wait was not timed."""
+    report = advise_json(path_of("lightning_predict"))
+    t = truth("lightning_predict")
+    (job,) = report["jobs"]
+    assert job["phase"] == "inference" and job["framework"] == "lightning"
+    (a,) = [a for a in report["advice"] if a["id"] == "inference-waits-for-data"]
+    assert f"DataLoader(num_workers={t['workers']} → " in a["action"]
+    assert "learning rate" not in a["action"] and "batch_size" not in a["action"]
+    assert "did not time the wait" in a["message"] and a["confidence"] == 0.7
+    assert a["evidence"]["workers_busy_ratio"] >= 0.8
+
+
+@pytest.mark.parametrize(("share", "told"), [(0.6, True), (0.05, False)])
+def test_an_inference_process_is_judged_by_the_wait_its_hook_timed(tmp_path, share, told):
+    """The same recording as a hook that times the inference wait would have sent it (each
+    phase line given a wait of ``share`` of its inference seconds, a transform): the
+    measured wait decides, over the workers' busy. A small wait beside pegged workers is no
+    input-bound process (they keep up)."""
+    def timed(d):
+        if d.get("kind") == "phase" and d.get("inference_batches"):
+            d["inference_wait_seconds"] = round(share * d["seconds"].get("inference", 0.0), 3)
+        return d
+    rec = write(tmp_path / "timed.jsonl", transform(load("fw_lightning_predict"), timed))
+    got = [a for a in advise_json(rec)["advice"] if a["id"] == "inference-waits-for-data"]
+    if not told:
+        assert not got
+        return
+    (a,) = got
+    assert f"waited for its DataLoader's next batch {share * 100:.0f} %" in a["message"]
+    assert "did not time" not in a["message"] and a["confidence"] == 0.9
+    assert a["evidence"]["inference_wait_ratio"] == pytest.approx(share, abs=0.01)
 
 
 def test_workers_too_few_for_the_datasets_augmentation_are_raised_in_the_trainers_words():

@@ -191,15 +191,20 @@ def test_lightning_reloading_its_training_loader_each_epoch_is_still_training(
 
 def test_lightning_predict_is_an_inference_process_in_lightnings_words(tmp_path: Path) -> None:
     """Trainer.predict over and over, never a backward(): an inference process whose
-    batches are the predict loader's, counted exactly, with Lightning named."""
+    batches are the predict loader's, counted exactly, with Lightning named. Its one
+    loader worker spends 5 ms of CPU an item (80 ms a batch of 16, a tiny CNN's forward a
+    few ms): the process waits for data most of the time, and the hook times that wait."""
     rec, truth = record(tmp_path, "lightning_predict", "--accelerator", "cpu", "--size", "32",
                         "--batch", "16", "--workers", "1", "--samples", "256",
-                        "--seconds", "12")
+                        "--cpu-ms", "5", "--seconds", "12")
     assert truth["rounds"] >= 2
     assert not lines(rec, "step") and not lines(rec, "steps")
     phase = lines(rec, "phase")[-1]
     assert phase["phase"] == "inference" and phase["inference_batch_size"] == 16
     assert phase["inference_batches"] == truth["predict_batches"]
+    serving = phase["seconds"]["inference"]
+    print(f"waited {phase['inference_wait_seconds']} s of {serving} s serving")
+    assert 0.5 * serving <= phase["inference_wait_seconds"] <= serving
     report = advise(rec)
     (job,) = report["jobs"]
     assert job["phase"] == "inference" and job["framework"] == "lightning"

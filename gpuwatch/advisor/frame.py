@@ -912,7 +912,8 @@ class Frame:
         subj.phase_t = t
         subj.phase = now
         for f in ("compiles", "checkpoints", "eval_batch_size", "inference_batch_size",
-                  "inference_batches", "generate_calls", "eval_batches", "eval_wait_seconds"):
+                  "inference_batches", "generate_calls", "eval_batches", "eval_wait_seconds",
+                  "inference_wait_seconds"):
             v = get(f)
             if v is not None:
                 info[f] = v
@@ -1097,6 +1098,9 @@ class Frame:
         tab.push(idx, "inference_batch_size", info.get("inference_batch_size"))
         batches = (info.get("inference_batches") or 0)
         tab.push(idx, "inference_batches", float(batches) if batches else None)
+        waited, serving = info.get("inference_wait_seconds"), sec.get("inference", 0.0)
+        tab.push(idx, "inference_wait_ratio", min(1.0, waited / serving)
+                 if waited is not None and serving >= INFERENCE_WAIT_AFTER else None)
 
     def _job_subject(self, gpu: int | None, pid: int | None, rank: int | None) -> Subject:
         # which GPU a job's lines belong to: its own say, else the GPU its pid holds
@@ -1856,6 +1860,8 @@ _ABSENT_IS_NONE = ("data_parallel_gpus", "fsdp_cpu_offload", "fsdp_version", "pa
 # what a process's evaluations left (frame._eval_idle), its own: dropped for the next one
 _EVAL_IDLE_KEYS = ("eval_idle_seconds", "eval_idle_pending", "eval_batches",
                    "eval_wait_seconds")
+# an inference process's wait for data is a share of this many seconds of serving at least
+INFERENCE_WAIT_AFTER = 5.0
 # a second in which the GPU mostly idles (util under this) while its job's main process
 # writes at least this much to storage: what saving a checkpoint looks like from outside
 IDLE_WRITE_UTIL = 0.25

@@ -220,6 +220,9 @@ def _defs() -> dict[str, SignalDef]:
          "per generate() call) of an inference process"), True),
         ("inference_batches", "phase", "count", "last", ("batches and generate() calls of an "
          "inference process so far"), True),
+        ("inference_wait_ratio", "phase", "ratio", "last", ("share of an inference process's "
+         "time since its first batch spent waiting for its DataLoader's next batch (whole run; "
+         "from 5 s of serving on)"), True),
         # hook: config facts (current value; windows don't apply)
         ("num_workers", "config", "count", "last", "DataLoader num_workers", False),
         ("pin_memory", "config", "bool", "last", "DataLoader pin_memory", False),

@@ -22,7 +22,8 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
      "sender_dropped": {"no_receiver": 2}, "hook_errors": 0,
      "phase": "train", "phases": {"startup": 41.2, "compile": 38.0, "train": 120.5, …},
      "compiles": 2, "checkpoints": 3, "eval": {"batches": 40, "samples": 320, "batch_size": 8,
-     "wait_seconds": 0.4}, "inference": {"batches": 0, …, "generate_calls": 0},
+     "wait_seconds": 0.4}, "inference": {"batches": 0, …, "generate_calls": 0,
+     "wait_seconds": 0.0},
      "problems": [{"what": "config.tf32", "error": "RuntimeError: …"}], "hook_state": "on"}
 
 - ``kind`` is ``report`` (periodic, also as a heartbeat with no steps) or ``exit`` (the
@@ -129,7 +130,7 @@ class Work:
     batches: int = 0
     samples: int = 0
     batch_size: int | None = None  # of the last batch with a known size
-    wait_seconds: float = 0.0  # evaluation: the loader's wait for those batches
+    wait_seconds: float = 0.0  # the loaders' wait for those batches
     generate_calls: int = 0  # inference: Hugging Face generate() calls
 
 

@@ -491,6 +491,7 @@ class HookReceiver:
             eval_batch_size=r.eval.batch_size, eval_wait_seconds=r.eval.wait_seconds,
             inference_batches=r.inference.batches, inference_samples=r.inference.samples,
             inference_batch_size=r.inference.batch_size,
+            inference_wait_seconds=r.inference.wait_seconds if r.inference.batches else None,
             generate_calls=r.inference.generate_calls, hook_state=r.hook_state,
             pid=pid, rank=r.rank, gpu=gpu))
         return out

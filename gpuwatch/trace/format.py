@@ -299,7 +299,7 @@ _PHASE: dict[str, Check] = {
     "eval_batches": _count,
     "eval_samples": _count, "eval_batch_size": _count, "eval_wait_seconds": _nonneg,
     "inference_batches": _count, "inference_samples": _count, "inference_batch_size": _count,
-    "generate_calls": _count, "hook_state": _string, "pid": _count, "rank": _count,
+    "inference_wait_seconds": _nonneg, "generate_calls": _count, "hook_state": _string, "pid": _count, "rank": _count,
     "gpu": _count,
 }
 _HOOK_PROBLEM: dict[str, Check] = {"what": _string, "error": _string, "pid": _count,

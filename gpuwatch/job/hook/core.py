@@ -156,7 +156,8 @@ class _Hook:
                  "last_info", "prev_step", "mem_due", "mem_end",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "infer_batches", "infer_t0",
-                 "infer_compile0", "infer_samples", "infer_batch_size", "generate_calls",
+                 "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
+                 "generate_calls",
                  "compiles", "saving", "saves", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
                  "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
@@ -260,6 +261,7 @@ class _Hook:
         self.infer_t0: float | None = None  # when the first of them came
         self.infer_compile0 = 0.0  # compile seconds by then
         self.infer_samples = 0
+        self.infer_wait = 0.0  # its DataLoader's wait for those batches, seconds
         self.infer_batch_size: int | None = None
         self.generate_calls = 0
         self.compiles = 0
@@ -424,12 +426,16 @@ class _Hook:
             firsts, waited = self.first
             self.first = (firsts + 1, waited + first_wait + (t1 - t0))
 
-    def inference_work(self, batch: int | None, now: float) -> None:
+    def inference_work(self, batch: int | None, now: float, wait: float = 0.0) -> None:
         """A batch (or a generate() call) before any backward(): a process that keeps
-        doing this with no backward() at all serves or evaluates a model, it does not train."""
+        doing this with no backward() at all serves or evaluates a model, it does not train.
+        ``wait``: the seconds its DataLoader kept the process waiting for the batch (the
+        first batch's wait, before the process counts as serving, is start-up's)."""
         if self.infer_t0 is None:
             self.infer_t0 = now
             self.infer_compile0 = self.phase_seconds[COMPILE]
+        else:
+            self.infer_wait += wait
         self.infer_batches += 1
         if batch:
             self.infer_samples += batch
@@ -736,7 +742,8 @@ class _Hook:
             # first backward() (prefetched batches, a sample generate() at start-up)
             "inference": {} if self.backward_seen else {
                 "batches": self.infer_batches, "samples": self.infer_samples,
-                "batch_size": self.infer_batch_size, "generate_calls": self.generate_calls},
+                "batch_size": self.infer_batch_size, "generate_calls": self.generate_calls,
+                "wait_seconds": round(self.infer_wait, 3)},
             "problems": self.problems.as_list(),
             "hook_state": "off" if self.off else "on",
         }
@@ -1323,7 +1330,7 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
                 and h.phase is TRAIN else _NOT_STEADY
         h.loader_seen = True
         if got and not h.backward_seen:
-            h.inference_work(info[0] if info is not None else None, t1)
+            h.inference_work(info[0] if info is not None else None, t1, t1 - t0)
     except Exception:
         h.fault()
 

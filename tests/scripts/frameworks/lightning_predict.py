@@ -1,5 +1,6 @@
 """Batch inference with Lightning: ``Trainer.predict`` over a DataLoader of images, again
 and again until ``--seconds`` have passed (a job scoring a dataset, no training at all).
+``--cpu-ms`` makes each item cost its loader that much CPU (decoding, in a real job).
 
 The model is a timm ResNet (a small CNN where timm is missing) in ``--precision`` (the
 Trainer's); ``--batch`` and ``--workers`` are the predict DataLoader's. A Callback counts
@@ -24,6 +25,8 @@ p.add_argument("--workers", type=int, default=4)
 p.add_argument("--samples", type=int, default=8192, help="images per predict round")
 p.add_argument("--precision", default="32-true")
 p.add_argument("--accelerator", default="gpu")
+p.add_argument("--cpu-ms", type=float, default=0.0,
+               help="CPU milliseconds each item costs its loader (decoding, in a real job)")
 p.add_argument("--seconds", type=float, default=40.0)
 p.add_argument("--out", help="write the batches and rounds counted here (JSON)")
 a = p.parse_args()
@@ -35,6 +38,9 @@ class Images(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(i)
+        until = time.perf_counter() + a.cpu_ms / 1000
+        while time.perf_counter() < until:
+            pass
         return (torch.rand(3, a.size, a.size, generator=g) - 0.5) / 0.25
 
 

@@ -79,6 +79,14 @@ want lightning_det && rec lightning_det 150 python3 lightning_det.py --seconds 3
 want hf_autobatch && rec hf_autobatch 200 python3 gpt2_autobatch.py --seconds 35
 want hf_vit_aug && rec hf_vit_aug 150 python3 hf_vit_aug.py --seconds 35
 want plain_compiled && rec plain_compiled 150 python3 plain_compiled.py --seconds 30
+# 7e. Lightning's Trainer.predict of a ResNet-50 in fp32, round after round (inference only),
+# with the hook and without; a Lightning CNN building a new training DataLoader each epoch
+# (reload_dataloaders_every_n_epochs=1, epochs of 100 steps)
+want lightning_predict && rec lightning_predict 150 python3 lightning_predict.py --seconds 35
+want lightning_predict_bare && rec_bare lightning_predict_bare 150 python3 lightning_predict.py \
+  --seconds 35
+want lightning_cnn_reload && rec lightning_cnn_reload 150 python3 lightning_cnn.py --model resnet18 \
+  --size 64 --batch 128 --workers 6 --samples 12800 --reload --seconds 35
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
