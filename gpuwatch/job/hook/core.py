@@ -1510,15 +1510,18 @@ def _backward_failed(h: _Hook) -> None:
     What the iteration fetched did not train: its samples and micro-batches are dropped.
     Before the first iteration ended (a batch size finder's attempts), the first one starts
     over at its next batch: the attempts were start-up (the phase says so), not a step."""
-    h.loss_tensor = None
-    h.scaled = None
-    h.samples = 0
-    h.backwards = 0
-    if h.n == 0 and not h.held_backwards:
-        h.iter_start = None
-        h.wait = 0.0
-        h.first = (0, 0.0)
-        h.excluded = 0.0
+    try:
+        h.loss_tensor = None
+        h.scaled = None
+        h.samples = 0
+        h.backwards = 0
+        if h.n == 0 and not h.held_backwards:
+            h.iter_start = None
+            h.wait = 0.0
+            h.first = (0, 0.0)
+            h.excluded = 0.0
+    except Exception:
+        h.fault()  # the job's own error is re-raised whatever happens here
 
 
 def _backward_ended(h: _Hook) -> None:
