@@ -125,12 +125,14 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "plain_compiled": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     # Lightning's Trainer.predict of a ResNet-50 in fp32 (convolutions in TF32), 4 workers
     # pegged making 224 px images, the GPU 27 % busy: the loaders, in inference's words (no
-    # batch, no learning rate); from outside, a process tree alone, nothing
+    # batch, no learning rate); from outside, the pegged workers (their median busy: they
+    # restart each round)
     "lightning_predict": ({"inference-waits-for-data"}, {"raise-batch-size",
                                                          "batch-inference-requests",
                                                          "add-dataloader-workers",
                                                          "inference-in-fp32"}),
-    "lightning_predict_bare": (set(), {"raise-batch-size", "inference-waits-for-data"}),
+    "lightning_predict_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
+                                                            "inference-waits-for-data"}),
     # Trainer(reload_dataloaders_every_n_epochs=1): a new training loader each epoch of 100
     # steps, host-bound at batch 128; no evaluation, and persistent workers are set already
     "lightning_cnn_reload": ({"raise-batch-size"}, {"speed-up-evaluation",
@@ -685,6 +687,18 @@ def test_an_inference_process_is_judged_by_the_wait_its_hook_timed(tmp_path, sha
     assert f"waited for its DataLoader's next batch {share * 100:.0f} %" in a["message"]
     assert "did not time" not in a["message"] and a["confidence"] == 0.9
     assert a["evidence"]["inference_wait_ratio"] == pytest.approx(share, abs=0.01)
+
+
+@pytest.mark.parametrize(("name", "gpu", "workers"), [("lightning_predict_bare", 0, 4),
+                                                     ("two_jobs", 3, 2)])
+def test_without_the_hook_the_workers_are_counted_over_the_window(tmp_path, name, gpu, workers):
+    """From outside, the workers the process tree held while the job ran (the median over
+    the window), not the count of the last second, after a loader's end took them."""
+    report = advise_json(without_hook(path_of(name), tmp_path))
+    (a,) = [a for a in report["advice"] if a["id"] == "add-dataloader-workers"
+            and a["gpu"] == gpu]
+    assert a["action"].startswith(f"DataLoader(num_workers={workers} → ")
+    assert a["evidence"]["job_workers"] == workers
 
 
 def test_workers_too_few_for_the_datasets_augmentation_are_raised_in_the_trainers_words():
