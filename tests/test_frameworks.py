@@ -175,7 +175,8 @@ def test_lightning_reloading_its_training_loader_each_epoch_is_still_training(
         tmp_path: Path) -> None:
     """Trainer(reload_dataloaders_every_n_epochs=1): a new training DataLoader each epoch
     (epochs of 8 batches). Each new loader's first batch is followed by a backward(), so it
-    is training, not evaluation: every step counted, every epoch's first batch marked."""
+    is training, not evaluation: every step counted, every epoch's first batch marked. Its
+    persistent workers start again with each loader: the setting is named to undo."""
     rec, truth = record(tmp_path, "lightning_cnn", "--size", "32", "--batch", "32",
                         "--workers", "2", "--samples", "256", "--reload", "--seconds", "12")
     assert truth["loaders"] >= 5
@@ -185,8 +186,12 @@ def test_lightning_reloading_its_training_loader_each_epoch_is_still_training(
     assert firsts == truth["loaders"]
     phase = lines(rec, "phase")[-1]
     assert phase["eval_batches"] == 0 and "eval" not in phase["seconds"]
+    assert last_config(rec)["fw_reload_loaders"] == 1
     report = advise(rec)
     assert "speed-up-evaluation" not in {a["id"] for a in report["advice"]}
+    (a,) = [a for a in report["advice"] if a["id"] == "dataloader-rebuilt-each-epoch"]
+    assert a["action"].startswith("Trainer(reload_dataloaders_every_n_epochs=1 → 0)")
+    assert a["evidence"]["persistent_workers"] == 1
 
 
 def test_lightning_predict_is_an_inference_process_in_lightnings_words(tmp_path: Path) -> None:

@@ -96,6 +96,13 @@ KNOBS: dict[str, dict[str, str]] = {
         TORCH: "torch.backends.cudnn.benchmark = {new}",
         "lightning": "Trainer(benchmark={new})",
     },
+    # a DataLoader built once and iterated each epoch (persistent workers live only as
+    # long as their DataLoader object)
+    "loader_once": {
+        TORCH: "build the DataLoader once, before the epoch loop, and iterate that one "
+               "each epoch",
+        "lightning": "Trainer(reload_dataloaders_every_n_epochs={change})",
+    },
     "fused_optimizer": {
         TORCH: "torch.optim.{new}(..., fused=True)",
         "transformers": 'TrainingArguments(optim="adamw_torch_fused")',

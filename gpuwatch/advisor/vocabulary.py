@@ -295,6 +295,9 @@ def _defs() -> dict[str, SignalDef]:
         ("fw_max_epochs", "config", "count", "last", ("Lightning: max_epochs, the run's "
          "length in epochs (absent or -1: no limit)"), False),
         ("fw_eval_batches", "config", "batches", "last", "Lightning's limit_val_batches", False),
+        ("fw_reload_loaders", "config", "count", "last", ("Lightning: "
+         "reload_dataloaders_every_n_epochs (0, its default: the loaders are built once)"),
+         False),
         ("fw_eval_accum", "config", "count", "last", "TrainingArguments(eval_accumulation_steps)",
          False),
         ("fw_compile", "config", "bool", "last", "TrainingArguments(torch_compile)", False),

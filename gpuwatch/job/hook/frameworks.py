@@ -145,6 +145,9 @@ def _lightning(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None:
     read(cfg, "fw_eval_every", lambda: trainer.val_check_interval, problems)
     read(cfg, "fw_eval_epochs", lambda: trainer.check_val_every_n_epoch, problems)
     read(cfg, "fw_max_epochs", lambda: trainer.max_epochs, problems)
+    # (Lightning 1.4 on: absent before, which is no problem)
+    read(cfg, "fw_reload_loaders",
+         lambda: getattr(trainer, "reload_dataloaders_every_n_epochs", None), problems)
     read(cfg, "fw_eval_batches", lambda: trainer.limit_val_batches, problems)
     read(cfg, "fw_world_size", lambda: trainer.world_size, problems)
     read(cfg, "fw_batch_size", lambda: getattr(
