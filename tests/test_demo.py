@@ -16,7 +16,7 @@ import pytest
 from conftest import http_get, run_gpuwatch, wait_for
 from nvml_stub import NvmlStub, StubGpu
 
-from gpuwatch.advisor.report import HOOK_NOTE
+from gpuwatch.advisor.report import HOOK_NOTE, render_text
 from gpuwatch.daemon import Daemon
 from gpuwatch.serve.config import Config
 
@@ -91,8 +91,14 @@ def test_a_replay_still_being_judged_says_it_is_warming_up(gpuwatch_daemon, tmp_
     assert warm["needed_seconds"] == pytest.approx(60 * span - 0.1, abs=1)
     assert "NVML found no GPU" not in json.dumps(first)
     assert HOOK_NOTE not in first["notes"]
+    # the text of that very answer, as `gpuwatch advise --url` renders it
+    assert "Warming up: judging the recording ahead" in render_text(first)
+    # and the command itself, which asks a second or so later (its interpreter's start):
+    # a machine that has judged the 37 minutes by then gets the judged report instead
     text = run_gpuwatch(["advise", "--url", d.url], tmp_path).stdout
-    assert "Warming up: judging the recording ahead" in text
+    if "Warming up: judging the recording ahead" not in text:
+        assert _advice(d.url)["warming_up"] is None
+        assert text.startswith("gpuwatch advice: recording ") and "NVML found no GPU" not in text
     # and once judged, the whole recording's report
     done = wait_for(lambda: (r := _advice(d.url))["warming_up"] is None and r,
                     "the recording judged ahead", timeout=300)

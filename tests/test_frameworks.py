@@ -71,12 +71,14 @@ def test_trainer_evaluation_accumulation_and_its_settings(tmp_path: Path) -> Non
     step), each step counts its 4 micro-batches, the framework and its settings are read,
     and the advice speaks of the eval batch in TrainingArguments' words."""
     # a model and evaluation set large enough that evaluation and training take several
-    # seconds on the CPU (speed-up-evaluation judges a share of at least 5 s, for 5 s)
-    rec, truth = record(tmp_path, "hf_trainer", "--steps", "24", "--eval-every", "6",
+    # seconds on the CPU: speed-up-evaluation judges a share of at least 5 s of the time
+    # since the first step, for 5 s, so the run goes on well past 10 s after its first step
+    # (10 evaluations: ~14 s on this 2-core machine; 4, once, ended at 5.5 s and said nothing)
+    rec, truth = record(tmp_path, "hf_trainer", "--steps", "60", "--eval-every", "6",
                         "--eval-samples", "1024", "--hidden", "128", "--layers", "4",
                         "--seq", "64")
     steps = lines(rec, "step") + lines(rec, "steps")
-    assert sum(s.get("steps", 1) for s in steps) == truth["steps"] == 24
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"] == 60
     assert {s["micro_batches"] for s in lines(rec, "step")} == {4}
     phases = lines(rec, "phase")
     final = phases[-1]["seconds"]
