@@ -115,10 +115,28 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # batch, and not cuDNN's benchmark, which Lightning left off for reproducibility
     "lightning_det": ({"raise-batch-size"}, {"enable-cudnn-benchmark", "add-dataloader-workers"}),
     # auto_find_batch_size from 1024: 16 out-of-memory retries before a batch of 186 fits;
-    # memory full by design, so checkpointing is the lever, not the batch; the failed tries
-    # are no leak and no out-of-memory of the training
-    "hf_autobatch": ({"enable-gradient-checkpointing"}, {"raise-batch-size", "out-of-memory",
-                                                         "memory-leak"}),
+    # memory full by the finder's design (the hook reads the setting), GPU work 95 %:
+    # nothing to say. The failed tries are no leak and no out-of-memory of the training
+    "hf_autobatch": (set(), {"enable-gradient-checkpointing", "raise-batch-size",
+                             "out-of-memory", "memory-leak"}),
+    # a text-classification pipeline() of BERT-base, one sentence a forward pass (its
+    # default batch_size=1): more samples a batch, in the pipeline's words; at batch_size=64
+    # its own DataLoader (num_workers=0: tokenizing in the main process) keeps it waiting
+    # 49 % of the time: loader workers, in the pipeline's words
+    "hf_pipeline": ({"batch-inference-requests"}, {"raise-batch-size", "add-dataloader-workers",
+                                                   "inference-waits-for-data",
+                                                   "enable-mixed-precision"}),
+    "hf_pipeline_b64": ({"inference-waits-for-data"}, {"batch-inference-requests",
+                                                       "raise-batch-size",
+                                                       "add-dataloader-workers"}),
+    # the same batch_size=1 pipeline with the daemon on its own: a pegged main process with
+    # no workers, said as the suspicion it is
+    "hf_pipeline_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
+                                                      "batch-inference-requests"}),
+    # Lightning's BatchSizeFinder callback (4 trials of 3 steps, 64 to 512): 8 workers
+    # pegged at 512 feed only a third of the GPU's time
+    "lightning_cnn_find": ({"add-dataloader-workers"}, {"raise-batch-size",
+                                                        "enable-gradient-checkpointing"}),
     # a ViT whose Dataset crops and blurs each image on 2 workers: 79 % of each step waits
     "hf_vit_aug": ({"add-dataloader-workers"}, {"raise-batch-size"}),
     # a compiled MLP in a plain loop at 3 ms a step, 1.5 GiB of the card held
@@ -433,6 +451,9 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # the workers pegged and the GPU busy a tenth of the time, seen from outside
     "hf_vit_aug": ({"add-dataloader-workers"}, {"raise-batch-size"}),
     "lightning_det": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    # the finder's full memory is the hook's to explain: from outside, memory 97.5 % full
+    "hf_autobatch": ({"enable-gradient-checkpointing"}, {"raise-batch-size", "out-of-memory"}),
+    "lightning_cnn_find": ({"add-dataloader-workers"}, {"raise-batch-size"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -640,8 +661,46 @@ def test_the_batch_size_finders_failed_tries_are_start_up_not_steps():
     assert steps[0]["batch_size"] == 2 * 186
     # the first step is the try that fitted, not the 16 before it (over a minute of them)
     assert steps[0]["step_seconds"] < 10 * steps[1]["step_seconds"]
-    assert "TrainingArguments(gradient_checkpointing=True)" in action(report,
-                                                                      "enable-gradient-checkpointing")
+    # memory as full as the finder leaves it (97.5 %): no risk to warn of where the
+    # Trainer sizes the batch itself; said without the hook, which cannot know
+    configs = [d for d in lines(path_of("hf_autobatch")) if d.get("kind") == "config"]
+    assert configs[-1]["fw_auto_batch"] is True
+    assert "enable-gradient-checkpointing" not in ids(report)
+
+
+def test_a_pipeline_is_told_its_batch_and_its_workers_in_its_own_words():
+    """A text-classification pipeline() (the hook finds it on the inference batch's stack):
+    at batch_size=1 the GPU waits on each forward pass's host work, and the change is the
+    pipeline's batch_size, not generate()'s; at batch_size=64 its DataLoader keeps it
+    waiting, and the change is the pipeline's num_workers (it takes no pin_memory or
+    prefetch_factor). The hook counted every sentence as a batch of the loader."""
+    report = advise_json(path_of("hf_pipeline"))
+    (job,) = report["jobs"]
+    assert job["framework"] == "transformers.pipeline" and job["phase"] == "inference"
+    assert job["inference"]["batches"] == truth("hf_pipeline")["sentences"] == 6000
+    (a,) = [a for a in report["advice"] if a["id"] == "batch-inference-requests"]
+    assert a["evidence"]["generate_calls"] == 0 and a["evidence"]["inference_batch_size"] == 1
+    assert "DataLoader batches so far and no generate() call, 1 sample(s) each" in a["message"]
+    assert a["action"].startswith("Put more samples in each forward pass: "
+                                  "pipeline(..., batch_size=1 → 8), or per call")
+    assert "generate()" not in a["action"] and LR not in a["action"]
+    report = advise_json(path_of("hf_pipeline_b64"))
+    (a,) = [a for a in report["advice"] if a["id"] == "inference-waits-for-data"]
+    assert a["evidence"]["inference_wait_ratio"] >= 0.4
+    assert a["action"].startswith("pipeline(..., num_workers=0 → 2)")
+    assert "pin_memory" not in a["action"] and "prefetch_factor" not in a["action"]
+
+
+def test_lightnings_batch_size_finder_trials_are_steps_and_its_memory_no_warning():
+    """Lightning's BatchSizeFinder callback: its trials (4 of 3 steps, batches of 64 to 512)
+    are steps that ran, counted as the script's training_step counted them; the hook
+    reports the finder."""
+    t = truth("lightning_cnn_find")
+    steps = [d for d in lines(path_of("lightning_cnn_find")) if d.get("kind") in ("step", "steps")]
+    assert sum(d.get("steps", 1) for d in steps) == t["batches_run"] == t["steps"] + 12
+    assert t["found_batch"] == 512 and steps[-1]["batch_size"] == 512
+    configs = [d for d in lines(path_of("lightning_cnn_find")) if d.get("kind") == "config"]
+    assert configs[-1]["fw_auto_batch"] is True
 
 
 def test_a_loader_built_each_epoch_is_training_every_step_and_epoch_start_counted():
@@ -874,7 +933,8 @@ def test_without_the_hook_a_pegged_main_process_is_a_suspicion_with_its_check(tm
     assert "add-dataloader-workers" not in ids(advise_json(path))
     bare = without_hook(path, tmp_path)
     (a,) = [a for a in advise_json(bare)["advice"] if a["id"] == "add-dataloader-workers"]
-    assert a["message"].startswith("The input pipeline may hold the training back")
+    # nothing without the hook says the process trains (generate() loops peg it too)
+    assert a["message"].startswith("The input pipeline may hold this job back")
     assert "the wait for data is not measured" in a["message"]
     assert a["evidence"]["job_workers"] == 0 and a["evidence"]["main_busy_ratio"] >= 0.85
     assert "while the main process is pegged" in a["action"]
@@ -973,6 +1033,20 @@ def test_trainer_predict_in_fp32_is_inference_told_to_use_bf16():
     (end,) = report["job_ends"]
     assert "having run inference only" in end["summary"]
     assert "before its first step" not in end["summary"]
+
+
+def test_without_the_hook_fp32_advice_gives_the_inference_form_too(tmp_path):
+    """Without the hook nothing says whether a busy fp32 process trains: Trainer.predict
+    seen from NVML alone gets enable-mixed-precision with the inference form beside the
+    training one; a training run judged with its hook gets the training form alone."""
+    bare = without_hook(path_of("hf_predict"), tmp_path)
+    (a,) = [a for a in advise_json(bare)["advice"] if a["id"] == "enable-mixed-precision"]
+    assert a["action"].startswith("Train in bf16 mixed precision")
+    assert "If this process only runs inference (no backward()), cast the model instead: " \
+        "model.to(torch.bfloat16) under torch.inference_mode()" in a["action"]
+    (a,) = [a for a in advise_json(path_of("hf_large_fp32"))["advice"]
+            if a["id"] == "enable-mixed-precision"]
+    assert "only runs inference" not in a["action"]
 
 
 def test_the_slow_rank_of_a_lightning_ddp_job_is_named_with_its_own_fix():

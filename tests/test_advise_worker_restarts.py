@@ -112,7 +112,7 @@ def test_restarted_workers_are_told_without_the_hook_and_kept_ones_are_not(
     assert ev["job_workers"] >= 1
     assert ev["loader_workers_started_per_minute"] >= 8 * ev["job_workers"]
     assert "first_batch_wait_ratio" not in ev
-    assert "times a minute the training process's pool of DataLoader workers is started anew" \
+    assert "times a minute the main process's pool of DataLoader workers is started anew" \
         in a["message"]
     assert "not measured without the torch hook" in a["message"]
     assert "dataloader_persistent_workers=True" in a["action"]

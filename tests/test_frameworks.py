@@ -91,6 +91,7 @@ def test_trainer_evaluation_accumulation_and_its_settings(tmp_path: Path) -> Non
     assert cfg["framework"] == "transformers" and cfg["framework_version"]
     assert cfg["fw_grad_accum"] == 4 and cfg["fw_eval_batch_size"] == 4
     assert cfg["fw_batch_size"] == 8 and cfg["fw_eval_strategy"] == "steps"
+    assert cfg["fw_auto_batch"] is False  # the batch is the script's
     assert cfg["batch_size"] == 8  # the DataLoader's: the micro-batch
     assert not lines(rec, "hook_problem")
     report = advise(rec)
@@ -196,6 +197,22 @@ def test_lightning_reloading_its_training_loader_each_epoch_is_still_training(
     assert a["evidence"]["persistent_workers"] == 1
 
 
+def test_lightnings_batch_size_finder_is_reported(tmp_path: Path) -> None:
+    """A BatchSizeFinder callback sizes the batch to what fits in memory on purpose: the
+    hook reports it (fw_auto_batch), so no advice reads the full memory it leaves as a
+    risk (enable-gradient-checkpointing is silent then)."""
+    rec, truth = record(tmp_path, "lightning_cnn", "--size", "32", "--batch", "8",
+                        "--workers", "0", "--samples", "512", "--find-batch", "2",
+                        "--seconds", "8")
+    assert truth["found_batch"] == 16
+    cfg = last_config(rec)
+    assert cfg["framework"] == "lightning" and cfg["fw_auto_batch"] is True
+    # the finder's trials are steps that ran (3 a trial; Lightning then restores the
+    # weights and global_step): the hook counts every step run
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["batches_run"] == truth["steps"] + 6
+
+
 def test_lightning_predict_is_an_inference_process_in_lightnings_words(tmp_path: Path) -> None:
     """Trainer.predict over and over, never a backward(): an inference process whose
     batches are the predict loader's, counted exactly, with Lightning named. Its one
@@ -234,6 +251,25 @@ def test_generate_under_no_grad_is_an_inference_process(tmp_path: Path) -> None:
     assert all("learning rate" not in a["action"] for a in report["advice"])
     (a,) = [a for a in report["advice"] if a["id"] == "batch-inference-requests"]
     assert "generate()" in a["action"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["list", "generator"])
+def test_a_pipeline_is_an_inference_process_in_its_own_words(tmp_path: Path,
+                                                             stream: bool) -> None:
+    """A text-classification pipeline() fed sentence by sentence (batch_size=1): every
+    forward pass is one of its DataLoader's batches, counted exactly, and the pipeline is
+    found on the inference batch's stack, whether its __call__ runs the loop (a list) or
+    the caller drives the iterator it hands back (a generator)."""
+    rec, truth = record(tmp_path, "hf_pipeline", "--hidden", "64", "--layers", "2",
+                        "--sentences", "200", "--seconds", "12",
+                        *(["--stream"] if stream else []))
+    phase = lines(rec, "phase")[-1]
+    assert phase["phase"] == "inference" and phase["generate_calls"] == 0
+    assert phase["inference_batches"] == truth["sentences"] and phase["inference_batch_size"] == 1
+    (cfg,) = {c["framework"]: c for c in lines(rec, "config") if c.get("framework")}.values()
+    assert cfg["framework"] == "transformers.pipeline"
+    assert cfg["fw_task"] == "text-classification" and cfg["framework_version"]
+    assert not lines(rec, "hook_problem")
 
 
 def test_trainer_predict_is_an_inference_process_in_the_trainers_words(tmp_path: Path) -> None:
@@ -489,3 +525,5 @@ def test_the_trainers_batch_size_finder_settles_where_it_does_without_the_hook(
     # 2 x 257 samples of every attempt's two batches)
     assert steps[0]["batch_size"] == 2 * 40 and steps[0]["micro_batches"] == 1
     assert not lines(rec, "hook_problem")
+    # the finder is said: its full memory is no risk to warn of
+    assert last_config(rec)["fw_auto_batch"] is True

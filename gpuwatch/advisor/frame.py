@@ -1098,6 +1098,8 @@ class Frame:
         tab.push(idx, "inference_batch_size", info.get("inference_batch_size"))
         batches = (info.get("inference_batches") or 0)
         tab.push(idx, "inference_batches", float(batches) if batches else None)
+        calls = info.get("generate_calls")
+        tab.push(idx, "generate_calls", float(calls) if batches and calls is not None else None)
         waited, serving = info.get("inference_wait_seconds"), sec.get("inference", 0.0)
         tab.push(idx, "inference_wait_ratio", min(1.0, waited / serving)
                  if waited is not None and serving >= INFERENCE_WAIT_AFTER else None)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 TORCH = "torch"
-FRAMEWORKS = ("transformers", "lightning", "accelerate", "fabric")
+PIPELINE = "transformers.pipeline"  # a Hugging Face pipeline() serving a model
+FRAMEWORKS = ("transformers", "lightning", "accelerate", "fabric", PIPELINE)
 
 # knob -> framework -> template ({old}, {new}: the values, "old → new" where both are known)
 KNOBS: dict[str, dict[str, str]] = {
@@ -31,21 +32,35 @@ KNOBS: dict[str, dict[str, str]] = {
         "fabric": "{change} micro-batches per optimizer.step(), each backward but the last "
                   "under fabric.no_backward_sync(model)",
     },
+    # an inference process's batch: the DataLoader it iterates, the pipeline's own
+    "infer_batch_size": {
+        TORCH: "DataLoader(batch_size={change})",
+        "transformers": "TrainingArguments(per_device_eval_batch_size={change}) for "
+                        "Trainer.predict and evaluate",
+        "lightning": "the predict DataLoader(batch_size={change})",
+        PIPELINE: "pipeline(..., batch_size={change}), or per call pipe(inputs, "
+                  "batch_size={new})",
+    },
     "num_workers": {
         TORCH: "DataLoader(num_workers={change})",
         "transformers": "TrainingArguments(dataloader_num_workers={change})",
+        PIPELINE: "pipeline(..., num_workers={change})",
     },
+    # (a pipeline builds its DataLoader with these at their defaults: no form of its own)
     "pin_memory": {
         TORCH: "DataLoader(pin_memory={change})",
         "transformers": "TrainingArguments(dataloader_pin_memory={change})",
+        PIPELINE: "",
     },
     "persistent_workers": {
         TORCH: "DataLoader(persistent_workers={change})",
         "transformers": "TrainingArguments(dataloader_persistent_workers={change})",
+        PIPELINE: "",
     },
     "prefetch_factor": {
         TORCH: "DataLoader(prefetch_factor={change})",
         "transformers": "TrainingArguments(dataloader_prefetch_factor={change})",
+        PIPELINE: "",
     },
     "eval_batch_size": {
         TORCH: "the evaluation DataLoader(batch_size={change})",
@@ -150,6 +165,7 @@ KNOBS: dict[str, dict[str, str]] = {
                         "evaluate, or from_pretrained(..., dtype=torch.bfloat16)",
         "lightning": 'Trainer(precision="bf16-true") for trainer.predict',
         "accelerate": 'Accelerator(mixed_precision="bf16")',
+        PIPELINE: "pipeline(..., dtype=torch.bfloat16)",
     },
     "save_every": {
         TORCH: "save a checkpoint every {change} steps",

@@ -220,6 +220,8 @@ def _defs() -> dict[str, SignalDef]:
          "per generate() call) of an inference process"), True),
         ("inference_batches", "phase", "count", "last", ("batches and generate() calls of an "
          "inference process so far"), True),
+        ("generate_calls", "phase", "count", "last", ("generate() calls of an inference "
+         "process so far (0: its batches came from DataLoaders)"), True),
         ("inference_wait_ratio", "phase", "ratio", "last", ("share of an inference process's "
          "time since its first batch spent waiting for its DataLoader's next batch (whole run; "
          "from 5 s of serving on)"), True),
@@ -298,6 +300,10 @@ def _defs() -> dict[str, SignalDef]:
         ("fw_reload_loaders", "config", "count", "last", ("Lightning: "
          "reload_dataloaders_every_n_epochs (0, its default: the loaders are built once)"),
          False),
+        ("fw_task", "config", "text", "last", "a Hugging Face pipeline()'s task", False),
+        ("fw_auto_batch", "config", "bool", "last", ("the framework sizes the batch itself to "
+         "what fits in memory (TrainingArguments(auto_find_batch_size=True); Lightning: a "
+         "BatchSizeFinder callback)"), False),
         ("fw_eval_accum", "config", "count", "last", "TrainingArguments(eval_accumulation_steps)",
          False),
         ("fw_compile", "config", "bool", "last", "TrainingArguments(torch_compile)", False),

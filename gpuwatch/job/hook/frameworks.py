@@ -20,6 +20,8 @@ from typing import Any
 from gpuwatch.job.hook.facts import Problems, read
 
 TRANSFORMERS = "transformers"
+# a Hugging Face pipeline() serving a model (transformers' own inference loop)
+PIPELINE = "transformers.pipeline"
 LIGHTNING = "lightning"
 ACCELERATE = "accelerate"
 FABRIC = "fabric"  # Lightning Fabric: the user's own loop, Fabric's strategy and precision
@@ -59,6 +61,18 @@ def _fabric_strategy(obj: Any) -> Any:
     return None
 
 
+def _pipeline(obj: Any) -> Any:
+    """The Hugging Face ``Pipeline`` from one of its objects on an inference batch's stack:
+    the pipeline itself (``__call__`` over a list), or the iterator it hands out (a
+    generator or Dataset fed to it), whose ``infer`` is the pipeline's bound method."""
+    if _is(obj, ("transformers",), "Pipeline"):
+        return obj
+    owner = getattr(getattr(obj, "infer", None), "__self__", None)
+    if owner is not None and _is(owner, ("transformers",), "Pipeline"):
+        return owner
+    return None
+
+
 def detect(frame: Any) -> tuple[str, Any] | None:
     """(framework, its object) from the frames above ``frame``; None for a plain loop.
 
@@ -77,6 +91,10 @@ def detect(frame: Any) -> tuple[str, Any] | None:
                 mod = type(obj).__module__
                 if mod.startswith("transformers") and _is(obj, ("transformers",), "Trainer"):
                     return TRANSFORMERS, obj
+                if mod.startswith("transformers.pipelines") and found is None:
+                    pipe = _pipeline(obj)
+                    if pipe is not None:
+                        found = (PIPELINE, pipe)
                 if mod.startswith(("lightning", "pytorch_lightning")):
                     trainer = _lightning_trainer(obj)
                     if trainer is not None:
@@ -128,6 +146,15 @@ def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None
     # save_only_model is newer than the rest (transformers 4.36): absent is no problem
     read(cfg, "fw_save_only_model", lambda: getattr(args, "save_only_model", None), problems)
     read(cfg, "fw_world_size", lambda: args.world_size, problems)
+    # the batch size finder: the Trainer halves the batch and starts the loop again on
+    # every CUDA out-of-memory, for the whole run (transformers 4.18 on)
+    read(cfg, "fw_auto_batch", lambda: bool(getattr(args, "auto_find_batch_size", False)),
+         problems)
+
+
+def _pipeline_settings(cfg: dict[str, Any], pipe: Any, problems: Problems) -> None:
+    read(cfg, "framework_version", _version("transformers"), problems)
+    read(cfg, "fw_task", lambda: pipe.task, problems)
 
 
 def _first_loader(loaders: Any) -> Any:
@@ -160,6 +187,10 @@ def _lightning(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None:
          problems)
     read(cfg, "fw_save_only_model", lambda: _model_checkpoint(trainer, "save_weights_only"),
          problems)
+    # a BatchSizeFinder callback (Trainer(callbacks=[BatchSizeFinder()]), or the Tuner's
+    # while it tunes): the batch is sized to fill the GPU's memory on purpose
+    read(cfg, "fw_auto_batch", lambda: any(
+        type(c).__name__ == "BatchSizeFinder" for c in trainer.callbacks), problems)
 
 
 def _model_checkpoint(trainer: Any, name: str) -> Any:
@@ -230,6 +261,8 @@ class Framework:
             _transformers(cfg, obj, problems)
         elif self.name == LIGHTNING and obj is not None:
             _lightning(cfg, obj, problems)
+        elif self.name == PIPELINE and obj is not None:
+            _pipeline_settings(cfg, obj, problems)
         elif self.name == ACCELERATE:
             _accelerate(cfg, problems)
         elif self.name == FABRIC and obj is not None:

@@ -14,6 +14,8 @@ switch of its own: the tutorials compile the model they hand it). ``--no-persist
 anew (with ``--samples`` small, epochs are short).
 ``--reload`` builds the training DataLoader in the module's ``train_dataloader()`` and asks
 ``Trainer(reload_dataloaders_every_n_epochs=1)``: a new loader each epoch, the same data.
+``--find-batch N`` lets Lightning's ``BatchSizeFinder`` callback size the batch (power
+mode, N trials of 3 steps from ``--batch``; the module's ``batch_size`` feeds the loader).
 ``--slow-rank R`` gives rank R's loader twice the augmentation work and half the workers
 (one node whose data path is slower: its rank holds the others back at every all-reduce).
 
@@ -53,6 +55,8 @@ p.add_argument("--no-persistent", action="store_true",
                help="persistent_workers=False (the DataLoader's default): workers made anew each epoch")
 p.add_argument("--reload", action="store_true",
                help="a new training DataLoader each epoch (reload_dataloaders_every_n_epochs=1)")
+p.add_argument("--find-batch", type=int, default=0,
+               help="BatchSizeFinder(mode='power', max_trials=N) among the callbacks (0: none)")
 p.add_argument("--seconds", type=float, default=45.0)
 p.add_argument("--out")
 a = p.parse_args()
@@ -102,6 +106,9 @@ class Classifier(pl.LightningModule):
 
     def training_step(self, batch, i):  # noqa: ANN001, ANN201
         x, y = batch
+        # every batch run, the batch size finder's trials too (callbacks are set aside
+        # during its trials, and it restores the weights and global_step after them)
+        truth.data["batches_run"] = truth.data.get("batches_run", 0) + 1
         loss = F.cross_entropy(self.model(x), y)
         if a.leak and i % a.leak == 0:
             self.kept.append(x)  # for a grid at the epoch's end; never moved off the GPU
@@ -123,8 +130,8 @@ torch.set_num_threads(1)  # per-item work stays on the worker's own core
 workers = max(1, a.workers // 2) if slow else a.workers
 
 
-def make_loader() -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(Images(), batch_size=a.batch, shuffle=True,
+def make_loader(batch: int = a.batch) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(Images(), batch_size=batch, shuffle=True,
                                        num_workers=workers, pin_memory=True,
                                        persistent_workers=workers > 0 and not a.no_persistent)
 
@@ -135,6 +142,19 @@ class Reloading(Classifier):
         return make_loader()
 
 
+class Sized(Classifier):
+    """The batch as the module's attribute, which BatchSizeFinder scales."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_size = a.batch
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return make_loader(self.batch_size)
+
+
+finder = [pl.callbacks.BatchSizeFinder(mode="power", steps_per_trial=3, init_val=a.batch,
+                                       max_trials=a.find_batch)] if a.find_batch else []
 ckpt_dir = tempfile.mkdtemp(prefix="ckpt-", dir=".") if a.ckpt_every else None  # on disk
 saving = [pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, save_top_k=1,
                                        every_n_train_steps=a.ckpt_every)] if a.ckpt_every else []
@@ -144,9 +164,13 @@ trainer = pl.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu",
                      reload_dataloaders_every_n_epochs=1 if a.reload else 0,
                      max_time={"seconds": a.seconds}, logger=False,
                      enable_checkpointing=a.ckpt_every > 0, enable_progress_bar=False,
-                     enable_model_summary=False, callbacks=[Count(), *saving])
+                     enable_model_summary=False, callbacks=[Count(), *saving, *finder])
 if a.reload:
     trainer.fit(Reloading())
+elif a.find_batch:
+    module = Sized()
+    trainer.fit(module)
+    truth.data["found_batch"] = module.batch_size
 else:
     trainer.fit(Classifier(), make_loader())
 if trainer.global_rank == 0:

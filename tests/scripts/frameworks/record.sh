@@ -87,6 +87,15 @@ want lightning_predict_bare && rec_bare lightning_predict_bare 150 python3 light
   --seconds 35
 want lightning_cnn_reload && rec lightning_cnn_reload 150 python3 lightning_cnn.py --model resnet18 \
   --size 64 --batch 128 --workers 6 --samples 12800 --reload --seconds 35
+# 7f. A text-classification pipeline() of BERT-base fed sentence by sentence (its default
+# batch_size=1), with the hook and without, and at batch_size=64 (fp32); Lightning sizing its batch with a BatchSizeFinder
+# callback (power mode, 4 trials of 3 steps from 64). (hf_autobatch above was recorded again
+# the same day, its hook now reading auto_find_batch_size)
+want hf_pipeline && rec hf_pipeline 120 python3 hf_pipeline.py --seconds 35
+want hf_pipeline_bare && rec_bare hf_pipeline_bare 120 python3 hf_pipeline.py --seconds 35
+want hf_pipeline_b64 && rec hf_pipeline_b64 120 python3 hf_pipeline.py --batch 64 --seconds 35
+want lightning_cnn_find && rec lightning_cnn_find 150 python3 lightning_cnn.py --model resnet18 \
+  --size 64 --batch 64 --workers 8 --samples 100000 --find-batch 4 --seconds 35
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
