@@ -684,6 +684,10 @@ def test_a_pipeline_is_told_its_batch_and_its_workers_in_its_own_words():
     assert a["action"].startswith("Put more samples in each forward pass: "
                                   "pipeline(..., batch_size=1 → 8), or per call")
     assert "generate()" not in a["action"] and LR not in a["action"]
+    # the job's line says what it ran: batches alone (a generate() loop's says both)
+    assert "(pid 688, transformers.pipeline): inference only, never a backward (6000 " \
+        "batches of 1)" in advise_text(path_of("hf_pipeline"))
+    assert "batches or generate() calls of 1)" in advise_text(path_of("generate"))
     report = advise_json(path_of("hf_pipeline_b64"))
     (a,) = [a for a in report["advice"] if a["id"] == "inference-waits-for-data"]
     assert a["evidence"]["inference_wait_ratio"] >= 0.4

@@ -659,7 +659,10 @@ def job_line(j: dict[str, Any]) -> str:
     if not shares:
         if j.get("phase") == "inference":
             inf = j.get("inference") or {}
-            what = (f"{inf['batches']} batches or generate() calls of {inf.get('batch_size')}"
+            # generate_calls 0: every one was a DataLoader's batch (None: an older hook's
+            # recording, which did not tell them apart)
+            kind = "batches" if inf.get("generate_calls") == 0 else "batches or generate() calls"
+            what = (f"{inf['batches']} {kind} of {inf.get('batch_size')}"
                     if inf.get("batches") else "forward passes only")
             return f"{job_where(j)}{who_txt}: inference only, never a backward ({what})"
         return f"{job_where(j)}{who_txt}: no training step measured yet"
