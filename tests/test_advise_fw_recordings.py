@@ -134,9 +134,13 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_pipeline_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
                                                       "batch-inference-requests"}),
     # Lightning's BatchSizeFinder callback (4 trials of 3 steps, 64 to 512): 8 workers
-    # pegged at 512 feed only a third of the GPU's time
+    # pegged at 512 feed only a third of the GPU's time. The trials' loaders (one per batch
+    # size) are no epochs: nothing of loaders built anew or of workers restarting
     "lightning_cnn_find": ({"add-dataloader-workers"}, {"raise-batch-size",
-                                                        "enable-gradient-checkpointing"}),
+                                                        "enable-gradient-checkpointing",
+                                                        "dataloader-rebuilt-each-epoch",
+                                                        "enable-persistent-workers",
+                                                        "speed-up-evaluation"}),
     # a ViT whose Dataset crops and blurs each image on 2 workers: 79 % of each step waits
     "hf_vit_aug": ({"add-dataloader-workers"}, {"raise-batch-size"}),
     # a compiled MLP in a plain loop at 3 ms a step, 1.5 GiB of the card held
@@ -697,12 +701,16 @@ def test_a_pipeline_is_told_its_batch_and_its_workers_in_its_own_words():
 
 def test_lightnings_batch_size_finder_trials_are_steps_and_its_memory_no_warning():
     """Lightning's BatchSizeFinder callback: its trials (4 of 3 steps, batches of 64 to 512)
-    are steps that ran, counted as the script's training_step counted them; the hook
-    reports the finder."""
+    are steps that ran, counted as the script's training_step counted them; the loaders
+    the tuner made for them are no epochs' starts (and with persistent workers the later
+    epochs reuse the last one's), and no evaluation; the hook reports the finder."""
     t = truth("lightning_cnn_find")
-    steps = [d for d in lines(path_of("lightning_cnn_find")) if d.get("kind") in ("step", "steps")]
+    recorded = lines(path_of("lightning_cnn_find"))
+    steps = [d for d in recorded if d.get("kind") in ("step", "steps")]
     assert sum(d.get("steps", 1) for d in steps) == t["batches_run"] == t["steps"] + 12
     assert t["found_batch"] == 512 and steps[-1]["batch_size"] == 512
+    assert t["epochs"] == 5 and not any(d.get("first_batch") for d in steps)
+    assert not any("eval" in d["seconds"] for d in recorded if d.get("kind") == "phase")
     configs = [d for d in lines(path_of("lightning_cnn_find")) if d.get("kind") == "config"]
     assert configs[-1]["fw_auto_batch"] is True
 

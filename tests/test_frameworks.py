@@ -200,10 +200,12 @@ def test_lightning_reloading_its_training_loader_each_epoch_is_still_training(
 def test_lightnings_batch_size_finder_is_reported(tmp_path: Path) -> None:
     """A BatchSizeFinder callback sizes the batch to what fits in memory on purpose: the
     hook reports it (fw_auto_batch), so no advice reads the full memory it leaves as a
-    risk (enable-gradient-checkpointing is silent then)."""
+    risk (enable-gradient-checkpointing is silent then). The loaders its trials make (one
+    per batch size tried) are no epochs' starts; with persistent_workers=False every later
+    epoch's is (the first epoch's loader is the tuner's last)."""
     rec, truth = record(tmp_path, "lightning_cnn", "--size", "32", "--batch", "8",
-                        "--workers", "0", "--samples", "512", "--find-batch", "2",
-                        "--seconds", "8")
+                        "--workers", "2", "--samples", "512", "--find-batch", "2",
+                        "--no-persistent", "--seconds", "8")
     assert truth["found_batch"] == 16
     cfg = last_config(rec)
     assert cfg["framework"] == "lightning" and cfg["fw_auto_batch"] is True
@@ -211,6 +213,9 @@ def test_lightnings_batch_size_finder_is_reported(tmp_path: Path) -> None:
     # weights and global_step): the hook counts every step run
     steps = lines(rec, "step") + lines(rec, "steps")
     assert sum(s.get("steps", 1) for s in steps) == truth["batches_run"] == truth["steps"] + 6
+    firsts = [s for s in steps if s.get("first_batch")]
+    assert sum(int(s["first_batch"]) for s in firsts) == truth["epochs"] - 1 >= 3
+    assert {s["batch_size"] for s in lines(rec, "step") if s.get("first_batch")} <= {16}
 
 
 def test_lightning_predict_is_an_inference_process_in_lightnings_words(tmp_path: Path) -> None:

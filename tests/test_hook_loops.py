@@ -508,6 +508,82 @@ def test_a_backward_of_other_parameters_is_measured_through_the_general_wrapper(
     assert torch.autograd.backward is backward
 
 
+def test_a_report_between_a_new_loaders_first_batch_and_its_backward_says_no_evaluation(
+        attached: hook._Hook) -> None:
+    """A training DataLoader made anew (each epoch, a batch size finder's trial) is not
+    known to train until a backward() follows its first batch; that batch begins an
+    evaluation the backward takes back (undo_eval). A report taken in between (the new
+    loader's workers can take a second to start on a GPU host) must not say the evaluation
+    either: the next report would take it back, and the daemon would have counted it (0.2 s
+    of evaluation in Lightning's BatchSizeFinder on an H200). A real evaluation (a second
+    batch) is said as before."""
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    _no_reporter(attached)
+
+    def loader() -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(list(range(40)), batch_size=4)
+
+    def step(batch: torch.Tensor) -> None:
+        (w * batch.float().mean()).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for batch in itertools.islice(loader(), 3):
+        step(batch)
+    it = iter(loader())  # a new training loader: not known to train yet
+    batch = next(it)
+    time.sleep(0.05)
+    assert attached.phase == hook.EVAL  # provisionally
+    status, seconds = attached._status(), attached._phase_seconds()
+    assert status["phase"] == hook.TRAIN and "eval" not in seconds
+    assert status["eval"]["batches"] == 0 and status["eval"]["samples"] == 0
+    assert status["eval"]["wait_seconds"] == 0.0
+    step(batch)  # its backward: training's after all
+    status, seconds = attached._status(), attached._phase_seconds()
+    assert status["phase"] == hook.TRAIN and "eval" not in seconds
+    assert seconds["train"] >= 0.05 and status["eval"]["batches"] == 0
+    # an evaluation: a loader whose two batches no backward() follows
+    with torch.no_grad():
+        ev = iter(loader())
+        next(ev)
+        next(ev)
+    time.sleep(0.02)
+    status, seconds = attached._status(), attached._phase_seconds()
+    assert status["phase"] == hook.EVAL and seconds["eval"] >= 0.02
+    assert status["eval"]["batches"] == 2 and status["eval"]["samples"] == 8
+
+
+def test_a_loop_under_accelerates_batch_size_finder_is_reported(attached: hook._Hook) -> None:
+    """accelerate's find_executable_batch_size runs the loop again at 90 % of the batch on
+    every out-of-memory (the Trainer's auto_find_batch_size runs through it): the memory
+    it fills is its aim. The hook sees its frame above the first iteration's end and
+    reports fw_auto_batch, in a plain loop too."""
+    memory = pytest.importorskip("accelerate.utils.memory")
+    from gpuwatch.job.hook.facts import Problems
+
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    _no_reporter(attached)
+    tried = []
+
+    @memory.find_executable_batch_size(starting_batch_size=64)
+    def train(batch_size: int) -> None:
+        tried.append(batch_size)
+        if batch_size > 50:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        for _ in range(3):
+            (w * batch_size).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    train()
+    assert tried == [64, 57, 51, 45] and attached.n == 3
+    cfg: dict = {}
+    attached.framework.settings(cfg, Problems())
+    assert cfg == {"fw_auto_batch": True}  # no framework: a plain loop
+
+
 def test_steps_lost_to_a_stalled_reporter_leave_the_others_exact(
         attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
     """The step records wait in a bounded queue: a reporter that stalls loses the oldest.

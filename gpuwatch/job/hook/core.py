@@ -56,7 +56,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gpuwatch.job import protocol, sender
 from gpuwatch.job.hook import facts
-from gpuwatch.job.hook.frameworks import Framework
+from gpuwatch.job.hook.frameworks import Framework, in_lightning_tuner
 
 ENV_SOCKET = "GPUWATCH_SOCKET"  # one path, or several separated by os.pathsep
 SYSTEM_SOCKET = "/run/gpuwatch/hook.sock"
@@ -729,15 +729,34 @@ class _Hook:
             self.problems.add(what, err)
             return default
 
+    def _probe_pending(self) -> tuple[Any, ...] | None:
+        """The one batch that began an evaluation while no second batch or backward() has
+        said what it was (a new training loader's first batch is taken back by its
+        backward(): undo_eval). What it counted is not reported until then, or a report
+        taken in between (a new loader's workers can take a second to start) would say an
+        evaluation that the next report takes back."""
+        probe = self.eval_probe
+        return probe if probe is not None and self.phase is EVAL else None
+
     def _status(self) -> dict[str, Any]:
         """What changes rarely: the phase, evaluation and inference counts, problems."""
+        eval_batches, eval_samples, eval_wait = (self.eval_batches, self.eval_samples,
+                                                 self.eval_wait)
+        phase = self.phase
+        probe = self._probe_pending()
+        if probe is not None:
+            info, t0, t1 = probe[0], probe[1], probe[2]
+            phase = TRAIN
+            eval_batches -= 1
+            eval_samples -= info[0] or 0
+            eval_wait -= t1 - t0
         return {
-            "phase": self.phase,
+            "phase": phase,
             "compiles": self.compiles,
             "checkpoints": self.saves,
-            "eval": {"batches": self.eval_batches, "samples": self.eval_samples,
-                     "batch_size": self.eval_batch_size,
-                     "wait_seconds": round(self.eval_wait, 3)},
+            "eval": {"batches": max(eval_batches, 0), "samples": max(eval_samples, 0),
+                     "batch_size": self.eval_batch_size if probe is None else probe[4],
+                     "wait_seconds": round(max(eval_wait, 0.0), 3)},
             # a process that trains is no inference process, whatever came before its
             # first backward() (prefetched batches, a sample generate() at start-up)
             "inference": {} if self.backward_seen else {
@@ -749,10 +768,12 @@ class _Hook:
         }
 
     def _phase_seconds(self) -> dict[str, float]:
-        """Seconds in each phase so far, the one in force included."""
+        """Seconds in each phase so far, the one in force included (but not an
+        evaluation begun by one batch whose kind is still open: see _probe_pending)."""
         phase, t0 = self.phase, self.phase_t0
         out = dict(self.phase_seconds)
-        out[phase] = out.get(phase, 0.0) + max(0.0, _perf() - t0)
+        if self._probe_pending() is None:
+            out[phase] = out.get(phase, 0.0) + max(0.0, _perf() - t0)
         return {k: round(v, 3) for k, v in out.items() if v}
 
     def _send(self, data: bytes) -> None:
@@ -1390,6 +1411,11 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
                 "batch_size": batch if isinstance(batch, int) else None,
                 "batch_sampler": sampler,
             }, init, t0, id(loader), id(loader) in h.train_loaders or None]
+            if ("lightning.pytorch" in sys.modules or "pytorch_lightning" in sys.modules) \
+                    and in_lightning_tuner(sys._getframe(1)):
+                # a loader Lightning's tuner made for a trial (each of the BatchSizeFinder's
+                # batch sizes): its first batch is no epoch's start
+                self._gpuwatch[2] = None
             # starting the workers is waiting for data too: the cost that persistent
             # workers save at each epoch
             h.wait += init

@@ -28,6 +28,37 @@ FABRIC = "fabric"  # Lightning Fabric: the user's own loop, Fabric's strategy an
 MAX_FRAMES = 80  # how far up the stack to look
 
 
+def under_batch_finder(frame: Any) -> bool:
+    """Whether the loop runs inside accelerate's ``find_executable_batch_size`` (its
+    ``decorator`` frame above this one): the batch is sized to what fits in memory and
+    tried again smaller on every out-of-memory, in a plain loop or under the Trainer
+    (``auto_find_batch_size`` runs through it)."""
+    depth = 0
+    while frame is not None and depth < MAX_FRAMES:
+        depth += 1
+        code = frame.f_code
+        if code.co_name == "decorator" and code.co_filename.replace("\\", "/").endswith(
+                "accelerate/utils/memory.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_TUNERS = ("lightning/pytorch/tuner/", "pytorch_lightning/tuner/")
+
+
+def in_lightning_tuner(frame: Any) -> bool:
+    """Whether Lightning's tuner (its BatchSizeFinder's trials, the learning-rate finder)
+    runs the code at ``frame``: a DataLoader it makes for a trial is no epoch's start."""
+    depth = 0
+    while frame is not None and depth < MAX_FRAMES:
+        depth += 1
+        if any(t in frame.f_code.co_filename.replace("\\", "/") for t in _TUNERS):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _is(obj: Any, module_prefixes: tuple[str, ...], class_name: str) -> bool:
     for cls in type(obj).__mro__:
         if cls.__name__ == class_name and cls.__module__.startswith(module_prefixes):
@@ -227,6 +258,7 @@ class Framework:
         self.name: str | None = None
         self.looked = False
         self._ref: Any = None
+        self.batch_finder = False  # inside accelerate's find_executable_batch_size
 
     def find(self, frame: Any, problems: Problems) -> None:
         """Once: look up the stack from ``frame`` (the training thread, at an iteration's
@@ -235,6 +267,7 @@ class Framework:
             return
         self.looked = True
         try:
+            self.batch_finder = under_batch_finder(frame)
             got = detect(frame)
         except Exception as err:
             problems.add("framework", err)
@@ -253,6 +286,8 @@ class Framework:
 
     def settings(self, cfg: dict[str, Any], problems: Problems) -> None:
         """The framework's settings into ``cfg`` (the reporting thread)."""
+        if self.batch_finder:
+            cfg["fw_auto_batch"] = True  # a framework's own reading below may say more
         if self.name is None:
             return
         cfg["framework"] = self.name

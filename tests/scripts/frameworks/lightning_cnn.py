@@ -122,6 +122,9 @@ class Count(pl.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, i):  # noqa: ANN001
         truth.data["steps"] = trainer.global_step
 
+    def on_train_epoch_start(self, trainer, module):  # noqa: ANN001
+        truth.data["epochs"] = truth.data.get("epochs", 0) + 1
+
     def on_save_checkpoint(self, trainer, module, checkpoint):  # noqa: ANN001
         truth.data["saves"] = truth.data.get("saves", 0) + 1
 
