@@ -303,7 +303,8 @@ def _defs() -> dict[str, SignalDef]:
         ("fw_task", "config", "text", "last", "a Hugging Face pipeline()'s task", False),
         ("fw_auto_batch", "config", "bool", "last", ("the framework sizes the batch itself to "
          "what fits in memory (TrainingArguments(auto_find_batch_size=True); Lightning: a "
-         "BatchSizeFinder callback)"), False),
+         "BatchSizeFinder callback; a loop under accelerate's find_executable_batch_size)"),
+         False),
         ("fw_eval_accum", "config", "count", "last", "TrainingArguments(eval_accumulation_steps)",
          False),
         ("fw_compile", "config", "bool", "last", "TrainingArguments(torch_compile)", False),

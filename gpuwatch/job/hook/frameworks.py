@@ -177,8 +177,8 @@ def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None
     # save_only_model is newer than the rest (transformers 4.36): absent is no problem
     read(cfg, "fw_save_only_model", lambda: getattr(args, "save_only_model", None), problems)
     read(cfg, "fw_world_size", lambda: args.world_size, problems)
-    # the batch size finder: the Trainer halves the batch and starts the loop again on
-    # every CUDA out-of-memory, for the whole run (transformers 4.18 on)
+    # the batch size finder: on every CUDA out-of-memory the Trainer starts its loop again
+    # at 90 % of the batch (accelerate's find_executable_batch_size), for the whole run
     read(cfg, "fw_auto_batch", lambda: bool(getattr(args, "auto_find_batch_size", False)),
          problems)
 
@@ -218,8 +218,8 @@ def _lightning(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None:
          problems)
     read(cfg, "fw_save_only_model", lambda: _model_checkpoint(trainer, "save_weights_only"),
          problems)
-    # a BatchSizeFinder callback (Trainer(callbacks=[BatchSizeFinder()]), or the Tuner's
-    # while it tunes): the batch is sized to fill the GPU's memory on purpose
+    # a BatchSizeFinder callback (Trainer(callbacks=[BatchSizeFinder()]): the batch is
+    # sized to what fits on purpose; Lightning sets the callbacks aside during its trials)
     read(cfg, "fw_auto_batch", lambda: any(
         type(c).__name__ == "BatchSizeFinder" for c in trainer.callbacks), problems)
 
