@@ -28,20 +28,26 @@ FABRIC = "fabric"  # Lightning Fabric: the user's own loop, Fabric's strategy an
 MAX_FRAMES = 80  # how far up the stack to look
 
 
+def _any_frame(frame: Any, hit: Any) -> bool:
+    """Whether ``hit(code)`` holds for the code of ``frame`` or of a frame above it (at
+    most MAX_FRAMES up)."""
+    depth = 0
+    while frame is not None and depth < MAX_FRAMES:
+        depth += 1
+        if hit(frame.f_code):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def under_batch_finder(frame: Any) -> bool:
     """Whether the loop runs inside accelerate's ``find_executable_batch_size`` (its
     ``decorator`` frame above this one): the batch is sized to what fits in memory and
     tried again smaller on every out-of-memory, in a plain loop or under the Trainer
     (``auto_find_batch_size`` runs through it)."""
-    depth = 0
-    while frame is not None and depth < MAX_FRAMES:
-        depth += 1
-        code = frame.f_code
-        if code.co_name == "decorator" and code.co_filename.replace("\\", "/").endswith(
-                "accelerate/utils/memory.py"):
-            return True
-        frame = frame.f_back
-    return False
+    return _any_frame(frame, lambda code: code.co_name == "decorator"
+                      and code.co_filename.replace("\\", "/").endswith(
+                          "accelerate/utils/memory.py"))
 
 
 _TUNERS = ("lightning/pytorch/tuner/", "pytorch_lightning/tuner/")
@@ -50,13 +56,8 @@ _TUNERS = ("lightning/pytorch/tuner/", "pytorch_lightning/tuner/")
 def in_lightning_tuner(frame: Any) -> bool:
     """Whether Lightning's tuner (its BatchSizeFinder's trials, the learning-rate finder)
     runs the code at ``frame``: a DataLoader it makes for a trial is no epoch's start."""
-    depth = 0
-    while frame is not None and depth < MAX_FRAMES:
-        depth += 1
-        if any(t in frame.f_code.co_filename.replace("\\", "/") for t in _TUNERS):
-            return True
-        frame = frame.f_back
-    return False
+    return _any_frame(frame, lambda code: any(
+        t in code.co_filename.replace("\\", "/") for t in _TUNERS))
 
 
 def _is(obj: Any, module_prefixes: tuple[str, ...], class_name: str) -> bool:
