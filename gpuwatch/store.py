@@ -142,8 +142,14 @@ class _Sums:
             self.gpu = gpu
 
     def add_unseen(self, u: StepsSample) -> None:
-        """Steps known only by their sums (those a hook datagram had no room for)."""
+        """Steps known only by their sums (those a hook datagram had no room for): they
+        ended by ``u.t`` and began, back to back, their summed time before it."""
         self.steps += u.steps
+        if u.t > self.t:
+            self.t = u.t
+        begin = u.begin_t if u.begin_t is not None else u.t - (u.step_seconds or 0.0)
+        if self.begin_t is None or begin < self.begin_t:
+            self.begin_t = begin
         if u.skipped is not None:
             self.skipped = (self.skipped or 0) + u.skipped
         self.timed += u.timed
@@ -299,7 +305,9 @@ class StepThinner:
 def unseen_steps(window: Any, steps: Sequence[StepSample], *, t: float, pid: int | None,
                  rank: int | None, gpu: int | None) -> StepsSample | None:
     """The steps a hook datagram counted in its ``window`` but had no room to list
-    (``steps_omitted``): the window's sums less those of the steps it listed."""
+    (``steps_omitted``): the window's sums less those of the steps it listed. They are the
+    report's oldest: they ended when the first listed step began, and began (at the
+    latest) their summed time before that."""
     listed = len(steps)
     n = int(window.steps) - listed
     if n <= 0:
@@ -311,11 +319,14 @@ def unseen_steps(window: Any, steps: Sequence[StepSample], *, t: float, pid: int
     def rest(total: float, part: float) -> float:
         return max(0.0, float(total) - part)
 
+    if steps:
+        t = min(t, steps[0].t - (steps[0].step_seconds or 0.0))
+    step_seconds = rest(window.step_seconds, sum(s.step_seconds or 0.0 for s in timed))
     return StepsSample(
-        t=t, steps=n, pid=pid, rank=rank, gpu=gpu,
+        t=t, steps=n, pid=pid, rank=rank, gpu=gpu, begin_t=t - step_seconds,
         skipped=max(0, int(window.skipped) - sum(1 for s in steps if s.skipped)),
         timed=max(0, int(window.timed) - len(timed)),
-        step_seconds=rest(window.step_seconds, sum(s.step_seconds or 0.0 for s in timed)),
+        step_seconds=step_seconds,
         data_wait_seconds=rest(window.data_wait_seconds,
                                sum(s.data_wait_seconds or 0.0 for s in timed)),
         samples=max(0, int(window.samples) - sum(s.batch_size or 0 for s in with_batch)),

@@ -22,7 +22,7 @@ from conftest import wait_for
 from gpuwatch.errors import UserError
 from gpuwatch.job import protocol
 from gpuwatch.job.receiver import HookReceiver, probe
-from gpuwatch.samples import GpuInfo, JobStats, Snapshot
+from gpuwatch.samples import GpuInfo, JobStats, Snapshot, StepsSample
 from gpuwatch.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,6 +250,33 @@ def test_encode_keeps_the_newest_steps_that_fit_and_counts_the_rest() -> None:
     assert r.steps[-1].step == 4999 and r.steps[0].step == 5000 - len(r.steps)
     small = protocol.encode(report(steps_total=5000), steps, max_bytes=4000)
     assert len(small) <= 4000 and protocol.decode(small).steps[-1].step == 4999
+
+
+def test_steps_a_datagram_had_no_room_for_keep_their_place_in_time(
+        live: tuple[Store, HookReceiver]) -> None:
+    # a fast job's first report: 5000 steps of 1 ms back to back, more than a datagram
+    # lists; the oldest go as sums, and the history must still begin where the job did
+    store, rec = live
+    t0 = time.time() - 6.0
+    steps = [protocol.StepRecord(step=i, t=t0 + (i + 1) * 0.001, step_seconds=0.001,
+                                 data_wait_seconds=0.0005) for i in range(5000)]
+    window = {"steps": 5000, "skipped": 0, "timed": 5000, "step_seconds": 5.0,
+              "data_wait_seconds": 2.5, "samples": 0, "sample_seconds": 0.0}
+    data = protocol.encode(report(steps_total=5000, window=window), steps)
+    assert protocol.decode(data).steps_omitted > 0
+    send(rec.socket_path, data)
+    wait_for(lambda: store.latest().jobs, "a job")
+    store.flush_steps()
+    history = store.step_history()
+    summed = [s for s in history if isinstance(s, StepsSample)]
+    assert summed and len(history) < 5000
+    assert sum(getattr(s, "steps", 1) for s in history) == 5000
+    begins = [s.begin_t if isinstance(s, StepsSample) else s.t - s.step_seconds
+              for s in history]
+    assert min(begins) == pytest.approx(t0, abs=0.01)  # the datagram rounds its times
+    assert max(s.t for s in history) == pytest.approx(t0 + 5.0, abs=0.01)
+    for s in summed:  # each line's span holds its steps' time, no less
+        assert s.t - s.begin_t >= s.step_seconds - 0.01
 
 
 def test_decode_reads_what_encode_writes_and_ignores_unknown_fields() -> None:
