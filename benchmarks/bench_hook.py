@@ -125,6 +125,15 @@ def loop_costs(device: str, steps: int, repeats: int, sock: str) -> dict[str, An
             "sync_check": None if not cuda else (sync_error or "no sync")}
 
 
+class _Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Identity(), nn.Identity()
+
+    def forward(self, x: Any) -> Any:
+        return self.b(self.a(x))
+
+
 def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
     """µs per call of the hook's own per-step code, called directly: each path ``calls``
     times in each of ``rounds`` rounds, the median round. Wrappers are timed around a
@@ -145,6 +154,16 @@ def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
         from hook_standins import It, raw, raw_backward, training_facts  # (benchmarks/)
 
         it = It()
+        # an inference loop no DataLoader feeds: a model of two children switched to eval()
+        # before any training is watched (its passes counted); the same model put in eval
+        # mode through train(False), which the hook does not see, is the base
+        watched, plain = _Pair(), _Pair()
+        watched.eval()
+        plain.train(False)
+        x = torch.zeros(4, 4)
+        with torch.inference_mode():
+            for _ in range(hook.INFER_BATCHES + 1):  # past the count that prunes the others
+                watched(x)
         wrapped_next = hook._wrap_next(raw)
         backward = hook._wrap_backward(raw_backward)
         scale = hook._wrap_scaler_scale(raw)
@@ -159,6 +178,11 @@ def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
             times.setdefault(key, []).append((took - base) / calls * 1e6)
             return took
 
+        with torch.inference_mode():  # first: the first backward() below unwatches it
+            for _ in range(rounds):
+                base = timed("raw", plain, x)
+                timed("inference_forward_pass_us", watched, x, base=base)
+        assert len(h.infer_watch) == 1, "the watched model's pass is what is timed"
         for _ in range(rounds):
             h.scaler_mode = False
             timed("optimizer_step_hook_us", on_step, opt, (), {})

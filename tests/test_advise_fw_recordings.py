@@ -133,6 +133,20 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # no workers, said as the suspicion it is
     "hf_pipeline_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
                                                       "batch-inference-requests"}),
+    # inference that no DataLoader feeds: a BERT-base in bf16 fed 8 sequences a forward
+    # pass by its own loop (GPU 5 % busy), and sentence-transformers' encode() at its
+    # default batch_size=32 (7 % busy): a larger batch, in the loop's or encode()'s words;
+    # before, the hook said start-up throughout and nothing was judged. The same with the
+    # daemon on its own: a pegged main process with no workers, said as the suspicion it is
+    "infer_loop": ({"batch-inference-requests"}, {"raise-batch-size", "add-dataloader-workers",
+                                                  "gpu-underused", "inference-waits-for-data",
+                                                  "enable-mixed-precision"}),
+    "infer_loop_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
+                                                     "batch-inference-requests"}),
+    "st_encode": ({"batch-inference-requests"}, {"raise-batch-size", "add-dataloader-workers",
+                                                 "gpu-underused", "inference-waits-for-data"}),
+    "st_encode_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
+                                                    "batch-inference-requests"}),
     # Lightning's BatchSizeFinder callback (4 trials of 3 steps, 64 to 512): 8 workers
     # pegged at 512 feed only a third of the GPU's time. The trials' loaders (one per batch
     # size) are no epochs: nothing of loaders built anew or of workers restarting
@@ -458,6 +472,8 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # the finder's full memory is the hook's to explain: from outside, memory 97.5 % full
     "hf_autobatch": ({"enable-gradient-checkpointing"}, {"raise-batch-size", "out-of-memory"}),
     "lightning_cnn_find": ({"add-dataloader-workers"}, {"raise-batch-size"}),
+    "infer_loop": ({"add-dataloader-workers"}, {"raise-batch-size", "batch-inference-requests"}),
+    "st_encode": ({"add-dataloader-workers"}, {"raise-batch-size", "batch-inference-requests"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -697,6 +713,60 @@ def test_a_pipeline_is_told_its_batch_and_its_workers_in_its_own_words():
     assert a["evidence"]["inference_wait_ratio"] >= 0.4
     assert a["action"].startswith("pipeline(..., num_workers=0 → 2)")
     assert "pin_memory" not in a["action"] and "prefetch_factor" not in a["action"]
+
+
+def test_inference_its_own_loop_feeds_is_told_its_batch_in_its_own_words():
+    """A loop that slices its own batches (no DataLoader, no generate()): each forward pass
+    of the model in eval mode is counted, exactly, and the larger batch is said in the
+    loop's words; sentence-transformers' encode() is found on the pass's stack and told
+    its batch_size."""
+    report = advise_json(path_of("infer_loop"))
+    (job,) = report["jobs"]
+    assert job["phase"] == "inference" and job.get("framework") is None
+    assert job["inference"] == {"batches": truth("infer_loop")["passes"], "batch_size": 8,
+                                "generate_calls": 0}
+    (a,) = [a for a in report["advice"] if a["id"] == "batch-inference-requests"]
+    assert "forward passes of its model so far, its own loop slicing the batches (no " \
+        "DataLoader, no generate() call), 8 sample(s) each" in a["message"]
+    assert re.search(r"with 9\d % of its memory free", a["message"])
+    assert a["action"].startswith("Put more samples in each forward pass: 8 → 32 samples per "
+                                  "forward pass, in the slices the loop hands the model")
+    assert "DataLoader" not in a["action"] and "generate()" not in a["action"]
+    report = advise_json(path_of("st_encode"))
+    (job,) = report["jobs"]
+    assert job["phase"] == "inference" and job["framework"] == "sentence_transformers"
+    assert job["inference"]["batches"] == truth("st_encode")["passes"]
+    (a,) = [a for a in report["advice"] if a["id"] == "batch-inference-requests"]
+    assert a["evidence"]["inference_batch_size"] == 32 and a["evidence"]["busy_ratio"] < 0.15
+    assert a["action"].startswith("Put more samples in each forward pass: "
+                                  "model.encode(..., batch_size=32 → 128)")
+    # its ending counts batches alone: no generate() call was made
+    (end,) = report["job_ends"]
+    assert end["summary"].endswith(f"having run inference only "
+                                   f"({truth('st_encode')['passes']} batches)")
+
+
+def test_an_inference_process_whose_host_idles_is_not_told_to_batch(tmp_path):
+    """The same loop with its main process nearly idle (a server waiting for requests: the
+    GPU idles because little comes, not because each batch's host work holds it up): a
+    batch of 8 gets no batching advice; a batch of 4 or fewer still does."""
+    def idle_host(d: dict) -> dict:
+        if d["kind"] == "host":
+            d["job_main_cpu_cores"] = 0.1
+            d["jobs"] = [dict(j, main_cpu_cores=0.1, cpu_cores=0.1) for j in d.get("jobs", [])]
+        return d
+
+    idle = write(tmp_path / "idle.jsonl", transform(load("fw_infer_loop"), idle_host))
+    assert "batch-inference-requests" not in ids(advise_json(idle))
+
+    def small(d: dict) -> dict:
+        if d["kind"] == "phase" and d.get("inference_batch_size"):
+            d["inference_batch_size"] = 4
+        return d
+
+    small_batches = write(tmp_path / "small.jsonl",
+                          transform(load("fw_infer_loop"), lambda d: small(idle_host(d))))
+    assert "batch-inference-requests" in ids(advise_json(small_batches))
 
 
 def test_lightnings_batch_size_finder_trials_are_steps_and_its_memory_no_warning():

@@ -277,6 +277,46 @@ def test_a_pipeline_is_an_inference_process_in_its_own_words(tmp_path: Path,
     assert not lines(rec, "hook_problem")
 
 
+def test_a_loop_slicing_its_own_batches_is_an_inference_process(tmp_path: Path) -> None:
+    """A BERT encoder in eval mode fed slices of a token tensor (no DataLoader, no
+    generate()): before, the hook said start-up for the whole run, and every rule stayed
+    silent. Each forward pass is counted exactly, with its batch."""
+    rec, truth = record(tmp_path, "infer_loop", "--hidden", "32", "--layers", "2", "--seq",
+                        "16", "--rows", "512", "--batch", "32", "--seconds", "12")
+    phase = lines(rec, "phase")[-1]
+    assert phase["phase"] == "inference" and phase["generate_calls"] == 0
+    assert phase["inference_batches"] == truth["passes"] >= 64
+    assert phase["inference_samples"] == truth["rows"]
+    assert phase["inference_batch_size"] == 32
+    configs = lines(rec, "config")
+    assert configs[-1]["uses_dataloader"] is False
+    assert not any(c.get("framework") for c in configs)
+    assert not lines(rec, "hook_problem")
+    (job,) = advise(rec)["jobs"]
+    assert job["phase"] == "inference"
+    assert job["inference"] == {"batches": truth["passes"], "batch_size": 32,
+                                "generate_calls": 0}
+
+
+def test_sentence_transformers_encode_is_an_inference_process_in_its_own_words(
+        tmp_path: Path) -> None:
+    """SentenceTransformer.encode(sentences, batch_size=32): its own loop over slices of
+    the sentences, one forward pass per batch; the model is found on the pass's stack."""
+    pytest.importorskip("sentence_transformers")
+    rec, truth = record(tmp_path, "st_encode", "--hidden", "32", "--layers", "2",
+                        "--sentences", "256", "--seconds", "12")
+    phase = lines(rec, "phase")[-1]
+    assert phase["phase"] == "inference"
+    assert phase["inference_batches"] == truth["passes"] >= 64
+    assert phase["inference_samples"] == truth["sentences"]
+    assert phase["inference_batch_size"] == 32
+    (cfg,) = {c["framework"]: c for c in lines(rec, "config") if c.get("framework")}.values()
+    assert cfg["framework"] == "sentence_transformers"
+    assert cfg["fw_task"] == "SentenceTransformer" and cfg["framework_version"]
+    assert cfg["uses_dataloader"] is False
+    assert not lines(rec, "hook_problem")
+
+
 def test_trainer_predict_is_an_inference_process_in_the_trainers_words(tmp_path: Path) -> None:
     """Trainer.predict over and over (hf_textcls.py --predict, a tiny BERT classifier):
     no backward() ever, so an inference process; the framework is found from the

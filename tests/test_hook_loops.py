@@ -657,3 +657,122 @@ def test_a_forked_child_frees_nothing_its_parent_hook_held(tmp_path: Path) -> No
                          env=clean_env())
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "alive", run.stdout + run.stderr
+
+
+# -- inference that no DataLoader or generate() feeds -------------------------------------
+
+class _Encoder(torch.nn.Module):
+    """A model whose wrapper may call its own forward() directly (older
+    sentence-transformers): its children see every pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, features: dict) -> torch.Tensor:
+        return self.head(torch.relu(self.embed(features["x"])))
+
+
+def _watched(module: torch.nn.Module) -> int:
+    return sum(len(m._forward_pre_hooks) for m in module.modules())
+
+
+@pytest.mark.parametrize("call", ["module", "forward"])
+def test_forward_passes_in_eval_mode_make_an_inference_process(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """A loop that slices its own batches (model(x[i:i + n]) under inference_mode, or
+    sentence-transformers' encode()): each forward pass in eval mode is one inference
+    batch, counted once though the model and its children are all watched; the batch is
+    the first tensor's first dimension, also inside a mapping (a tokenizer's output). Once
+    the counting module is known, the other modules' hooks go."""
+    monkeypatch.setattr(hook, "INFER_AFTER", 0.0)
+    monkeypatch.setattr(hook, "INFER_BATCHES", 16)
+    _no_reporter(attached)
+    model = _Encoder()
+    model.eval()
+    assert _watched(model) == 3  # the model and its two children
+    x = torch.randn(100, 8)
+    passes = 0
+    with torch.inference_mode():
+        for _ in range(2):
+            for i in range(0, 100, 7):
+                batch = collections.UserDict({"x": x[i:i + 7]})
+                model(batch) if call == "module" else model.forward(batch)
+                passes += 1
+    assert attached.infer_batches == passes == 30
+    assert attached.infer_samples == 200 and attached.infer_batch_size == 2  # 100 = 14 * 7 + 2
+    assert attached.phase == hook.INFERENCE
+    status = attached._status()
+    assert status["inference"]["batches"] == 30 and status["inference"]["batch_size"] == 2
+    assert _watched(model) == 1  # the counting module's hook alone
+
+
+def test_a_training_process_leaves_its_model_unwatched(attached: hook._Hook) -> None:
+    """from_pretrained() switches every model to eval mode: a process that then trains
+    must lose the watch before its first training forward (an optimizer built), and its
+    evaluation passes must not count as inference; so must one that compiles its model
+    (a hook removed after dynamo traced the model would make it compile again)."""
+    model = _Encoder()
+    model.eval()
+    assert _watched(model) == 3
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert _watched(model) == 0
+    model.train()
+    for _ in range(3):
+        model({"x": torch.randn(4, 8)}).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        for _ in range(5):
+            model({"x": torch.randn(4, 8)})
+    assert _watched(model) == 0 and attached.infer_batches == 0
+    assert attached.n == 3
+
+
+def test_compiling_a_watched_model_unwatches_it_first(attached: hook._Hook,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _Encoder()
+    model.eval()
+    assert _watched(model) == 3
+    compiled = []
+    monkeypatch.setattr(hook, "_hook_compiler", lambda: compiled.append(_watched(model)))
+    wrapped = hook._wrap_compile(lambda m, **kw: m)
+    assert wrapped(model) is model
+    assert compiled == [0] and _watched(model) == 0
+
+
+def test_forward_passes_of_dataloader_batches_count_once(attached: hook._Hook,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Inference over a DataLoader: its batches count (as before), the model's passes do
+    not count them again."""
+    monkeypatch.setattr(hook, "INFER_AFTER", 0.0)
+    _no_reporter(attached)
+    model = _Encoder()
+    model.eval()
+    loader = torch.utils.data.DataLoader(torch.randn(80, 8), batch_size=8)
+    with torch.inference_mode():
+        for batch in loader:
+            model({"x": batch})
+    assert attached.infer_batches == 10 and attached.infer_samples == 80
+
+
+def test_a_watched_forward_that_fails_to_count_still_runs(attached: hook._Hook,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """The pre-hook guards itself: a bug of ours is counted, the forward pass runs."""
+    _no_reporter(attached)
+    model = _Encoder()
+    model.eval()
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(hook._Hook, "inference_work", broken)
+    errors = attached.errors
+    with torch.inference_mode():
+        out = model({"x": torch.ones(3, 8)})
+    assert out.shape == (3, 4)
+    assert attached.errors > errors

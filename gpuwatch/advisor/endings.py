@@ -45,8 +45,9 @@ def _how(e: Mapping[str, Any]) -> str:
 
 
 def summary(e: Mapping[str, Any], inference: Any = None) -> str:
-    """One sentence for an ending; ``inference``: the inference batches (or generate()
-    calls) the hook counted where the process ran inference and never trained."""
+    """One sentence for an ending; ``inference``: what the hook counted where the process
+    ran inference and never trained (its report's ``inference``: batches and generate()
+    calls; or the batches alone)."""
     who = [f"rank {e['rank']}" if e.get("rank") is not None else None,
            f"GPU {e['gpu']}" if e.get("gpu") is not None else None]
     who_text = ", ".join(w for w in who if w)
@@ -62,7 +63,17 @@ def summary(e: Mapping[str, Any], inference: Any = None) -> str:
     if first is not None and t is not None:
         text += f", {max(0.0, t - first):.0f} s after its first step"
     elif not e.get("steps_total") and inference:
-        text += f", having run inference only ({inference} batches or generate() calls)"
+        # the inference counts (a mapping: batches, generate_calls), or the batches alone
+        if isinstance(inference, Mapping):
+            counted = inference.get("batches")
+            kind = ("batches" if inference.get("generate_calls") == 0
+                    else "batches or generate() calls")
+        else:
+            counted, kind = inference, "batches or generate() calls"
+        if counted:
+            text += f", having run inference only ({counted} {kind})"
+        else:
+            text += ", having run inference only"
     elif not e.get("steps_total"):
         text += ", before its first step"
     if e.get("steps_total"):
@@ -80,7 +91,7 @@ def summary(e: Mapping[str, Any], inference: Any = None) -> str:
 def entries(lines: Iterable[Mapping[str, Any]],
             inference: Mapping[int, Any] | None = None) -> list[dict[str, Any]]:
     """The report's ``job_ends`` list, in time order; one per process (its first end).
-    ``inference``: pid -> inference batches, for the processes that only ran inference."""
+    ``inference``: pid -> inference counts, for the processes that only ran inference."""
     out: dict[int, dict[str, Any]] = {}
     for line in lines:
         pid = line.get("pid")

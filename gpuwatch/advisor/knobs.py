@@ -15,7 +15,9 @@ from typing import Any
 
 TORCH = "torch"
 PIPELINE = "transformers.pipeline"  # a Hugging Face pipeline() serving a model
-FRAMEWORKS = ("transformers", "lightning", "accelerate", "fabric", PIPELINE)
+SENTENCE_TRANSFORMERS = "sentence_transformers"  # its encode() loop
+FRAMEWORKS = ("transformers", "lightning", "accelerate", "fabric", PIPELINE,
+              SENTENCE_TRANSFORMERS)
 
 # knob -> framework -> template ({old}, {new}: the values, "old → new" where both are known)
 KNOBS: dict[str, dict[str, str]] = {
@@ -40,6 +42,12 @@ KNOBS: dict[str, dict[str, str]] = {
         "lightning": "the predict DataLoader(batch_size={change})",
         PIPELINE: "pipeline(..., batch_size={change}), or per call pipe(inputs, "
                   "batch_size={new})",
+    },
+    # the same where no DataLoader makes the batches: the loop slices them itself
+    # (model(x[i:i + n])), or sentence-transformers' encode() does
+    "infer_loop_batch": {
+        TORCH: "{change} samples per forward pass, in the slices the loop hands the model",
+        SENTENCE_TRANSFORMERS: "model.encode(..., batch_size={change})",
     },
     "num_workers": {
         TORCH: "DataLoader(num_workers={change})",

@@ -565,8 +565,9 @@ def _inference_only(j: dict[str, Any]) -> bool:
 
 
 def inference_batches(jobs: Iterable[dict[str, Any]]) -> dict[int, Any]:
-    """pid -> inference batches, for the jobs the hook saw only run inference."""
-    return {j["pid"]: (j.get("inference") or {}).get("batches") for j in jobs
+    """pid -> inference counts (batches, generate() calls), for the jobs the hook saw
+    only run inference."""
+    return {j["pid"]: j.get("inference") or {} for j in jobs
             if _inference_only(j) and isinstance(j.get("pid"), int)}
 
 

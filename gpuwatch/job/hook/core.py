@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -94,6 +94,14 @@ EVAL_MODULE_SHARE = 0.5
 INFER_BATCHES = 64
 INFER_GENERATE_CALLS = 3
 INFER_AFTER = 10.0  # seconds, compiling left out
+# An inference loop that feeds its model tensors it slices itself (no DataLoader, no
+# generate()) is seen through the model: each module a process switches to eval() before
+# it trains (from_pretrained() does; so do sentence-transformers' encode() and most
+# inference scripts), and that module's direct children (a wrapper may call its own
+# forward() directly), get a forward pre-hook that counts the passes made in eval mode.
+# At most this many modules; every one is released at the process's first sign of
+# training (an optimizer, torch.compile(), a backward()), before any training forward.
+INFER_WATCH_MAX = 8
 
 _perf = time.perf_counter
 # what a forked child inherited from its parent's hook: kept alive for good (after_fork)
@@ -157,7 +165,7 @@ class _Hook:
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
-                 "generate_calls",
+                 "generate_calls", "infer_watch", "infer_fwd",
                  "compiles", "saving", "saves", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
                  "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
@@ -264,6 +272,10 @@ class _Hook:
         self.infer_wait = 0.0  # its DataLoader's wait for those batches, seconds
         self.infer_batch_size: int | None = None
         self.generate_calls = 0
+        # modules whose forward passes in eval mode are counted (_watch_forwards): for each,
+        # [its weakref, the pre-hook's handle, passes counted]; the most any one counted
+        self.infer_watch: list[list[Any]] = []
+        self.infer_fwd = 0
         self.compiles = 0
         self.saving = False
         self.saves = 0  # checkpoint saves during training (a nested save counts once)
@@ -1468,6 +1480,8 @@ def _backward_begins(h: _Hook, t: Any) -> None:
     h.loss_tensor = t
     h.backwards += 1
     h.backward_seen = True
+    if h.infer_watch:
+        _unwatch_forwards(h)
     if h.phase is EVAL:
         probe = h.eval_probe
         if probe is not None and probe[0] is h.last_info:
@@ -1597,6 +1611,8 @@ def _wrap_optimizer_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         h = _hook
         if h is not None and not h.off:
             h.optimizer_made = True
+            if h.infer_watch:
+                _unwatch_forwards(h)
             if h.thread is None:
                 h.start_reporting()
     return __init__
@@ -1713,14 +1729,92 @@ def _wrap_module_eval(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def eval(self: Any) -> Any:  # noqa: A001 (the method's own name)
         h = _hook
-        if h is not None and h.phase is TRAIN and not h.off:
+        if h is not None and not h.off:
             try:
-                if h.is_model(self):
-                    h.switch(EVAL, _perf())
+                if h.phase is TRAIN:
+                    if h.is_model(self):
+                        h.switch(EVAL, _perf())
+                elif not h.backward_seen and not h.optimizer_made \
+                        and len(h.infer_watch) < INFER_WATCH_MAX:
+                    _watch_forwards(h, self)
             except Exception:
                 h.fault()
         return orig(self)
+    eval._gpuwatch = True  # type: ignore[attr-defined]
     return eval
+
+
+def _watch_forwards(h: _Hook, module: Any) -> None:
+    """Count ``module``'s forward passes in eval mode, and its direct children's (see
+    INFER_WATCH_MAX), until the process shows that it trains."""
+    watched = h.infer_watch
+    for m in (module, *module._modules.values()):
+        if len(watched) >= INFER_WATCH_MAX:
+            return
+        if m is None or any(w[0]() is m for w in watched):
+            continue
+        entry: list[Any] = [weakref.ref(m), None, 0]
+        try:
+            handle = m.register_forward_pre_hook(functools.partial(_forward_pass, entry),
+                                                 with_kwargs=True)
+        except TypeError:  # torch before 2.0: no keyword arguments to look at
+            handle = m.register_forward_pre_hook(functools.partial(_forward_pass, entry))
+        entry[1] = handle
+        watched.append(entry)
+
+
+def _unwatch_forwards(h: _Hook) -> None:
+    watched, h.infer_watch = h.infer_watch, []
+    for entry in watched:
+        try:
+            entry[1].remove()
+        except Exception:
+            h.fault()
+
+
+def _forward_pass(entry: list[Any], module: Any, args: Any, kwargs: Any = None) -> None:
+    """A watched module's forward pass: in eval mode, where no DataLoader batch and no
+    generate() call already counts the work, one inference batch (the module with the
+    most passes counts them, so a model and its children count each pass once)."""
+    h = _hook
+    if h is None or h.off or module.training or h.backward_seen or h.loader_seen \
+            or h.generate_calls:
+        return None
+    try:
+        if _compiling():
+            return None  # traced by dynamo: nothing of this may enter the graph
+        entry[2] += 1
+        if entry[2] > h.infer_fwd:
+            h.infer_fwd = entry[2]
+            h.inference_work(_batch_of(args, kwargs), _perf())
+            if entry[2] == INFER_BATCHES and len(h.infer_watch) > 1:
+                # the module that counts the passes is known: the others' hooks go (each
+                # hooked module takes torch's slower call path)
+                others = [w for w in h.infer_watch if w is not entry]
+                h.infer_watch = [entry]
+                for w in others:
+                    w[1].remove()
+    except Exception:
+        h.fault()
+    return None
+
+
+_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling",
+                                         None) or (lambda: False)
+
+
+def _batch_of(args: Any, kwargs: Any) -> int | None:
+    """The batch of a forward pass: the first dimension of its first tensor argument
+    (positional, keyword, or a value of a mapping of tensors: a tokenizer's output)."""
+    values = list(args)
+    if kwargs:
+        values.extend(kwargs.values())
+    for v in values:
+        if isinstance(v, Mapping):  # a dict, a tokenizer's BatchEncoding (a UserDict)
+            v = next((x for x in v.values() if isinstance(x, torch.Tensor)), None)
+        if isinstance(v, torch.Tensor):
+            return int(v.shape[0]) if v.dim() else None
+    return None
 
 
 def _checkpointing(h: _Hook) -> bool:
@@ -1836,6 +1930,10 @@ def _wrap_compile(orig: Callable[..., Any]) -> Callable[..., Any]:
         h = _hook
         if h is not None and not h.off:
             try:
+                if h.infer_watch:
+                    # before dynamo traces the model: a hook removed after tracing would
+                    # fail its guards and compile the model again
+                    _unwatch_forwards(h)
                 _hook_compiler()
             except Exception:
                 h.fault()
@@ -1877,9 +1975,20 @@ def _patch_accelerate(module: Any) -> None:
         _patch(cls, "save_state", _wrap_save_marked)
 
 
+def _patch_pretrained_eval(module: Any) -> None:
+    """transformers 5's ``PreTrainedModel.eval`` is its own (``self.train(False)``), so
+    ``Module.eval``'s wrapper never sees a Hugging Face model switched to eval mode: the
+    same wrapper goes on it (an evaluation begins; an inference loop is watched)."""
+    cls = getattr(module, "PreTrainedModel", None)
+    own = getattr(cls, "__dict__", {}).get("eval")
+    if own is not None and not getattr(own, "_gpuwatch", False):
+        _patch(cls, "eval", _wrap_module_eval)
+
+
 # modules a job may import after torch, and what to patch in them once they are loaded
 _AFTER_IMPORT: dict[str, Callable[[Any], None]] = {
     "transformers.generation.utils": _patch_generate,
+    "transformers.modeling_utils": _patch_pretrained_eval,
     "accelerate.accelerator": _patch_accelerate,
 }
 

@@ -22,6 +22,10 @@ from gpuwatch.job.hook.facts import Problems, read
 TRANSFORMERS = "transformers"
 # a Hugging Face pipeline() serving a model (transformers' own inference loop)
 PIPELINE = "transformers.pipeline"
+# sentence-transformers' encode() (SentenceTransformer, CrossEncoder, SparseEncoder): its
+# own loop over slices of the inputs, no DataLoader
+SENTENCE_TRANSFORMERS = "sentence_transformers"
+_ST_CLASSES = ("SentenceTransformer", "CrossEncoder", "SparseEncoder")
 LIGHTNING = "lightning"
 ACCELERATE = "accelerate"
 FABRIC = "fabric"  # Lightning Fabric: the user's own loop, Fabric's strategy and precision
@@ -121,6 +125,10 @@ def detect(frame: Any) -> tuple[str, Any] | None:
             obj = frame.f_locals.get("self")
             if obj is not None:
                 mod = type(obj).__module__
+                if mod.startswith("sentence_transformers") and found is None \
+                        and frame.f_code.co_name in ("encode", "predict", "rank") \
+                        and any(_is(obj, ("sentence_transformers",), c) for c in _ST_CLASSES):
+                    found = (SENTENCE_TRANSFORMERS, obj)
                 if mod.startswith("transformers") and _is(obj, ("transformers",), "Trainer"):
                     return TRANSFORMERS, obj
                 if mod.startswith("transformers.pipelines") and found is None:
@@ -187,6 +195,12 @@ def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None
 def _pipeline_settings(cfg: dict[str, Any], pipe: Any, problems: Problems) -> None:
     read(cfg, "framework_version", _version("transformers"), problems)
     read(cfg, "fw_task", lambda: pipe.task, problems)
+
+
+def _sentence_transformers_settings(cfg: dict[str, Any], model: Any,
+                                    problems: Problems) -> None:
+    read(cfg, "framework_version", _version("sentence_transformers"), problems)
+    read(cfg, "fw_task", lambda: type(model).__name__, problems)
 
 
 def _first_loader(loaders: Any) -> Any:
@@ -299,6 +313,8 @@ class Framework:
             _lightning(cfg, obj, problems)
         elif self.name == PIPELINE and obj is not None:
             _pipeline_settings(cfg, obj, problems)
+        elif self.name == SENTENCE_TRANSFORMERS and obj is not None:
+            _sentence_transformers_settings(cfg, obj, problems)
         elif self.name == ACCELERATE:
             _accelerate(cfg, problems)
         elif self.name == FABRIC and obj is not None:

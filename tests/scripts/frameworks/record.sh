@@ -96,6 +96,15 @@ want hf_pipeline_bare && rec_bare hf_pipeline_bare 120 python3 hf_pipeline.py --
 want hf_pipeline_b64 && rec hf_pipeline_b64 120 python3 hf_pipeline.py --batch 64 --seconds 35
 want lightning_cnn_find && rec lightning_cnn_find 150 python3 lightning_cnn.py --model resnet18 \
   --size 64 --batch 64 --workers 8 --samples 100000 --find-batch 4 --seconds 35
+# 7g. Inference that no DataLoader feeds: a BERT-base encoder in bf16 fed slices of 8
+# sequences of 64 tokens by its own loop, and sentence-transformers' encode() of a
+# 6-layer, 384-wide BERT (MiniLM's shape) at its default batch_size=32; each with the hook
+# and without
+want infer_loop && rec infer_loop 120 python3 infer_loop.py --batch 8 --seq 64 --bf16 --seconds 35
+want infer_loop_bare && rec_bare infer_loop_bare 120 python3 infer_loop.py --batch 8 --seq 64 \
+  --bf16 --seconds 35
+want st_encode && rec st_encode 120 python3 st_encode.py --seconds 35
+want st_encode_bare && rec_bare st_encode_bare 120 python3 st_encode.py --seconds 35
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
