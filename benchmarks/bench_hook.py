@@ -134,6 +134,15 @@ class _Pair(nn.Module):
         return self.b(self.a(x))
 
 
+class _PlainPair(nn.Module):  # the same, of a class of its own (never wrapped)
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Identity(), nn.Identity()
+
+    def forward(self, x: Any) -> Any:
+        return self.b(self.a(x))
+
+
 def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
     """µs per call of the hook's own per-step code, called directly: each path ``calls``
     times in each of ``rounds`` rounds, the median round. Wrappers are timed around a
@@ -155,14 +164,15 @@ def micro_costs(calls: int, sock: str, rounds: int = 5) -> dict[str, float]:
 
         it = It()
         # an inference loop no DataLoader feeds: a model of two children switched to eval()
-        # before any training is watched (its passes counted); the same model put in eval
-        # mode through train(False), which the hook does not see, is the base
-        watched, plain = _Pair(), _Pair()
+        # before any training is watched (its passes counted through its class's
+        # __call__); the base is a model of another class, the same code, put in eval mode
+        # through train(False), which the hook does not see
+        watched, plain = _Pair(), _PlainPair()
         watched.eval()
         plain.train(False)
         x = torch.zeros(4, 4)
         with torch.inference_mode():
-            for _ in range(hook.INFER_BATCHES + 1):  # past the count that prunes the others
+            for _ in range(hook.INFER_BATCHES + 1):  # past start-up: an inference process
                 watched(x)
         wrapped_next = hook._wrap_next(raw)
         backward = hook._wrap_backward(raw_backward)

@@ -661,21 +661,34 @@ def test_a_forked_child_frees_nothing_its_parent_hook_held(tmp_path: Path) -> No
 
 # -- inference that no DataLoader or generate() feeds -------------------------------------
 
+class _Block(torch.nn.Module):
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(n_in, n_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
 class _Encoder(torch.nn.Module):
     """A model whose wrapper may call its own forward() directly (older
-    sentence-transformers): its children see every pass."""
+    sentence-transformers): its children, of classes of its own, see every pass."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.embed = torch.nn.Linear(8, 16)
-        self.head = torch.nn.Linear(16, 4)
+        self.embed = _Block(8, 16)
+        self.head = _Block(16, 4)
 
     def forward(self, features: dict) -> torch.Tensor:
         return self.head(torch.relu(self.embed(features["x"])))
 
 
-def _watched(module: torch.nn.Module) -> int:
-    return sum(len(m._forward_pre_hooks) for m in module.modules())
+def _watched(h: hook._Hook) -> int:
+    return len(h.infer_watch)
+
+
+def _wrapped(cls: type) -> bool:
+    return getattr(cls.__dict__.get("__call__"), "_gpuwatch", False)
 
 
 @pytest.mark.parametrize("call", ["module", "forward"])
@@ -683,15 +696,18 @@ def test_forward_passes_in_eval_mode_make_an_inference_process(
         attached: hook._Hook, monkeypatch: pytest.MonkeyPatch, call: str) -> None:
     """A loop that slices its own batches (model(x[i:i + n]) under inference_mode, or
     sentence-transformers' encode()): each forward pass in eval mode is one inference
-    batch, counted once though the model and its children are all watched; the batch is
-    the first tensor's first dimension, also inside a mapping (a tokenizer's output). Once
-    the counting module is known, the other modules' hooks go."""
+    batch, counted once though the model and its children are all watched (also where
+    the model's forward() is called directly, past its __call__: its first child counts);
+    the batch is the first tensor's first dimension, also inside a mapping (a tokenizer's
+    output). torch's own layers are not watched, and a second eval() adds nothing."""
     monkeypatch.setattr(hook, "INFER_AFTER", 0.0)
     monkeypatch.setattr(hook, "INFER_BATCHES", 16)
     _no_reporter(attached)
     model = _Encoder()
     model.eval()
-    assert _watched(model) == 3  # the model and its two children
+    model.eval()
+    assert _watched(attached) == 3  # the model and its two blocks, not their Linear layers
+    assert _wrapped(_Encoder) and _wrapped(_Block) and not _wrapped(torch.nn.Linear)
     x = torch.randn(100, 8)
     passes = 0
     with torch.inference_mode():
@@ -705,19 +721,47 @@ def test_forward_passes_in_eval_mode_make_an_inference_process(
     assert attached.phase == hook.INFERENCE
     status = attached._status()
     assert status["inference"]["batches"] == 30 and status["inference"]["batch_size"] == 2
-    assert _watched(model) == 1  # the counting module's hook alone
+    # a second model, used after the first: its passes count too
+    other = _Encoder()
+    other.eval()
+    with torch.inference_mode():
+        for _ in range(5):
+            other({"x": x[:3]})
+    assert attached.infer_batches == 35
+
+
+def test_a_watched_model_pickles_copies_and_scripts_as_it_was(attached: hook._Hook,
+                                                              tmp_path: Path) -> None:
+    """Nothing of the hook is on the module: torch.save of the whole model, deepcopy (an
+    EMA model) and TorchScript work while it is watched, and the copies load without
+    gpuwatch (a pickled model names only its own classes)."""
+    import copy
+
+    model = _Encoder()
+    model.eval()
+    assert _watched(attached) == 3
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    assert b"gpuwatch" not in path.read_bytes()
+    loaded = torch.load(path, weights_only=False)
+    ema = copy.deepcopy(model)
+    x = {"x": torch.ones(2, 8)}
+    assert torch.equal(loaded(x), model(x)) and torch.equal(ema(x), model(x))
+    assert not any(m._forward_pre_hooks for m in model.modules())
+    scripted = torch.jit.trace(model.embed, torch.ones(2, 8))
+    assert torch.equal(scripted(torch.ones(2, 8)), model.embed(torch.ones(2, 8)))
 
 
 def test_a_training_process_leaves_its_model_unwatched(attached: hook._Hook) -> None:
     """from_pretrained() switches every model to eval mode: a process that then trains
     must lose the watch before its first training forward (an optimizer built), and its
-    evaluation passes must not count as inference; so must one that compiles its model
-    (a hook removed after dynamo traced the model would make it compile again)."""
+    evaluation passes must not count as inference."""
     model = _Encoder()
     model.eval()
-    assert _watched(model) == 3
+    assert _watched(attached) == 3 and _wrapped(_Encoder)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert _watched(model) == 0
+    assert _watched(attached) == 0
+    assert not _wrapped(_Encoder) and not _wrapped(_Block)  # the classes as they were
     model.train()
     for _ in range(3):
         model({"x": torch.randn(4, 8)}).sum().backward()
@@ -727,20 +771,35 @@ def test_a_training_process_leaves_its_model_unwatched(attached: hook._Hook) -> 
     with torch.no_grad():
         for _ in range(5):
             model({"x": torch.randn(4, 8)})
-    assert _watched(model) == 0 and attached.infer_batches == 0
+    assert _watched(attached) == 0 and attached.infer_batches == 0
     assert attached.n == 3
 
 
-def test_compiling_a_watched_model_unwatches_it_first(attached: hook._Hook,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compiling_unwatches_first_and_for_good(attached: hook._Hook,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile() removes the watch before dynamo traces anything (a wrapper removed
+    after tracing would fail its guards and compile again), and nothing is watched after:
+    neither the compiled module nor a model switched to eval() later."""
     model = _Encoder()
     model.eval()
-    assert _watched(model) == 3
+    assert _watched(attached) == 3
     compiled = []
-    monkeypatch.setattr(hook, "_hook_compiler", lambda: compiled.append(_watched(model)))
+    monkeypatch.setattr(hook, "_hook_compiler", lambda: compiled.append(_watched(attached)))
     wrapped = hook._wrap_compile(lambda m, **kw: m)
     assert wrapped(model) is model
-    assert compiled == [0] and _watched(model) == 0
+    assert compiled == [0] and not _wrapped(_Encoder)
+    _Encoder().eval()
+    assert _watched(attached) == 0 and not _wrapped(_Encoder)
+
+
+def test_detach_gives_the_classes_back(tmp_path: Path) -> None:
+    assert hook.attach(str(tmp_path / "nobody.sock"))
+    try:
+        _Encoder().eval()
+        assert _wrapped(_Encoder)
+    finally:
+        hook.detach()
+    assert not _wrapped(_Encoder) and not _wrapped(_Block)
 
 
 def test_forward_passes_of_dataloader_batches_count_once(attached: hook._Hook,
@@ -762,7 +821,8 @@ def test_forward_passes_of_dataloader_batches_count_once(attached: hook._Hook,
 def test_a_watched_forward_that_fails_to_count_still_runs(attached: hook._Hook,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    """The pre-hook guards itself: a bug of ours is counted, the forward pass runs."""
+    """The count guards itself: a bug of ours is counted, the forward pass runs, and the
+    pass's depth is undone (the next pass counts again)."""
     _no_reporter(attached)
     model = _Encoder()
     model.eval()
@@ -775,4 +835,22 @@ def test_a_watched_forward_that_fails_to_count_still_runs(attached: hook._Hook,
     with torch.inference_mode():
         out = model({"x": torch.ones(3, 8)})
     assert out.shape == (3, 4)
-    assert attached.errors > errors
+    assert attached.errors > errors and attached.infer_depth == 0
+    monkeypatch.undo()
+    with torch.inference_mode():
+        model({"x": torch.ones(3, 8)})
+    assert attached.infer_batches == 1
+
+
+def test_attaching_after_transformers_is_imported_wraps_its_eval_at_once(tmp_path: Path
+                                                                         ) -> None:
+    """transformers 5's PreTrainedModel.eval bypasses Module.eval: the hook wraps it too,
+    at attach() where transformers was imported first (from_pretrained()'s eval() may come
+    before the reporting thread's first report), and detach() gives it back."""
+    modeling = pytest.importorskip("transformers.modeling_utils")
+    assert hook.attach(str(tmp_path / "nobody.sock"))
+    try:
+        assert getattr(modeling.PreTrainedModel.__dict__["eval"], "_gpuwatch", False)
+    finally:
+        hook.detach()
+    assert not getattr(modeling.PreTrainedModel.__dict__["eval"], "_gpuwatch", False)

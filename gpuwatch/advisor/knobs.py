@@ -48,6 +48,9 @@ KNOBS: dict[str, dict[str, str]] = {
     "infer_loop_batch": {
         TORCH: "{change} samples per forward pass, in the slices the loop hands the model",
         SENTENCE_TRANSFORMERS: "model.encode(..., batch_size={change})",
+        # a pipeline called one input at a time runs no DataLoader
+        PIPELINE: "a list (or a generator) of inputs per pipe(...) call, with "
+                  "batch_size={new}, instead of one input per call",
     },
     "num_workers": {
         TORCH: "DataLoader(num_workers={change})",

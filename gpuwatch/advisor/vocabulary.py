@@ -270,8 +270,9 @@ def _defs() -> dict[str, SignalDef]:
         ("grad_scaler", "config", "bool", "last", "an enabled torch.amp.GradScaler (fp16)", False),
         ("optimizer", "config", "text", "last", "the optimizer's class (AdamW, SGD...)", False),
         ("framework", "config", "text", "last", ("what drives the loop: 'transformers' (the "
-         "Trainer), 'lightning', 'accelerate', 'fabric' (Lightning Fabric); absent for a plain "
-         "loop"), False),
+         "Trainer), 'lightning', 'accelerate', 'fabric' (Lightning Fabric), "
+         "'transformers.pipeline' (a Hugging Face pipeline()), 'sentence_transformers' (its "
+         "encode()); absent for a plain loop"), False),
         ("fw_batch_size", "config", "samples", "last", ("the framework's per-device train "
          "batch (per_device_train_batch_size)"), False),
         ("fw_grad_accum", "config", "count", "last", ("the framework's gradient accumulation "

@@ -97,10 +97,11 @@ INFER_AFTER = 10.0  # seconds, compiling left out
 # An inference loop that feeds its model tensors it slices itself (no DataLoader, no
 # generate()) is seen through the model: each module a process switches to eval() before
 # it trains (from_pretrained() does; so do sentence-transformers' encode() and most
-# inference scripts), and that module's direct children (a wrapper may call its own
-# forward() directly), get a forward pre-hook that counts the passes made in eval mode.
-# At most this many modules; every one is released at the process's first sign of
-# training (an optimizer, torch.compile(), a backward()), before any training forward.
+# inference scripts), and that module's direct children of its own classes (a wrapper may
+# call its own forward() directly), have their passes in eval mode counted, through their
+# class's __call__. At most this many modules; all are released at the process's first
+# sign of training (an optimizer, torch.compile(), a backward()), before any training
+# forward, and at detach().
 INFER_WATCH_MAX = 8
 
 _perf = time.perf_counter
@@ -165,7 +166,7 @@ class _Hook:
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
-                 "generate_calls", "infer_watch", "infer_fwd",
+                 "generate_calls", "infer_watch", "infer_depth", "compile_called",
                  "compiles", "saving", "saves", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
                  "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
@@ -272,10 +273,13 @@ class _Hook:
         self.infer_wait = 0.0  # its DataLoader's wait for those batches, seconds
         self.infer_batch_size: int | None = None
         self.generate_calls = 0
-        # modules whose forward passes in eval mode are counted (_watch_forwards): for each,
-        # [its weakref, the pre-hook's handle, passes counted]; the most any one counted
-        self.infer_watch: list[list[Any]] = []
-        self.infer_fwd = 0
+        # modules whose forward passes in eval mode are counted (_watch_forwards): id ->
+        # [its weakref, its root's entry, the child that counts]; the depth of watched
+        # calls under way (a nested one is the same pass); torch.compile() was called
+        # (nothing is watched after it: dynamo would trace the wrapped calls)
+        self.infer_watch: dict[int, list[Any]] = {}
+        self.infer_depth = 0
+        self.compile_called = False
         self.compiles = 0
         self.saving = False
         self.saves = 0  # checkpoint saves during training (a nested save counts once)
@@ -1480,7 +1484,7 @@ def _backward_begins(h: _Hook, t: Any) -> None:
     h.loss_tensor = t
     h.backwards += 1
     h.backward_seen = True
-    if h.infer_watch:
+    if _watched_classes:
         _unwatch_forwards(h)
     if h.phase is EVAL:
         probe = h.eval_probe
@@ -1611,7 +1615,7 @@ def _wrap_optimizer_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         h = _hook
         if h is not None and not h.off:
             h.optimizer_made = True
-            if h.infer_watch:
+            if _watched_classes:
                 _unwatch_forwards(h)
             if h.thread is None:
                 h.start_reporting()
@@ -1734,8 +1738,7 @@ def _wrap_module_eval(orig: Callable[..., Any]) -> Callable[..., Any]:
                 if h.phase is TRAIN:
                     if h.is_model(self):
                         h.switch(EVAL, _perf())
-                elif not h.backward_seen and not h.optimizer_made \
-                        and len(h.infer_watch) < INFER_WATCH_MAX:
+                elif not h.backward_seen and not h.optimizer_made:
                     _watch_forwards(h, self)
             except Exception:
                 h.fault()
@@ -1745,62 +1748,120 @@ def _wrap_module_eval(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _watch_forwards(h: _Hook, module: Any) -> None:
-    """Count ``module``'s forward passes in eval mode, and its direct children's (see
-    INFER_WATCH_MAX), until the process shows that it trains."""
+    """Count ``module``'s forward passes in eval mode, and those of its direct children of
+    classes other than torch's own layers (a wrapper may call its own forward() directly,
+    past its __call__), until the process shows that it trains. The count is kept by the
+    module's class: its ``__call__`` is wrapped (_counting_call) while any instance is
+    watched, and looks the instance up; nothing is put on the module itself, so pickling,
+    deepcopy, TorchScript and the module's own hooks see it as it was."""
+    if h.compile_called or _unwatchable(module):
+        return
     watched = h.infer_watch
+    known = watched.get(id(module))
+    if known is not None and known[0]() is module:
+        return  # watched already (sentence-transformers' encode() calls eval() each time)
+    for key in [k for k, e in watched.items() if e[0]() is None]:
+        del watched[key]  # modules since freed
+    root: list[Any] | None = None
     for m in (module, *module._modules.values()):
         if len(watched) >= INFER_WATCH_MAX:
             return
-        if m is None or any(w[0]() is m for w in watched):
-            continue
-        entry: list[Any] = [weakref.ref(m), None, 0]
+        if m is None or (root is not None and (type(m).__module__.startswith("torch.")
+                                               or _unwatchable(m))):
+            continue  # a child that is one of torch's layers: its calls are many and small
+        entry = watched.get(id(m))
+        if entry is None or entry[0]() is not m:
+            _count_class(type(m))
+            # [the module, its root's entry (None: a root), the child that counts for a
+            # root whose forward() is called directly]
+            entry = watched[id(m)] = [weakref.ref(m), root, None]
+        if root is None:
+            root = entry
+
+
+def _unwatchable(module: Any) -> bool:
+    """A module whose calls must not be wrapped: TorchScript's, or one compiled (dynamo
+    would trace the wrapper)."""
+    return isinstance(module, torch.jit.ScriptModule) or hasattr(module, "_orig_mod") \
+        or module.__dict__.get("_compiled_call_impl") is not None
+
+
+# classes whose __call__ counts their watched instances' passes: each one's own __call__
+# from before (_NOT_OWN where it inherited one). Module-level, so that a forked child,
+# whose hook starts afresh, still restores them
+_watched_classes: dict[type, Any] = {}
+_NOT_OWN = object()
+
+
+def _count_class(cls: type) -> None:
+    if cls in _watched_classes:
+        return
+    own = cls.__dict__.get("__call__", _NOT_OWN)
+    _watched_classes[cls] = own
+    cls.__call__ = _counting_call(cls, cls.__call__)  # type: ignore[operator]
+
+
+def _counting_call(cls: type, orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _compiling():  # traced by dynamo (torch.export): the call as it was, nothing else
+            return orig(self, *args, **kwargs)
+        h = _hook
+        if h is None or type(self) is not cls or h.infer_depth:
+            return orig(self, *args, **kwargs)  # (a subclass's, or inside a counted pass)
+        entry = h.infer_watch.get(id(self))
+        if entry is None:
+            return orig(self, *args, **kwargs)
+        h.infer_depth += 1  # the watched calls inside this one are this pass's
         try:
-            handle = m.register_forward_pre_hook(functools.partial(_forward_pass, entry),
-                                                 with_kwargs=True)
-        except TypeError:  # torch before 2.0: no keyword arguments to look at
-            handle = m.register_forward_pre_hook(functools.partial(_forward_pass, entry))
-        entry[1] = handle
-        watched.append(entry)
+            _forward_pass(h, entry, self, args, kwargs)
+            return orig(self, *args, **kwargs)
+        finally:
+            h.infer_depth -= 1
+    __call__._gpuwatch = True  # type: ignore[attr-defined]
+    return __call__
 
 
 def _unwatch_forwards(h: _Hook) -> None:
-    watched, h.infer_watch = h.infer_watch, []
-    for entry in watched:
+    """Stop counting: every wrapped class gets its own __call__ back (or none again)."""
+    h.infer_watch = {}
+    for cls, own in list(_watched_classes.items()):
         try:
-            entry[1].remove()
+            mine = cls.__dict__.get("__call__")
+            if getattr(mine, "_gpuwatch", False):  # (not if someone replaced it since)
+                if own is _NOT_OWN:
+                    delattr(cls, "__call__")
+                else:
+                    cls.__call__ = own  # type: ignore[operator]
         except Exception:
             h.fault()
+    _watched_classes.clear()
 
 
-def _forward_pass(entry: list[Any], module: Any, args: Any, kwargs: Any = None) -> None:
-    """A watched module's forward pass: in eval mode, where no DataLoader batch and no
-    generate() call already counts the work, one inference batch (the module with the
-    most passes counts them, so a model and its children count each pass once)."""
-    h = _hook
-    if h is None or h.off or module.training or h.backward_seen or h.loader_seen \
-            or h.generate_calls:
-        return None
+def _forward_pass(h: _Hook, entry: list[Any], module: Any, args: Any, kwargs: Any) -> None:
+    """A watched module's outermost call in eval mode, where no DataLoader batch and no
+    generate() call already counts the work: one inference batch. A root counts each of
+    its calls; a child counts only where it is the first of its root's children seen
+    called outside the root's own call (a wrapper that calls its forward() directly), so
+    its siblings in the same pass do not count it again."""
+    if h.off or module.training or h.backward_seen or h.loader_seen or h.generate_calls:
+        return
     try:
-        if _compiling():
-            return None  # traced by dynamo: nothing of this may enter the graph
-        entry[2] += 1
-        if entry[2] > h.infer_fwd:
-            h.infer_fwd = entry[2]
-            h.inference_work(_batch_of(args, kwargs), _perf())
-            if entry[2] == INFER_BATCHES and len(h.infer_watch) > 1:
-                # the module that counts the passes is known: the others' hooks go (each
-                # hooked module takes torch's slower call path)
-                others = [w for w in h.infer_watch if w is not entry]
-                h.infer_watch = [entry]
-                for w in others:
-                    w[1].remove()
+        if entry[0]() is not module or _tracing():
+            return  # (an id reused by a new module; torch.jit.trace running the model)
+        root = entry[1]
+        if root is not None:
+            if root[2] is None:
+                root[2] = entry[0]
+            elif root[2] is not entry[0]:
+                return
+        h.inference_work(_batch_of(args, kwargs), _perf())
     except Exception:
         h.fault()
-    return None
 
 
 _compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling",
                                          None) or (lambda: False)
+_tracing: Callable[[], bool] = getattr(torch.jit, "is_tracing", None) or (lambda: False)
 
 
 def _batch_of(args: Any, kwargs: Any) -> int | None:
@@ -1930,8 +1991,9 @@ def _wrap_compile(orig: Callable[..., Any]) -> Callable[..., Any]:
         h = _hook
         if h is not None and not h.off:
             try:
-                if h.infer_watch:
-                    # before dynamo traces the model: a hook removed after tracing would
+                h.compile_called = True
+                if _watched_classes:
+                    # before dynamo traces the model: a wrapper removed after tracing would
                     # fail its guards and compile the model again
                     _unwatch_forwards(h)
                 _hook_compiler()
@@ -2249,6 +2311,16 @@ def _attach(socket_path: str | None) -> bool:
             _after_import = _AfterImport()
             if _after_import.waiting:
                 sys.meta_path.insert(0, _after_import)
+            # the modules loaded already (an attach() after `import transformers`): at once,
+            # not at the reporting thread's first report (from_pretrained's eval() may come
+            # first); that report tries again where one failed
+            for name, patch in _AFTER_IMPORT.items():
+                module = sys.modules.get(name)
+                if module is not None:
+                    try:
+                        patch(module)
+                    except Exception:
+                        pass
             _prev_excepthook = sys.excepthook
             sys.excepthook = _excepthook
             _prev_threading_excepthook = threading.excepthook
@@ -2297,6 +2369,7 @@ def detach() -> None:
         h.off = True
         h.no_short_ways()
         h.stop.set()
+        _unwatch_forwards(h)
         _undo_patches()
         if sys.excepthook is _excepthook:
             sys.excepthook = _prev_excepthook
