@@ -683,12 +683,8 @@ class _Encoder(torch.nn.Module):
         return self.head(torch.relu(self.embed(features["x"])))
 
 
-def _watched(h: hook._Hook) -> int:
-    return len(h.infer_watch)
-
-
-def _wrapped(cls: type) -> bool:
-    return getattr(cls.__dict__.get("__call__"), "_gpuwatch", False)
+def _hooks(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_pre_hooks) for m in model.modules())
 
 
 @pytest.mark.parametrize("call", ["module", "forward"])
@@ -699,15 +695,15 @@ def test_forward_passes_in_eval_mode_make_an_inference_process(
     batch, counted once though the model and its children are all watched (also where
     the model's forward() is called directly, past its __call__: its first child counts);
     the batch is the first tensor's first dimension, also inside a mapping (a tokenizer's
-    output). torch's own layers are not watched, and a second eval() adds nothing."""
+    output). A second eval() adds nothing; once the counting module is known, the other
+    hooks of the model go."""
     monkeypatch.setattr(hook, "INFER_AFTER", 0.0)
     monkeypatch.setattr(hook, "INFER_BATCHES", 16)
     _no_reporter(attached)
     model = _Encoder()
     model.eval()
     model.eval()
-    assert _watched(attached) == 3  # the model and its two blocks, not their Linear layers
-    assert _wrapped(_Encoder) and _wrapped(_Block) and not _wrapped(torch.nn.Linear)
+    assert _hooks(model) == 3  # the model and its two children
     x = torch.randn(100, 8)
     passes = 0
     with torch.inference_mode():
@@ -721,6 +717,7 @@ def test_forward_passes_in_eval_mode_make_an_inference_process(
     assert attached.phase == hook.INFERENCE
     status = attached._status()
     assert status["inference"]["batches"] == 30 and status["inference"]["batch_size"] == 2
+    assert _hooks(model) == 1  # the counting one's alone
     # a second model, used after the first: its passes count too
     other = _Encoder()
     other.eval()
@@ -732,23 +729,27 @@ def test_forward_passes_in_eval_mode_make_an_inference_process(
 
 def test_a_watched_model_pickles_copies_and_scripts_as_it_was(attached: hook._Hook,
                                                               tmp_path: Path) -> None:
-    """Nothing of the hook is on the module: torch.save of the whole model, deepcopy (an
-    EMA model) and TorchScript work while it is watched, and the copies load without
-    gpuwatch (a pickled model names only its own classes)."""
+    """The hook's forward pre-hooks are left out of a watched model's state: torch.save of
+    the whole model and deepcopy (an EMA model) hold nothing of gpuwatch, and the copies
+    load and run without it; torch.jit.trace runs through them, and torch.jit.script (which
+    compiles a module's hooks) removes them first."""
     import copy
 
     model = _Encoder()
     model.eval()
-    assert _watched(attached) == 3
+    assert _hooks(model) == 3
     path = tmp_path / "model.pt"
     torch.save(model, path)
     assert b"gpuwatch" not in path.read_bytes()
     loaded = torch.load(path, weights_only=False)
     ema = copy.deepcopy(model)
+    assert _hooks(loaded) == 0 and _hooks(ema) == 0 and _hooks(model) == 3
     x = {"x": torch.ones(2, 8)}
     assert torch.equal(loaded(x), model(x)) and torch.equal(ema(x), model(x))
-    assert not any(m._forward_pre_hooks for m in model.modules())
-    scripted = torch.jit.trace(model.embed, torch.ones(2, 8))
+    traced = torch.jit.trace(model.embed, torch.ones(2, 8))
+    assert torch.equal(traced(torch.ones(2, 8)), model.embed(torch.ones(2, 8)))
+    scripted = torch.jit.script(model.embed)
+    assert _hooks(model) == 0 and attached.compile_called
     assert torch.equal(scripted(torch.ones(2, 8)), model.embed(torch.ones(2, 8)))
 
 
@@ -758,10 +759,9 @@ def test_a_training_process_leaves_its_model_unwatched(attached: hook._Hook) -> 
     evaluation passes must not count as inference."""
     model = _Encoder()
     model.eval()
-    assert _watched(attached) == 3 and _wrapped(_Encoder)
+    assert _hooks(model) == 3
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert _watched(attached) == 0
-    assert not _wrapped(_Encoder) and not _wrapped(_Block)  # the classes as they were
+    assert _hooks(model) == 0 and not attached.infer_watch
     model.train()
     for _ in range(3):
         model({"x": torch.randn(4, 8)}).sum().backward()
@@ -771,7 +771,7 @@ def test_a_training_process_leaves_its_model_unwatched(attached: hook._Hook) -> 
     with torch.no_grad():
         for _ in range(5):
             model({"x": torch.randn(4, 8)})
-    assert _watched(attached) == 0 and attached.infer_batches == 0
+    assert _hooks(model) == 0 and attached.infer_batches == 0
     assert attached.n == 3
 
 
@@ -782,24 +782,26 @@ def test_compiling_unwatches_first_and_for_good(attached: hook._Hook,
     neither the compiled module nor a model switched to eval() later."""
     model = _Encoder()
     model.eval()
-    assert _watched(attached) == 3
+    assert _hooks(model) == 3
     compiled = []
-    monkeypatch.setattr(hook, "_hook_compiler", lambda: compiled.append(_watched(attached)))
+    monkeypatch.setattr(hook, "_hook_compiler", lambda: compiled.append(_hooks(model)))
     wrapped = hook._wrap_compile(lambda m, **kw: m)
     assert wrapped(model) is model
-    assert compiled == [0] and not _wrapped(_Encoder)
-    _Encoder().eval()
-    assert _watched(attached) == 0 and not _wrapped(_Encoder)
+    assert compiled == [0]
+    later = _Encoder()
+    later.eval()
+    assert _hooks(later) == 0 and not attached.infer_watch
 
 
-def test_detach_gives_the_classes_back(tmp_path: Path) -> None:
+def test_detach_removes_the_watch(tmp_path: Path) -> None:
     assert hook.attach(str(tmp_path / "nobody.sock"))
+    model = _Encoder()
     try:
-        _Encoder().eval()
-        assert _wrapped(_Encoder)
+        model.eval()
+        assert _hooks(model) == 3
     finally:
         hook.detach()
-    assert not _wrapped(_Encoder) and not _wrapped(_Block)
+    assert _hooks(model) == 0
 
 
 def test_forward_passes_of_dataloader_batches_count_once(attached: hook._Hook,
@@ -822,7 +824,7 @@ def test_a_watched_forward_that_fails_to_count_still_runs(attached: hook._Hook,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
     """The count guards itself: a bug of ours is counted, the forward pass runs, and the
-    pass's depth is undone (the next pass counts again)."""
+    next pass counts again."""
     _no_reporter(attached)
     model = _Encoder()
     model.eval()
@@ -835,7 +837,7 @@ def test_a_watched_forward_that_fails_to_count_still_runs(attached: hook._Hook,
     with torch.inference_mode():
         out = model({"x": torch.ones(3, 8)})
     assert out.shape == (3, 4)
-    assert attached.errors > errors and attached.infer_depth == 0
+    assert attached.errors > errors
     monkeypatch.undo()
     with torch.inference_mode():
         model({"x": torch.ones(3, 8)})
@@ -854,3 +856,34 @@ def test_attaching_after_transformers_is_imported_wraps_its_eval_at_once(tmp_pat
     finally:
         hook.detach()
     assert not getattr(modeling.PreTrainedModel.__dict__["eval"], "_gpuwatch", False)
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = inner
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, features: dict) -> torch.Tensor:
+        return self.out(self.encoder(features))
+
+
+def test_a_model_around_a_watched_one_counts_each_pass_once(attached: hook._Hook,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """from_pretrained() switches the inner model to eval() first, then a wrapper around it
+    (sentence-transformers' model around its BERT) is switched too: the wrapper takes over
+    (the inner model's own watch goes), and a part of a watched model switched on its own
+    adds nothing."""
+    _no_reporter(attached)
+    inner = _Encoder()
+    inner.eval()
+    assert _hooks(inner) == 3
+    outer = _Wrapper(inner)
+    outer.eval()
+    inner.head.eval()
+    assert _hooks(inner.head) == 0 and _hooks(inner.embed) == 0
+    with torch.inference_mode():
+        for _ in range(10):
+            outer({"x": torch.ones(3, 8)})
+    assert attached.infer_batches == 10

@@ -97,11 +97,10 @@ INFER_AFTER = 10.0  # seconds, compiling left out
 # An inference loop that feeds its model tensors it slices itself (no DataLoader, no
 # generate()) is seen through the model: each module a process switches to eval() before
 # it trains (from_pretrained() does; so do sentence-transformers' encode() and most
-# inference scripts), and that module's direct children of its own classes (a wrapper may
-# call its own forward() directly), have their passes in eval mode counted, through their
-# class's __call__. At most this many modules; all are released at the process's first
-# sign of training (an optimizer, torch.compile(), a backward()), before any training
-# forward, and at detach().
+# inference scripts), and that module's direct children (a wrapper may call its own
+# forward() directly), get a forward pre-hook that counts their passes in eval mode. At
+# most this many modules; all are released at the process's first sign of training (an
+# optimizer, torch.compile(), a backward()), before any training forward, and at detach().
 INFER_WATCH_MAX = 8
 
 _perf = time.perf_counter
@@ -166,7 +165,7 @@ class _Hook:
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
-                 "generate_calls", "infer_watch", "infer_depth", "compile_called",
+                 "generate_calls", "infer_watch", "compile_called",
                  "compiles", "saving", "saves", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
                  "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
@@ -274,11 +273,9 @@ class _Hook:
         self.infer_batch_size: int | None = None
         self.generate_calls = 0
         # modules whose forward passes in eval mode are counted (_watch_forwards): id ->
-        # [its weakref, its root's entry, the child that counts]; the depth of watched
-        # calls under way (a nested one is the same pass); torch.compile() was called
-        # (nothing is watched after it: dynamo would trace the wrapped calls)
-        self.infer_watch: dict[int, list[Any]] = {}
-        self.infer_depth = 0
+        # (its _Pass, the hook's handle); torch.compile() or torch.jit.script() was called
+        # (nothing is watched after it: the hooks would be compiled or traced)
+        self.infer_watch: dict[int, tuple[Any, Any]] = {}
         self.compile_called = False
         self.compiles = 0
         self.saving = False
@@ -339,7 +336,9 @@ class _Hook:
         # error" in ~TensorImpl: a DataLoader worker of a CUDA job, killed by SIGABRT)
         _inherited.append({name: getattr(self, name, None) for name in _Hook.__slots__})
         sock = self.sock
+        watched = self.infer_watch  # on the child's modules too: its own to remove
         self._reset()
+        self.infer_watch = dict(watched)
         if sock is not None:
             try:
                 sock.close()
@@ -1484,7 +1483,7 @@ def _backward_begins(h: _Hook, t: Any) -> None:
     h.loss_tensor = t
     h.backwards += 1
     h.backward_seen = True
-    if _watched_classes:
+    if h.infer_watch:
         _unwatch_forwards(h)
     if h.phase is EVAL:
         probe = h.eval_probe
@@ -1615,7 +1614,7 @@ def _wrap_optimizer_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         h = _hook
         if h is not None and not h.off:
             h.optimizer_made = True
-            if _watched_classes:
+            if h.infer_watch:
                 _unwatch_forwards(h)
             if h.thread is None:
                 h.start_reporting()
@@ -1748,115 +1747,172 @@ def _wrap_module_eval(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _watch_forwards(h: _Hook, module: Any) -> None:
-    """Count ``module``'s forward passes in eval mode, and those of its direct children of
-    classes other than torch's own layers (a wrapper may call its own forward() directly,
-    past its __call__), until the process shows that it trains. The count is kept by the
-    module's class: its ``__call__`` is wrapped (_counting_call) while any instance is
-    watched, and looks the instance up; nothing is put on the module itself, so pickling,
-    deepcopy, TorchScript and the module's own hooks see it as it was."""
-    if h.compile_called or _unwatchable(module):
-        return
-    watched = h.infer_watch
-    known = watched.get(id(module))
-    if known is not None and known[0]() is module:
-        return  # watched already (sentence-transformers' encode() calls eval() each time)
-    for key in [k for k, e in watched.items() if e[0]() is None]:
-        del watched[key]  # modules since freed
-    root: list[Any] | None = None
-    for m in (module, *module._modules.values()):
-        if len(watched) >= INFER_WATCH_MAX:
+    """Count ``module``'s forward passes in eval mode, and those of its direct children
+    (a wrapper may call its own forward() directly, past its hooks), until the process
+    shows that it trains: a forward pre-hook on each (_Pass). Pickling and deepcopy leave
+    them out (_wrap_getstate); torch.jit.script and torch.compile remove them first."""
+    with _watch_lock:
+        if h.compile_called or _unwatchable(module):
             return
-        if m is None or (root is not None and (type(m).__module__.startswith("torch.")
-                                               or _unwatchable(m))):
-            continue  # a child that is one of torch's layers: its calls are many and small
-        entry = watched.get(id(m))
-        if entry is None or entry[0]() is not m:
-            _count_class(type(m))
-            # [the module, its root's entry (None: a root), the child that counts for a
-            # root whose forward() is called directly]
-            entry = watched[id(m)] = [weakref.ref(m), root, None]
-        if root is None:
-            root = entry
+        watched = h.infer_watch
+        known = watched.get(id(module))
+        if known is not None and known[0].ref() is module:
+            return  # watched already (sentence-transformers' encode() calls eval() each time)
+        for key in [k for k, e in watched.items() if e[0].ref() is None]:
+            del watched[key]  # modules since freed (their hooks went with them)
+        # one model inside another counts each pass once: a module inside a watched model
+        # is not watched; a model around watched ones (a sentence-transformers model around
+        # the BERT that from_pretrained() switched to eval() first) takes over from them
+        roots = [(c, c.ref()) for c, _ in watched.values() if c.root is None]
+        inner = []
+        for counter, r in roots:
+            if r is None:
+                continue
+            if any(sub is module for sub in r.modules()):
+                return
+            if any(sub is r for sub in module.modules()):
+                inner.append(counter)
+        if inner:
+            _remove_watch(h, lambda c: c in inner or c.root in inner)
+            watched = h.infer_watch
+        root: _Pass | None = None
+        for m in (module, *module._modules.values()):
+            if len(watched) >= INFER_WATCH_MAX:
+                return
+            if m is None or _unwatchable(m):
+                continue
+            entry = watched.get(id(m))
+            if entry is not None and entry[0].ref() is m:
+                continue
+            counter = _Pass(m, root)
+            try:
+                handle = m.register_forward_pre_hook(counter, with_kwargs=True)
+            except Exception:
+                continue  # a module that takes no hooks: not watched
+            watched[id(m)] = (counter, handle)
+            if root is None:
+                root = counter
 
 
 def _unwatchable(module: Any) -> bool:
-    """A module whose calls must not be wrapped: TorchScript's, or one compiled (dynamo
-    would trace the wrapper)."""
+    """A module not to watch: TorchScript's (it takes no Python hooks), or one compiled."""
     return isinstance(module, torch.jit.ScriptModule) or hasattr(module, "_orig_mod") \
         or module.__dict__.get("_compiled_call_impl") is not None
 
 
-# classes whose __call__ counts their watched instances' passes: each one's own __call__
-# from before (_NOT_OWN where it inherited one). Module-level, so that a forked child,
-# whose hook starts afresh, still restores them
-_watched_classes: dict[type, Any] = {}
-_NOT_OWN = object()
+def _unwatch_forwards(h: _Hook, only: Any = None) -> None:
+    """Remove the watch: every module's (or, with ``only``, those ``only`` selects)."""
+    with _watch_lock:
+        _remove_watch(h, only)
 
 
-def _count_class(cls: type) -> None:
-    if cls in _watched_classes:
-        return
-    own = cls.__dict__.get("__call__", _NOT_OWN)
-    _watched_classes[cls] = own
-    cls.__call__ = _counting_call(cls, cls.__call__)  # type: ignore[operator]
-
-
-def _counting_call(cls: type, orig: Callable[..., Any]) -> Callable[..., Any]:
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _compiling():  # traced by dynamo (torch.export): the call as it was, nothing else
-            return orig(self, *args, **kwargs)
-        h = _hook
-        if h is None or type(self) is not cls or h.infer_depth:
-            return orig(self, *args, **kwargs)  # (a subclass's, or inside a counted pass)
-        entry = h.infer_watch.get(id(self))
-        if entry is None:
-            return orig(self, *args, **kwargs)
-        h.infer_depth += 1  # the watched calls inside this one are this pass's
+def _remove_watch(h: _Hook, only: Any = None) -> None:
+    keep = {}
+    for key, (counter, handle) in h.infer_watch.items():
+        if only is not None and not only(counter):
+            keep[key] = (counter, handle)
+            continue
         try:
-            _forward_pass(h, entry, self, args, kwargs)
-            return orig(self, *args, **kwargs)
-        finally:
-            h.infer_depth -= 1
-    __call__._gpuwatch = True  # type: ignore[attr-defined]
-    return __call__
-
-
-def _unwatch_forwards(h: _Hook) -> None:
-    """Stop counting: every wrapped class gets its own __call__ back (or none again)."""
-    h.infer_watch = {}
-    for cls, own in list(_watched_classes.items()):
-        try:
-            mine = cls.__dict__.get("__call__")
-            if getattr(mine, "_gpuwatch", False):  # (not if someone replaced it since)
-                if own is _NOT_OWN:
-                    delattr(cls, "__call__")
-                else:
-                    cls.__call__ = own  # type: ignore[operator]
+            handle.remove()
         except Exception:
             h.fault()
-    _watched_classes.clear()
+    h.infer_watch = keep
 
 
-def _forward_pass(h: _Hook, entry: list[Any], module: Any, args: Any, kwargs: Any) -> None:
-    """A watched module's outermost call in eval mode, where no DataLoader batch and no
-    generate() call already counts the work: one inference batch. A root counts each of
-    its calls; a child counts only where it is the first of its root's children seen
-    called outside the root's own call (a wrapper that calls its forward() directly), so
-    its siblings in the same pass do not count it again."""
-    if h.off or module.training or h.backward_seen or h.loader_seen or h.generate_calls:
-        return
-    try:
-        if entry[0]() is not module or _tracing():
-            return  # (an id reused by a new module; torch.jit.trace running the model)
-        root = entry[1]
-        if root is not None:
-            if root[2] is None:
-                root[2] = entry[0]
-            elif root[2] is not entry[0]:
-                return
-        h.inference_work(_batch_of(args, kwargs), _perf())
-    except Exception:
-        h.fault()
+_watch_lock = threading.Lock()
+
+
+class _Pass:
+    """The forward pre-hook of a watched module: each of its calls in eval mode, where no
+    DataLoader batch and no generate() call already counts the work, is one inference
+    batch. A root (the module eval() was called on) counts its calls; a child counts only
+    where no call of its root came since its own last one (the root's forward() called
+    directly, past its hooks), and only the first such child, so its siblings in the same
+    pass do not count it again."""
+
+    __slots__ = ("ref", "root", "n", "root_n", "lead", "__weakref__")
+
+    def __init__(self, module: Any, root: _Pass | None) -> None:
+        self.ref = weakref.ref(module)
+        self.root = root
+        self.n = 0  # calls seen
+        self.root_n = root.n if root is not None else 0  # the root's calls at our last one
+        self.lead: _Pass | None = None  # (a root's) the child that counts for it
+
+    def __call__(self, module: Any, args: Any, kwargs: Any) -> None:
+        h = _hook
+        if h is None or h.off or module.training or h.backward_seen or h.loader_seen \
+                or h.generate_calls:
+            return None
+        try:
+            if self.ref() is not module or _compiling() or _tracing():
+                return None  # (a DataParallel replica sharing its hooks; a trace)
+            self.n += 1
+            root = self.root
+            if root is not None:
+                direct = root.n == self.root_n
+                self.root_n = root.n
+                if not direct:
+                    return None  # inside its root's counted call
+                if root.lead is None:
+                    root.lead = self
+                elif root.lead is not self:
+                    return None  # a sibling counts this pass
+            h.inference_work(_batch_of(args, kwargs), _perf())
+            if self.n == INFER_BATCHES:
+                # who counts is known: the other hooks of this model go (each hooked
+                # module's call takes torch's slower path)
+                mine = self if root is None else root
+                counting = self if root is None or mine.lead is self else None
+                if counting is not None:
+                    _unwatch_forwards(h, lambda c: c is not counting
+                                      and (c is mine or c.root is mine))
+        except Exception:
+            h.fault()
+        return None
+
+
+def _wrap_getstate(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``Module.__getstate__`` (pickle, torch.save of a whole model, deepcopy, cloudpickle):
+    a watched module's state without the hook's own forward pre-hooks, so that a copy or
+    a saved model holds nothing of gpuwatch."""
+    @functools.wraps(orig)
+    def __getstate__(self: Any) -> Any:
+        state = orig(self)
+        try:
+            hooks = state.get("_forward_pre_hooks") if isinstance(state, dict) else None
+            if hooks and any(isinstance(f, _Pass) for f in hooks.values()):
+                state = dict(state)
+                mine = [k for k, f in hooks.items() if isinstance(f, _Pass)]
+                state["_forward_pre_hooks"] = type(hooks)(
+                    (k, f) for k, f in hooks.items() if k not in mine)
+                kw = state.get("_forward_pre_hooks_with_kwargs")
+                if kw:
+                    state["_forward_pre_hooks_with_kwargs"] = type(kw)(
+                        (k, v) for k, v in kw.items() if k not in mine)
+        except Exception:
+            h = _hook
+            if h is not None:
+                h.fault()
+        return state
+    return __getstate__
+
+
+def _wrap_jit_script(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.jit.script`` compiles a module's forward hooks: the watch goes first, for
+    good (as for torch.compile)."""
+    @functools.wraps(orig)
+    def script(*args: Any, **kwargs: Any) -> Any:
+        h = _hook
+        if h is not None:
+            try:
+                h.compile_called = True
+                if h.infer_watch:
+                    _unwatch_forwards(h)
+            except Exception:
+                h.fault()
+        return orig(*args, **kwargs)
+    return script
 
 
 _compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling",
@@ -1992,8 +2048,8 @@ def _wrap_compile(orig: Callable[..., Any]) -> Callable[..., Any]:
         if h is not None and not h.off:
             try:
                 h.compile_called = True
-                if _watched_classes:
-                    # before dynamo traces the model: a wrapper removed after tracing would
+                if h.infer_watch:
+                    # before dynamo traces the model: a hook removed after tracing would
                     # fail its guards and compile the model again
                     _unwatch_forwards(h)
                 _hook_compiler()
@@ -2291,6 +2347,9 @@ def _attach(socket_path: str | None) -> bool:
             _patch(torch.autograd, "backward", _wrap_backward)
             _patch(torch.optim.Optimizer, "__init__", _wrap_optimizer_init)
             _patch(torch.nn.Module, "eval", _wrap_module_eval)
+            _patch(torch.nn.Module, "__getstate__", _wrap_getstate)
+            if callable(getattr(torch.jit, "script", None)):
+                _patch(torch.jit, "script", _wrap_jit_script)
             _patch(torch, "save", _wrap_save)
             if callable(getattr(torch, "compile", None)):
                 _patch(torch, "compile", _wrap_compile)
