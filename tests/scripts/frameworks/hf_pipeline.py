@@ -1,7 +1,7 @@
 """Inference the way the Hugging Face docs first show it: a text-classification
 ``pipeline`` fed a list of sentences, one sentence per forward pass (the pipeline's
 default ``batch_size=1``; ``--batch`` sets it). The model is a BERT classifier built from a
-config and the tokenizer a WordPiece one over a word list written here (no download).
+config and the tokenizer a WordPiece one over a word list (_words.py: no download).
 The pipeline runs its own DataLoader (``num_workers``, ``--workers``), under
 ``torch.inference_mode``: no backward, no optimizer.
 
@@ -18,17 +18,16 @@ import argparse
 import os
 import random
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from _truth import Truth  # noqa: E402
+from _words import sentence, word_tokenizer  # noqa: E402
 from transformers import (  # noqa: E402
     BertConfig,
     BertForSequenceClassification,
-    BertTokenizerFast,
     pipeline,
 )
 
@@ -46,12 +45,7 @@ a = p.parse_args()
 
 truth = Truth(a.out)
 rng = random.Random(0)
-WORDS = [f"w{i}" for i in range(5000)]
-with tempfile.TemporaryDirectory() as where:
-    vocab = os.path.join(where, "vocab.txt")
-    with open(vocab, "w") as f:
-        f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=vocab)
+tokenizer = word_tokenizer()
 config = BertConfig(hidden_size=a.hidden, num_hidden_layers=a.layers,
                     num_attention_heads=max(1, a.hidden // 64),
                     intermediate_size=4 * a.hidden, vocab_size=tokenizer.vocab_size,
@@ -59,7 +53,7 @@ config = BertConfig(hidden_size=a.hidden, num_hidden_layers=a.layers,
 model = BertForSequenceClassification(config).eval()
 device = 0 if torch.cuda.is_available() else -1
 classify = pipeline("text-classification", model=model, tokenizer=tokenizer, device=device)
-texts = [" ".join(rng.choice(WORDS) for _ in range(a.words)) for _ in range(a.sentences)]
+texts = [sentence(rng, a.words) for _ in range(a.sentences)]
 done = rounds = 0
 end = time.monotonic() + a.seconds
 while time.monotonic() < end:

@@ -22,8 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from _truth import Truth  # noqa: E402
+from _words import sentence, word_tokenizer  # noqa: E402
 from sentence_transformers import SentenceTransformer  # noqa: E402
-from transformers import BertConfig, BertModel, BertTokenizerFast  # noqa: E402
+from transformers import BertConfig, BertModel  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--hidden", type=int, default=384)
@@ -37,12 +38,8 @@ a = p.parse_args()
 
 truth = Truth(a.out)
 rng = random.Random(0)
-WORDS = [f"w{i}" for i in range(5000)]
 with tempfile.TemporaryDirectory() as where:
-    vocab = os.path.join(where, "vocab.txt")
-    with open(vocab, "w") as f:
-        f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=vocab)
+    tokenizer = word_tokenizer(where)
     config = BertConfig(hidden_size=a.hidden, num_hidden_layers=a.layers,
                         num_attention_heads=max(1, a.hidden // 64),
                         intermediate_size=4 * a.hidden, vocab_size=tokenizer.vocab_size)
@@ -51,8 +48,7 @@ with tempfile.TemporaryDirectory() as where:
     tokenizer.save_pretrained(checkpoint)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = SentenceTransformer(checkpoint, device=device)
-texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(a.words // 2, a.words)))
-         for _ in range(a.sentences)]
+texts = [sentence(rng, rng.randint(a.words // 2, a.words)) for _ in range(a.sentences)]
 done = calls = passes = 0
 end = time.monotonic() + a.seconds
 while time.monotonic() < end:
