@@ -748,6 +748,12 @@ def test_a_watched_model_pickles_copies_and_scripts_as_it_was(attached: hook._Ho
     assert torch.equal(loaded(x), model(x)) and torch.equal(ema(x), model(x))
     traced = torch.jit.trace(model.embed, torch.ones(2, 8))
     assert torch.equal(traced(torch.ones(2, 8)), model.embed(torch.ones(2, 8)))
+
+    def double(t: torch.Tensor) -> torch.Tensor:
+        return t * 2
+
+    torch.jit.script(double)  # a function (libraries script some at import): no change
+    assert _hooks(model) == 3 and not attached.compile_called
     scripted = torch.jit.script(model.embed)
     assert _hooks(model) == 0 and attached.compile_called
     assert torch.equal(scripted(torch.ones(2, 8)), model.embed(torch.ones(2, 8)))

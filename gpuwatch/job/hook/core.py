@@ -1899,12 +1899,13 @@ def _wrap_getstate(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_jit_script(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.jit.script`` compiles a module's forward hooks: the watch goes first, for
-    good (as for torch.compile)."""
+    """``torch.jit.script`` of a module compiles its forward hooks: the watch goes first,
+    for good (as for torch.compile). Scripting a function (libraries do it at import)
+    changes nothing."""
     @functools.wraps(orig)
     def script(*args: Any, **kwargs: Any) -> Any:
         h = _hook
-        if h is not None:
+        if h is not None and args and isinstance(args[0], torch.nn.Module):
             try:
                 h.compile_called = True
                 if h.infer_watch:
