@@ -2173,11 +2173,17 @@ _after_import: _AfterImport | None = None
 def _late_patches(h: _Hook) -> None:
     """Patches for modules imported before the hook attached, and the framework's own
     checkpoint method once the framework is known (the reporting thread looks)."""
+    _patch_loaded()
+    _patch_framework(h)
+
+
+def _patch_loaded() -> None:
+    """The patches of _AFTER_IMPORT for the modules already loaded (each skips what it
+    patched before)."""
     for name, patch in _AFTER_IMPORT.items():
         module = sys.modules.get(name)
         if module is not None:
             patch(module)
-    _patch_framework(h)
 
 
 def _patch_framework(h: _Hook) -> None:
@@ -2374,13 +2380,10 @@ def _attach(socket_path: str | None) -> bool:
             # the modules loaded already (an attach() after `import transformers`): at once,
             # not at the reporting thread's first report (from_pretrained's eval() may come
             # first); that report tries again where one failed
-            for name, patch in _AFTER_IMPORT.items():
-                module = sys.modules.get(name)
-                if module is not None:
-                    try:
-                        patch(module)
-                    except Exception:
-                        pass
+            try:
+                _patch_loaded()
+            except Exception:
+                pass
             _prev_excepthook = sys.excepthook
             sys.excepthook = _excepthook
             _prev_threading_excepthook = threading.excepthook
