@@ -12,7 +12,10 @@ Run from the repository root (no GPU needed):
    step lines (one a second) come along), then times ``gpuwatch advise --replay`` on it in
    a fresh process: wall time, CPU time and peak RSS, beside the file's size (the trace is
    streamed and the rules' windows kept in bounded rings, so the RSS must not grow with
-   the file), and the CPU **per hour of recording per GPU**.
+   the file), and the CPU **per hour of recording per GPU**; all of that in one process
+   (``GPUWATCH_REPLAY_WORKERS=1``), then again as the CLI judges it on this machine: split
+   over a process per CPU, up to one per GPU (gpuwatch/advisor/split.py), its wall time
+   and the CPU of all its processes.
 2. **Live**: a Store holding 15 min of 1 s history for 8 GPUs, each GPU with one rank of
    an 8-rank job reporting through the hook (ten steps a second each, its configuration
    sent once); times ``LiveAdvisor``'s first evaluation (the whole history, as after a
@@ -110,18 +113,33 @@ _JUDGE = r"""
 import json, resource, sys, time
 t0 = time.perf_counter(); c0 = time.process_time()
 from gpuwatch.advisor.rules import load_rules
-from gpuwatch.advisor import sources
+from gpuwatch.advisor import sources, split
+forked = []
+start = split.start
+def counting(*args, **kwargs):
+    children = start(*args, **kwargs)
+    forked.append(len(children))
+    return children
+split.start = counting
 engine, meta = sources.judge_trace(sys.argv[1], load_rules())
 found = sorted({(f.rule.id, f.gpu) for f in engine.findings})
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                  "children_cpu_s": kids.ru_utime + kids.ru_stime,
+                  "processes": 1 + sum(forked),
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "resolution_s": engine.res, "ticks": engine.ticks,
                   "advice": len(found), "activations": len(engine.findings)}))
 """
 
 
-def bench_offline(path: Path) -> dict[str, Any]:
+def bench_offline(path: Path, workers: str | None = "1") -> dict[str, Any]:
+    """``advise --replay``'s judging of ``path``: in one process (``workers`` "1"), or
+    split as the CLI would split it here (None)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("GPUWATCH_REPLAY_WORKERS", None)
+    if workers is not None:
+        env["GPUWATCH_REPLAY_WORKERS"] = workers
     proc = subprocess.run([sys.executable, "-c", _JUDGE, str(path)], capture_output=True,
                           text=True, env=env, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -300,12 +318,13 @@ def report(r: dict[str, Any]) -> str:
     rows = [
         ("offline: recording", (f"{hours:g} h x {day['gpus']} GPUs, "
          f"{sum(day['lines'].values()):,} lines, {day['bytes'] / mib:.0f} MiB")),
-        ("offline: judged in (wall / CPU)", f"{fmt_s(off['wall_s'])} / {fmt_s(off['cpu_s'])}"),
+        ("offline: judged in one process (wall / CPU)",
+         f"{fmt_s(off['wall_s'])} / {fmt_s(off['cpu_s'])}"),
         ("**offline: CPU per hour of recording per GPU**",
          f"**{fmt_s(off['cpu_s'] / hours / day['gpus'])}**"),
         ("offline: bucket resolution, evaluations", (f"{off['resolution_s']:g} s, "
          f"{off['ticks']:,} ticks x {day['gpus']} GPUs")),
-        ("offline: peak RSS (imports alone)", (f"{off['peak_rss_bytes'] / mib:.0f} MiB "
+        ("offline: peak RSS, one process (imports alone)", (f"{off['peak_rss_bytes'] / mib:.0f} MiB "
          f"({r['baseline_rss_bytes'] / mib:.0f} MiB)")),
         ("offline: advice found (GPU x rule)", (f"{off['advice']} ({off['activations']} "
          "activations)")),
@@ -322,6 +341,17 @@ def report(r: dict[str, Any]) -> str:
         ("sampler: tick, 8 stubbed GPUs (median)", fmt_s(smp.get("tick_median_s"))
          if "tick_median_s" in smp else smp.get("error", "-")),
     ]
+    par = r.get("offline_split")
+    if par and par["processes"] > 1:
+        rows.insert(2, (f"**offline: judged as the CLI does here, by {par['processes']} "
+                        "processes** (wall / CPU of all; vs one process)",
+                        f"**{fmt_s(par['wall_s'])}** / "
+                        f"{fmt_s(par['cpu_s'] + par['children_cpu_s'])}; "
+                        f"{off['wall_s'] / par['wall_s']:.2f}x"))
+    elif par:
+        rows.insert(2, ("offline: judged as the CLI does here (one process: "
+                        f"{r['cpus']} CPU{'s' if r['cpus'] != 1 else ''})",
+                        f"{fmt_s(par['wall_s'])} / {fmt_s(par['cpu_s'])}"))
     split = r.get("split")
     if split:
         rows.insert(3, ("offline, in one process (CPU): reading / bucketing / evaluating "
@@ -350,14 +380,15 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.keep) if args.keep else Path(tmp) / "day.jsonl"
         day = build_day(path, seconds=int(args.hours * 3600))
         offline = bench_offline(path)
+        offline_split = bench_offline(path, None)
         # before the split grows this process: a child's ru_maxrss starts from its parent's
         baseline = baseline_rss()
         split = bench_split(path) if args.split else None
-    result = {"day": day, "offline": offline, "split": split,
+    result = {"day": day, "offline": offline, "offline_split": offline_split, "split": split,
               "baseline_rss_bytes": baseline,
               "live": bench_live(), "live_without_hook": bench_live(ranks=False),
               "sampler": bench_sampler(), "python": sys.version.split()[0],
-              "cpus": os.cpu_count(), "load": os.getloadavg()}
+              "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), "load": os.getloadavg()}
     print(report(result))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

@@ -60,7 +60,8 @@ class _Ctx:
     whichever and however many rules read it.
     """
 
-    __slots__ = ("end", "engine", "frame", "job_table", "locals", "subj", "vals", "warm")
+    __slots__ = ("end", "engine", "frame", "job_table", "locals", "pos", "subj", "vals",
+                 "warm")
 
     def __init__(self, engine: Engine, subj: Subject) -> None:
         self.engine = engine
@@ -71,6 +72,7 @@ class _Ctx:
         self.locals: dict[str, Any] = {}
         self.warm: Any = _MISSING  # frame.train_start(subj), once per bucket
         self.job_table: Any = _MISSING  # the table of its job's step signals, likewise
+        self.pos = 0  # the subject's place in this bucket's order (Finding.order)
 
     def at(self, end: int) -> None:
         self.end = end
@@ -128,6 +130,9 @@ class Finding:
     # holds for an hour is overwritten by the next long before a report reads it
     _details: dict[str, Any] = field(default_factory=dict, repr=False)
     _words: tuple[Any, ...] | None = field(default=None, repr=False)
+    # where it began in the engine's order of judging: (bucket end, the subject's place,
+    # the rule's place); activations sorted by it are in the order one engine makes them
+    order: tuple[float, int, int] = field(default=(0.0, 0, 0), repr=False, compare=False)
 
     @property
     def details(self) -> dict[str, Any]:
@@ -197,6 +202,11 @@ class Engine:
         self.jobs_window: float | None = None
         # each subject is judged by the rules of its scope, in the rule set's order
         self._gpu_rules = [r for r in self.rules if r.scope != "host"]
+        self._rule_pos = {r.id: i for i, r in enumerate(self.rules)}
+        # which subjects this engine judges, by GPU index (None: the host); None: all.
+        # A recording split over processes (split.py) gives each its share: the frame is
+        # fed and bucketed whole in each, so every rule reads what it would read alone
+        self.judges: Callable[[int | None], bool] | None = None
         self._host_rules = [r for r in self.rules if r.scope == "host"]
         self._cpu_job_rules = list(self.rules)
         # the window a training rule must find mostly training: the usual one
@@ -501,7 +511,10 @@ class Engine:
         plans = self._plans
         stated = self._stated
         states = self.states
-        for subj in list(frame.subjects.values()):
+        judges = self.judges
+        for pos, subj in enumerate(list(frame.subjects.values())):
+            if judges is not None and not judges(subj.gpu):
+                continue
             host = subj.gpu is None
             if host:
                 if not frame.host_tables.ever and not subj.job.ever:
@@ -513,6 +526,7 @@ class Engine:
             else:
                 scope = "gpu"
             ctx = self._context(subj, idx + 1)
+            ctx.pos = pos
             cc = frame.fact(subj, "compute_capability")
             plan = plans.get((scope, cc))
             if plan is None:
@@ -626,7 +640,8 @@ class Engine:
                 st.since = t - self.res
             if f is None or not f.active:
                 if t - st.since >= rule.for_s - 1e-9:
-                    f = Finding(rule, subj.gpu, start=t, last_seen=t)
+                    f = Finding(rule, subj.gpu, start=t, last_seen=t,
+                                order=(t, ctx.pos, self._rule_pos.get(rule.id, 0)))
                     st.finding = f
                     self.findings.append(f)
                     self._details(f, ctx, t)

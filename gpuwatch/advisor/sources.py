@@ -80,25 +80,55 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
     """Judge a whole recording (streamed, bounded memory); returns the engine and meta.
     ``observe`` sees every line the engine is fed (the report's tally of what it judged);
     ``on_bucket(engine, idx)`` runs after the rules judged each closed bucket (the HTML
-    report's charts read the step-time breakdown there, while the frame still holds it)."""
-    from gpuwatch.trace import format as trace
+    report's charts read the step-time breakdown there, while the frame still holds it).
+
+    A long recording of several GPUs is judged by several processes at once, each its
+    share of the GPUs (split.py; ``GPUWATCH_REPLAY_WORKERS`` sets how many): the same
+    engine and report as one process would make."""
+    from gpuwatch.advisor import split
 
     if res is None:
         span = trace_span(path)
         res = resolution_for(span) if span is not None else 1.0
+    engine = Engine(ruleset, res=res)
+    workers, seen = split.plan(path)
+    children = []
+
+    def run(other: Engine) -> None:  # a child's share, fed the whole recording
+        _feed_recording(other, path)
+
+    if workers > 1:
+        judges = split.shares(workers, seen)
+        children = split.start(engine, run, judges)
+        if children:
+            engine.judges = judges[0]
+    try:
+        if on_bucket is not None:
+            evaluate = engine.frame.on_bucket
+
+            def both(idx: int) -> None:
+                if evaluate is not None:
+                    evaluate(idx)
+                on_bucket(engine, idx)
+
+            engine.frame.on_bucket = both
+        meta = _feed_recording(engine, path, observe)
+    except BaseException:
+        split.abandon(children)
+        raise
+    if children:
+        split.finish(engine, run, children)
+    return engine, meta
+
+
+def _feed_recording(engine: Engine, path: str,
+                    observe: Callable[[Any], None] | None = None) -> dict:
+    """Feed a whole recording to ``engine`` and close its last bucket; its meta line."""
+    from gpuwatch.trace import format as trace
+
     # checked line dicts, not sample objects: the frame reads fields by name either way,
     # and building a frozen dataclass per line was a third of the reader's time
     meta, lines = trace.iter_trace_lines(path)
-    engine = Engine(ruleset, res=res)
-    if on_bucket is not None:
-        evaluate = engine.frame.on_bucket
-
-        def both(idx: int) -> None:
-            if evaluate is not None:
-                evaluate(idx)
-            on_bucket(engine, idx)
-
-        engine.frame.on_bucket = both
     engine.frame.set_meta(meta)
     for gpu, info in trace.meta_infos(meta).items():
         engine.frame.set_gpu_info(gpu, name=info.name, cc=info.compute_capability)
@@ -106,7 +136,7 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
         lines = _tee(lines, observe)
     engine.feed_all(lines)
     engine.finish()
-    return engine, dict(meta)
+    return dict(meta)
 
 
 # how the bundled recording is named in a report (`advise --demo`, `run --demo`)

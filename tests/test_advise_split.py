@@ -1,0 +1,207 @@
+"""A long recording of several GPUs judged by several processes gives the report one
+process gives (gpuwatch/advisor/split.py), recording by recording; the default asks for
+the split only where it pays, and a child that fails costs nothing but time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.advisor import split
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+RECORDINGS = sorted(DATA.glob("*.jsonl"))
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(split.ENV, None)
+    env.update(extra)
+    return env
+
+
+def _advise(path: Path, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuwatch", *flags, "advise", "--replay",
+                           str(path), "--format", "json"], capture_output=True, text=True,
+                          env=_env(**env), timeout=600)
+
+
+def _report(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    rep.pop("generated_at")
+    return rep
+
+
+def test_every_recording_is_judged_the_same_split_over_processes(tmp_path: Path) -> None:
+    """Every recording in tests/data, with and without the hook's lines, split over 2
+    processes and over one per GPU and one more: the same report and the same
+    activations (rule, GPU, start, end, time held, evidence, words) as one process, and
+    the children were forked (a fresh process: one thread)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tests/scripts/split_judge.py"),
+                           str(tmp_path), *map(str, RECORDINGS)], capture_output=True,
+                          text=True, env=_env(), timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    # each recording twice (with and without the hook), at 2 workers and, with more than
+    # one GPU, at one per GPU and one more
+    assert len({r["recording"] for r in rows}) == 2 * len(RECORDINGS)
+    assert {r["recording"] for r in rows if r["gpus"] >= 2 and r["workers"] > 2}
+    for r in rows:
+        assert r["forked"] == r["workers"] - 1, r
+        assert r["same_report"] and r["same_activations"], r
+    assert sum(r["activations"] for r in rows if r["gpus"] >= 2) > 50
+
+
+def _long_recording(path: Path, gpus: int = 2, seconds: int = 5000) -> Path:
+    """A plain recording over MIN_BYTES: ``gpus`` GPUs, one tick a second; GPU g works
+    in bursts of its own, so the rules have something to say on each."""
+    meta = {"kind": "meta", "format": "gpuwatch-trace/1", "gpu_name": "NVIDIA H100 80GB HBM3",
+            "compute_capability": [9, 0], "host_cpus": 16, "sample_hz": 1}
+    t0 = 1_800_000_000.0
+    with open(path, "w") as f:
+        f.write(json.dumps(meta) + "\n")
+        for s in range(seconds):
+            t = t0 + s
+            for g in range(gpus):
+                busy = ((s // (300 + 60 * g)) % 2) == 1
+                util = (0.35 if busy else 0.02) + 0.01 * (s % 7)
+                f.write(json.dumps({
+                    "t": t, "kind": "gpu", "gpu": g, "util": util, "mem_util": util / 2,
+                    "mem_used_bytes": (20 + g) * 2**30, "mem_total_bytes": 80 * 2**30,
+                    "power_watts": 120.0 + 400 * util, "power_limit_watts": 700.0,
+                    "temp_celsius": 40 + 20 * util, "sm_clock_mhz": 1980,
+                    "clock_event_reasons": 1 if not busy else 0,
+                    "processes": [{"pid": 1000 + g, "mem_used_bytes": (19 + g) * 2**30}]},
+                    separators=(",", ":")) + "\n")
+            f.write(json.dumps({
+                "t": t, "kind": "host", "cpu_util_per_core": [0.9, 0.1] + [0.0] * 14,
+                "load1": 1.0, "mem_used_bytes": 40 * 2**30, "mem_total_bytes": 512 * 2**30,
+                "job_cpu_cores": 1.0, "job_processes": gpus, "job_rss_bytes": 9 * 2**30},
+                separators=(",", ":")) + "\n")
+    assert path.stat().st_size >= split.MIN_BYTES
+    return path
+
+
+def test_the_cli_splits_a_long_recording_of_several_gpus_by_default(tmp_path: Path) -> None:
+    rec = _long_recording(tmp_path / "long.jsonl")
+    one = _advise(rec, **{split.ENV: "1"})
+    auto = _advise(rec, "--log.level", "debug")
+    want = min(2, len(os.sched_getaffinity(0)))
+    said = f"judged by {want} processes"
+    if want > 1:
+        assert said in auto.stderr
+    else:  # a machine of one CPU: nothing to gain
+        assert "judged by" not in auto.stderr
+    assert "judged by" not in one.stderr
+    rep = _report(one)
+    assert rep["advice"], "the recording should draw advice, or the comparison says little"
+    assert _report(auto) == rep
+
+
+def test_a_child_that_fails_is_judged_again_by_the_parent(tmp_path: Path) -> None:
+    """A child that raises (or dies) leaves its GPUs to the parent: the same report, and
+    a warning that says so."""
+    rec = DATA / "fw_lightning_ddp4.jsonl"
+    script = (
+        "import os, sys\n"
+        "from gpuwatch.advisor import sources\n"
+        "parent = os.getpid()\n"
+        "feed = sources._feed_recording\n"
+        "def failing(engine, path, observe=None):\n"
+        "    if os.getpid() != parent:\n"
+        "        raise MemoryError('a child out of memory')\n"
+        "    return feed(engine, path, observe)\n"
+        "sources._feed_recording = failing\n"
+        "from gpuwatch import cli\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    failed = subprocess.run([sys.executable, "-c", script, "advise", "--replay", str(rec),
+                             "--format", "json"], capture_output=True, text=True,
+                            env=_env(**{split.ENV: "3"}), timeout=600)
+    assert "the process judging part of the recording's GPUs failed (MemoryError: a child " \
+        "out of memory); judged again in this one" in failed.stderr
+    assert failed.stderr.count("judged again") == 2  # both children
+    assert _report(failed) == _report(_advise(rec, **{split.ENV: "1"}))
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
+def test_a_bad_worker_count_is_refused_with_its_name(value: str) -> None:
+    proc = _advise(DATA / "idle.jsonl", **{split.ENV: value})
+    assert proc.returncode == 2
+    assert f"{split.ENV}={value!r}: expected a whole number of processes, 1 or more" \
+        in proc.stderr
+
+
+def test_what_is_judged_in_one_process(tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(split.ENV, raising=False)
+    ddp = DATA / "fw_lightning_ddp4.jsonl"
+    assert split.peek_gpus(str(ddp)) == [0, 1, 2, 3]
+    # a short recording: a child would pay the reading and bucketing again for little
+    assert ddp.stat().st_size < split.MIN_BYTES
+    assert split.plan(str(ddp))[0] == 1
+    # one GPU: nothing to share
+    one = _long_recording(tmp_path / "one.jsonl", gpus=1, seconds=9000)
+    assert split.plan(str(one))[0] == 1
+    # not a file (standard input, a pipe): each child would have to read it again
+    assert split.plan("-")[0] == 1
+    # asked for, on any recording, as long as this process may fork
+    monkeypatch.setenv(split.ENV, "3")
+    assert split.plan(str(ddp)) == (3, [0, 1, 2, 3])
+    # a process with threads (the daemon, a notebook's kernel) never forks
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert split.plan(str(ddp)) == (1, [])
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_the_gpus_are_dealt_to_the_least_loaded_process() -> None:
+    """The parent's share starts at one GPU's worth (the host, the tally, the charts)."""
+    judges = split.shares(2, [0, 1, 2, 3, 4, 5, 6, 7])
+    assert [g for g in range(8) if judges[0](g)] == [2, 4, 6]
+    assert [g for g in range(8) if judges[1](g)] == [0, 1, 3, 5, 7]
+    assert judges[0](None) and not judges[1](None)
+    # one process per GPU and the parent: each child one GPU, the parent the host
+    judges = split.shares(5, [4, 5, 6, 7])
+    assert [[g for g in (4, 5, 6, 7) if j(g)] for j in judges] == [[], [7], [6], [5], [4]]
+    # a GPU first seen after the start goes by its index
+    assert judges[(9 + 1) % 5](9)
+
+
+def test_the_gpus_of_a_compressed_recording_are_seen(tmp_path: Path) -> None:
+    import gzip
+    src = DATA / "fw_hf_ddp.jsonl"
+    dst = tmp_path / "r.jsonl.gz"
+    dst.write_bytes(gzip.compress(src.read_bytes()))
+    assert split.peek_gpus(str(dst)) == split.peek_gpus(str(src)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["fw_lightning_ddp4", "gpu_ddp_slow_rank"])
+def test_the_html_report_is_the_same_split(name: str) -> None:
+    """The HTML report's charts and advice marks come from the judging too (its timeline
+    reads each bucket in the parent and every activation once they are merged)."""
+    import re
+
+    def html(workers: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "gpuwatch", "advise", "--replay",
+                               str(DATA / f"{name}.jsonl"), "--format", "html"],
+                              capture_output=True, text=True, timeout=600,
+                              env=_env(**{split.ENV: workers}))
+        assert proc.returncode == 0, proc.stderr
+        # each report has ids of its own (two reports on one page do not clash)
+        return re.sub(r"gw[0-9a-f]{6}", "gwID", proc.stdout)
+
+    one = html("1")
+    assert "started at +" in one  # the charts' advice marks
+    assert html("3") == one
