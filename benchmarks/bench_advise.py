@@ -14,8 +14,8 @@ Run from the repository root (no GPU needed):
    streamed and the rules' windows kept in bounded rings, so the RSS must not grow with
    the file), and the CPU **per hour of recording per GPU**; all of that in one process
    (``GPUWATCH_REPLAY_WORKERS=1``), then again as the CLI judges it on this machine: split
-   over a process per CPU, up to one per GPU (gpuwatch/advisor/split.py), its wall time
-   and the CPU of all its processes.
+   over a process per GPU and one more, as far as the CPUs go (gpuwatch/advisor/split.py),
+   its wall time and the CPU of all its processes.
 2. **Live**: a Store holding 15 min of 1 s history for 8 GPUs, each GPU with one rank of
    an 8-rank job reporting through the hook (ten steps a second each, its configuration
    sent once); times ``LiveAdvisor``'s first evaluation (the whole history, as after a

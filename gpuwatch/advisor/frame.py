@@ -287,7 +287,9 @@ class Frame:
         self.hook_config = False
         self.hook_phases = False
         self.problems: list[dict[str, Any]] = []  # `hook_problem` lines, for the report
-        self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution]] = {}
+        self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution | None]] = {}
+        # this bucket's job of each subject (_group_key), made at its first attribution
+        self._group_keys: dict[int | None, Any] | None = None
         self.job_ends: list[dict[str, Any]] = []  # `job_end` lines, for the report
         self.startup_batch: dict[int, float] = {}  # pid -> its loader's batch before training
         # pid -> the bucket its hook reported its end in (job_end); the newest OOM's bucket
@@ -1153,6 +1155,7 @@ class Frame:
     # -- closing a bucket ----------------------------------------------------------------
     def _close(self, idx: int) -> None:
         self._attr_cache.clear()
+        self._group_keys = None
         need = self.needed
         host = self.host_tables
         a = self.host_acc
@@ -1513,13 +1516,42 @@ class Frame:
         return ("ranks", ws)
 
     def attribution(self, subj: Subject, end: int, n: int) -> Attribution | None:
-        """``subj``'s job's attribution over the ``n`` buckets before ``end``."""
+        """``subj``'s job's attribution over the ``n`` buckets before ``end``: made for
+        the ranks of its job (those of ``_group_key``) at once, once per bucket, and for
+        no other subject (an engine that judges a share of the GPUs, split.py, pays only
+        for its own)."""
         key = (end, n)
         got = self._attr_cache.get(key)
         if got is None:
-            got = self._attribute_all(lambda s: self.job_window(s, end, n))
-            self._attr_cache[key] = got
-        return got.get(subj.gpu)
+            got = self._attr_cache[key] = {}
+        gpu = subj.gpu
+        if gpu in got:
+            return got[gpu]
+        keys = self._group_keys
+        if keys is None:
+            keys = self._group_keys = {s.gpu: self._group_key(s)
+                                       for s in self.subjects.values()}
+        mine = keys.get(gpu)
+        if mine is None:  # a subject made after this bucket's keys
+            mine = keys[gpu] = self._group_key(subj)
+        group = [s for s in self.subjects.values() if keys.get(s.gpu) == mine]
+        members: dict[int | None, tuple[JobWindow, int | None]] = {}
+        for s in group:
+            w = self.job_window(s, end, n)
+            if w is None:
+                continue
+            members[s.gpu] = (w, self._rank_of(s, w))
+        made = attribute_group(members) if members else {}
+        for s in group:
+            got[s.gpu] = made.get(s.gpu)
+        return got[gpu]
+
+    @staticmethod
+    def _rank_of(subj: Subject, w: JobWindow) -> int | None:
+        rank = subj.job_rank
+        if rank is None and not w.hook and subj.dist is not None:
+            rank = subj.dist[1]
+        return rank
 
     def _attribute_all(self, window: Callable[[Subject], JobWindow | None]
                        ) -> dict[int | None, Attribution]:
@@ -1528,10 +1560,7 @@ class Frame:
             w = window(subj)
             if w is None:
                 continue
-            rank = subj.job_rank
-            if rank is None and not w.hook and subj.dist is not None:
-                rank = subj.dist[1]
-            groups.setdefault(self._group_key(subj), {})[subj.gpu] = (w, rank)
+            groups.setdefault(self._group_key(subj), {})[subj.gpu] = (w, self._rank_of(subj, w))
         out: dict[int | None, Attribution] = {}
         for members in groups.values():
             out.update(attribute_group(members))

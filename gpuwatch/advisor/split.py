@@ -37,7 +37,11 @@ ENV = "GPUWATCH_REPLAY_WORKERS"
 # below this a recording is judged in one process: a child pays the reading and the
 # bucketing again, which only the rules of a long recording of several GPUs outweigh
 MIN_BYTES = 4 << 20
-MAX_WORKERS = 8
+# past 3-4 processes the wall time stopped falling on a 16-CPU machine (each process's
+# reading and bucketing is the floor, and they contend for the memory and the caches)
+# while the CPU used kept growing with each: docs/benchmarks.md, "The advisor"
+MAX_WORKERS = 4
+FORCED_MAX = 64  # what GPUWATCH_REPLAY_WORKERS may ask for
 # the start of the file read for the GPUs it holds (a tick of 8 GPUs is ~3 KiB)
 PEEK_BYTES = 256 << 10
 
@@ -99,14 +103,16 @@ def plan(path: str) -> tuple[int, list[int]]:
         return 1, []
     gpus = peek_gpus(path)
     if forced is not None:
-        return min(forced, MAX_WORKERS), gpus
+        return min(forced, FORCED_MAX), gpus
     if len(gpus) < 2 or os.path.getsize(path) < MIN_BYTES:
         return 1, gpus
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return max(1, min(len(gpus), cpus, MAX_WORKERS)), gpus
+    # a process per GPU and the first one, which also judges the host and feeds the
+    # report's tally and charts, as far as the CPUs go
+    return max(1, min(len(gpus) + 1, cpus, MAX_WORKERS)), gpus
 
 
 def shares(workers: int, seen: list[int]) -> list[Callable[[int | None], bool]]:
@@ -281,5 +287,5 @@ def _order(f: Finding) -> tuple[float, int, int]:
     return f.order
 
 
-__all__ = ["ENV", "MAX_WORKERS", "MIN_BYTES", "abandon", "can_fork", "export", "finish",
+__all__ = ["ENV", "FORCED_MAX", "MAX_WORKERS", "MIN_BYTES", "abandon", "can_fork", "export", "finish",
            "forced_workers", "merge", "peek_gpus", "plan", "shares", "start"]
