@@ -115,10 +115,10 @@ def test_a_child_that_fails_is_judged_again_by_the_parent(tmp_path: Path) -> Non
         "from gpuwatch.advisor import sources\n"
         "parent = os.getpid()\n"
         "feed = sources._feed_recording\n"
-        "def failing(engine, path, observe=None):\n"
+        "def failing(engine, path, observe=None, limit=None):\n"
         "    if os.getpid() != parent:\n"
         "        raise MemoryError('a child out of memory')\n"
-        "    return feed(engine, path, observe)\n"
+        "    return feed(engine, path, observe, limit)\n"
         "sources._feed_recording = failing\n"
         "from gpuwatch import cli\n"
         "sys.exit(cli.main(sys.argv[1:]))\n")
@@ -129,6 +129,7 @@ def test_a_child_that_fails_is_judged_again_by_the_parent(tmp_path: Path) -> Non
         "out of memory); judged again in this one" in failed.stderr
     assert failed.stderr.count("judged again") == 2  # both children
     assert _report(failed) == _report(_advise(rec, **{split.ENV: "1"}))
+    # the file's warnings (here: none) are not said again by the second pass
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
@@ -154,13 +155,16 @@ def test_what_is_judged_in_one_process(tmp_path: Path,
     assert split.plan("-")[0] == 1
     # asked for, on any recording, as long as this process may fork
     monkeypatch.setenv(split.ENV, "3")
-    assert split.plan(str(ddp)) == (3, [0, 1, 2, 3])
+    assert split.plan(str(ddp)) == (3, [0, 1, 2, 3], ddp.stat().st_size)
+    # never more than one per GPU and the host's, whatever is asked
+    monkeypatch.setenv(split.ENV, "64")
+    assert split.plan(str(ddp)).workers == 5
     # a process with threads (the daemon, a notebook's kernel) never forks
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        assert split.plan(str(ddp)) == (1, [])
+        assert split.plan(str(ddp)) == (1, [], None)
     finally:
         stop.set()
         thread.join()
@@ -205,3 +209,138 @@ def test_the_html_report_is_the_same_split(name: str) -> None:
     one = html("1")
     assert "started at +" in one  # the charts' advice marks
     assert html("3") == one
+
+
+def _script(body: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The CLI run by a script that first changes something in this process."""
+    script = ("import os, sys\n" + body
+              + "from gpuwatch import cli\nsys.exit(cli.main(sys.argv[1:]))\n")
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                          text=True, env=_env(**env), timeout=600)
+
+
+def test_a_fork_that_fails_leaves_its_gpus_to_the_parent() -> None:
+    """The second fork fails (a process limit, memory): the GPUs it was to judge are
+    judged by the parent, with a warning; the same report."""
+    rec = DATA / "fw_lightning_ddp4.jsonl"
+    got = _script("real = os.fork\ncalls = []\n"
+                  "def fork():\n"
+                  "    calls.append(1)\n"
+                  "    if len(calls) == 2:\n"
+                  "        raise BlockingIOError(11, 'Resource temporarily unavailable')\n"
+                  "    return real()\n"
+                  "os.fork = fork\n",
+                  "advise", "--replay", str(rec), "--format", "json", **{split.ENV: "3"})
+    assert "could not start a process to judge part of the recording ([Errno 11] " \
+        "Resource temporarily unavailable): this one judges its GPUs" in got.stderr
+    assert _report(got) == _report(_advise(rec, **{split.ENV: "1"}))
+
+
+def _running(marker: str) -> list[int]:
+    """Processes whose command line holds ``marker``."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _wait_until(what, seconds: float = 20.0) -> bool:
+    import time
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if what():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_bad_line_late_in_the_file_stops_every_process(tmp_path: Path) -> None:
+    """The same error and exit code as one process, and no child left running."""
+    rec = tmp_path / "bad.jsonl"
+    rec.write_text((DATA / "fw_lightning_ddp4.jsonl").read_text() + "{not json\n")
+    one = _advise(rec, **{split.ENV: "1"})
+    many = _advise(rec, **{split.ENV: "3"})
+    assert one.returncode == many.returncode == 2
+    assert f"{rec}:" in one.stderr and "not json" not in one.stdout
+    assert many.stderr == one.stderr
+    assert _wait_until(lambda: not _running(str(rec)), 5.0)
+
+
+def test_the_children_end_with_their_parent(tmp_path: Path) -> None:
+    """The parent killed while it judges (SIGTERM, as `timeout` or systemd send it): no
+    child keeps judging on its own."""
+    import signal
+    rec = _long_recording(tmp_path / "killed.jsonl", gpus=2, seconds=9000)
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwatch", "advise", "--replay", str(rec),
+                             "--format", "json"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=_env(**{split.ENV: "3"}))
+    try:
+        assert _wait_until(lambda: len(_running(str(rec))) == 3), _running(str(rec))
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    # at once: each child had seconds of judging left
+    assert _wait_until(lambda: not _running(str(rec)), 1.0), _running(str(rec))
+
+
+def test_a_recording_still_being_written_is_judged_to_where_it_was(tmp_path: Path) -> None:
+    """Lines appended after the judging began are read by no process (else each would
+    stop at its own end of file): the report of the file as it was."""
+    rec = tmp_path / "growing.jsonl"
+    text = (DATA / "fw_lightning_ddp4.jsonl").read_text()
+    rec.write_text(text)
+    want = _report(_advise(rec, **{split.ENV: "1"}))
+    last = [json.loads(line) for line in text.splitlines() if '"kind":"gpu"' in
+            line.replace(" ", "")][-4:]
+    more = tmp_path / "more.jsonl"
+    more.write_text("".join(json.dumps(dict(d, t=d["t"] + 1 + i // 4, util=1.0)) + "\n"
+                            for i, d in enumerate(last * 300)))
+    got = _script("from gpuwatch.advisor import split\n"
+                  "plan = split.plan\n"
+                  "def growing(path):\n"
+                  "    got = plan(path)\n"
+                  "    with open(path, 'a') as f:\n"
+                  f"        f.write(open({str(more)!r}).read())\n"
+                  "    return got\n"
+                  "split.plan = growing\n",
+                  "advise", "--replay", str(rec), "--format", "json", **{split.ENV: "3"})
+    assert rec.stat().st_size > len(text)  # it grew while judged
+    assert _report(got) == want
+
+
+def test_rule_errors_are_said_as_one_process_says_them(tmp_path: Path) -> None:
+    """Two rules that raise on every GPU with words of their own (the GPU's util): the
+    report's notes name each rule's first failure, in the order one process meets them,
+    with the errors of all processes counted together."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "mine.yaml").write_text(
+        "rules:\n"
+        "  - id: broken-evidence\n    title: evidence that raises\n    severity: info\n"
+        "    when: mean(util, 5s) >= 0.05\n    evidence:\n"
+        "      boom: pow2floor(mean(util, 5s) + 12345)\n"
+        "    message: busy {boom}\n    action: none\n"
+        "  - id: broken-condition\n    title: a condition that raises\n    severity: info\n"
+        "    when: pow2floor(mean(util, 5s) + 12345) > 0\n"
+        "    message: never said\n    action: none\n")
+    patch = ("from gpuwatch.advisor import expr\n"
+             "real = expr._pow2floor\n"
+             "def pow2floor(x):\n"
+             "    if x >= 12345:\n"
+             "        raise ZeroDivisionError(f'boom at {x:.6f}')\n"
+             "    return real(x)\n"
+             "expr._pow2floor = pow2floor\n")
+    args = ("advise", "--replay", str(DATA / "fw_lightning_ddp4.jsonl"), "--format", "json",
+            "--rules-dir", str(rules))
+    one = _report(_script(patch, *args, **{split.ENV: "1"}))
+    many = _report(_script(patch, *args, **{split.ENV: "5"}))
+    failed = [n for n in one["notes"] if n.startswith("Rule broken-")]
+    assert len(failed) == 2 and "boom at 12345." in failed[0]
+    assert many == one

@@ -197,6 +197,7 @@ class Engine:
         # rules that raised (a bug in a rule or in gpuwatch): how often, and the first
         # error's words; their condition reads as not holding, the other rules go on
         self.rule_errors: dict[str, list[Any]] = {}
+        self.rule_error_order: dict[str, tuple[float, int, int, str]] = {}
         # the report's step-time attribution: over the whole run (None, a recording) or
         # over the last this many seconds (the live daemon)
         self.jobs_window: float | None = None
@@ -574,6 +575,12 @@ class Engine:
         where = "the host" if subj.gpu is None else f"GPU {subj.gpu}"
         said = f"{type(err).__name__}: {err}"
         self.rule_errors[rule.id] = [1, f"{rule.file}:{rule.line}", part, said]
+        ctx = self._ctxs.get(subj.gpu)
+        # where it first failed, in the order of Finding.order (split.merge keeps the
+        # earliest of several processes')
+        self.rule_error_order[rule.id] = (self.evaluated_until or 0.0,
+                                          ctx.pos if ctx is not None else 0,
+                                          self._rule_pos.get(rule.id, 0), where)
         then = ("where it fails it does not hold" if part == "condition" else
                 "its advice stands without the numbers it failed to read")
         log.error("rule %s (%s:%s) failed evaluating its %s on %s (%s): %s; the other rules "

@@ -91,18 +91,18 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
         span = trace_span(path)
         res = resolution_for(span) if span is not None else 1.0
     engine = Engine(ruleset, res=res)
-    workers, seen = split.plan(path)
-    children = []
+    planned = split.plan(path)
+    limit = planned.size if planned.workers > 1 else None
+    children: list = []
 
     def run(other: Engine) -> None:  # a child's share, fed the whole recording
-        _feed_recording(other, path)
+        _feed_recording(other, path, limit=limit)
 
-    if workers > 1:
-        judges = split.shares(workers, seen)
-        children = split.start(engine, run, judges)
-        if children:
-            engine.judges = judges[0]
     try:
+        if planned.workers > 1:
+            judges = split.shares(planned.workers, planned.gpus)
+            children = split.start(engine, run, judges)
+            engine.judges = split.mine(judges, children) if children else None
         if on_bucket is not None:
             evaluate = engine.frame.on_bucket
 
@@ -112,23 +112,25 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
                 on_bucket(engine, idx)
 
             engine.frame.on_bucket = both
-        meta = _feed_recording(engine, path, observe)
+        meta = _feed_recording(engine, path, observe, limit=limit)
+        if children:
+            split.finish(engine, run, children)
     except BaseException:
         split.abandon(children)
         raise
-    if children:
-        split.finish(engine, run, children)
     return engine, meta
 
 
 def _feed_recording(engine: Engine, path: str,
-                    observe: Callable[[Any], None] | None = None) -> dict:
-    """Feed a whole recording to ``engine`` and close its last bucket; its meta line."""
+                    observe: Callable[[Any], None] | None = None,
+                    limit: int | None = None) -> dict:
+    """Feed a whole recording (its first ``limit`` bytes) to ``engine`` and close its last
+    bucket; its meta line."""
     from gpuwatch.trace import format as trace
 
     # checked line dicts, not sample objects: the frame reads fields by name either way,
     # and building a frozen dataclass per line was a third of the reader's time
-    meta, lines = trace.iter_trace_lines(path)
+    meta, lines = trace.iter_trace_lines(path, limit)
     engine.frame.set_meta(meta)
     for gpu, info in trace.meta_infos(meta).items():
         engine.frame.set_gpu_info(gpu, name=info.name, cc=info.compute_capability)

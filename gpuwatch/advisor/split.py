@@ -13,7 +13,9 @@ The parent judges the host and its own share while it feeds the report's tally a
 charts; each child is a fork that judges its share and sends its activations back
 through a pipe. Only a single-threaded process on Linux forks (the daemon and a notebook
 kernel have threads: they judge in one process), only a plain file is split (each child
-reads it again), and a child that fails is judged again by the parent.
+reads it again, up to the size it had when the judging began, so a recording still being
+written is judged over the same lines by all), and a child that fails or could not be
+started is judged again by the parent. A child dies with its parent.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 import os
 import pickle
+import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwatch.advisor.engine import Engine, Finding, _State
 from gpuwatch.errors import UserError
@@ -64,10 +68,32 @@ def forced_workers() -> int | None:
 
 
 def can_fork() -> bool:
-    """Whether this process may fork children that run Python: Linux, one thread (a
-    thread holding a lock at the fork would leave the child stuck on it)."""
-    return (sys.platform.startswith("linux") and hasattr(os, "fork")
-            and threading.active_count() == 1)
+    """Whether this process may fork children that run Python: Linux, one thread, native
+    ones included (a thread holding a lock at the fork would leave the child stuck on
+    it)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork") \
+            or threading.active_count() != 1:
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on, within its cgroup's CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def peek_gpus(path: str, limit: int = PEEK_BYTES) -> list[int]:
@@ -96,23 +122,31 @@ def peek_gpus(path: str, limit: int = PEEK_BYTES) -> list[int]:
     return sorted(seen)
 
 
-def plan(path: str) -> tuple[int, list[int]]:
-    """How many processes judge ``path``, and the GPUs seen at its start."""
+class Plan(NamedTuple):
+    workers: int  # processes, this one included
+    gpus: list[int]  # the GPUs seen at the file's start
+    size: int | None  # the file's size when it was planned: every process reads that far
+
+
+def plan(path: str) -> Plan:
+    """How many processes judge ``path``, the GPUs seen at its start, and its size."""
+    if not can_fork() or not os.path.isfile(path):
+        return Plan(1, [], None)
     forced = forced_workers()
-    if forced == 1 or not can_fork() or not os.path.isfile(path):
-        return 1, []
+    if forced == 1:
+        return Plan(1, [], None)
+    size = os.path.getsize(path)
     gpus = peek_gpus(path)
     if forced is not None:
-        return min(forced, FORCED_MAX), gpus
-    if len(gpus) < 2 or os.path.getsize(path) < MIN_BYTES:
-        return 1, gpus
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
+        # as asked, though a process beyond one per GPU and the host's judges nothing
+        return Plan(min(forced, FORCED_MAX, max(2, len(gpus) + 1)), gpus, size)
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    if len(gpus) < 2 or size < (MIN_BYTES // 8 if gz else MIN_BYTES):
+        return Plan(1, gpus, size)
     # a process per GPU and the first one, which also judges the host and feeds the
     # report's tally and charts, as far as the CPUs go
-    return max(1, min(len(gpus) + 1, cpus, MAX_WORKERS)), gpus
+    return Plan(max(1, min(len(gpus) + 1, usable_cpus(), MAX_WORKERS)), gpus, size)
 
 
 def shares(workers: int, seen: list[int]) -> list[Callable[[int | None], bool]]:
@@ -148,22 +182,34 @@ def start(engine: Engine, run: Run, judges: list[Callable[[int | None], bool]]
           ) -> list[_Child]:
     """Fork a child for each share after the first; it judges its share with a copy of
     ``engine`` (fed by ``run``) and sends back its activations. Call before ``engine``
-    has been fed anything."""
+    has been fed anything. A share whose fork failed has no child: the caller judges it
+    (``mine``)."""
     children: list[_Child] = []
+    parent = os.getpid()
+    stop = {signal.SIGINT, signal.SIGTERM}
     for w in range(1, len(judges)):
         r, wfd = os.pipe()
+        # no signal between the fork and the child's own handlers: a KeyboardInterrupt
+        # there would unwind the child into the caller's code
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
         try:
             pid = os.fork()
         except OSError as err:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
             os.close(r)
             os.close(wfd)
-            log.debug("no fork (%s): the parent judges the rest", err)
+            log.warning("could not start a process to judge part of the recording (%s): "
+                        "this one judges its GPUs", err)
             break
         if pid == 0:  # the child: never returns
-            os.close(r)
-            for c in children:
-                os.close(c.fd)
-            _child(engine, run, judges[w], wfd)
+            try:
+                os.close(r)
+                for c in children:
+                    os.close(c.fd)
+                _child(engine, run, judges[w], wfd, parent, old)
+            finally:
+                os._exit(1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
         os.close(wfd)
         children.append(_Child(w, pid, r, judges[w]))
     if children:
@@ -172,7 +218,31 @@ def start(engine: Engine, run: Run, judges: list[Callable[[int | None], bool]]
     return children
 
 
-def _child(engine: Engine, run: Run, share: Callable[[int | None], bool], wfd: int) -> None:
+def mine(judges: list[Callable[[int | None], bool]], children: list[_Child]
+         ) -> Callable[[int | None], bool]:
+    """What the parent judges: its own share and every share no child took."""
+    taken = {c.worker for c in children}
+    left = [j for w, j in enumerate(judges) if w not in taken]
+    if len(left) == 1:
+        return left[0]
+    return lambda gpu: any(j(gpu) for j in left)
+
+
+def _child(engine: Engine, run: Run, share: Callable[[int | None], bool], wfd: int,
+           parent: int, mask: Any) -> None:
+    # Ctrl-C reaches the whole process group: a child simply ends (the parent reaps it);
+    # and it ends with its parent, however the parent ends
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it ended before the line above
+        os._exit(1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         # the parent says what there is to say: the same lines read twice would print
         # their warnings twice
@@ -199,12 +269,15 @@ def export(engine: Engine) -> dict[str, Any]:
         "findings": [(f.rule.id, f.gpu, f.start, f.last_seen, f.active, f.ended,
                       f.held_seconds, f.detail_t, f.details, f.order)
                      for f in engine.findings],
-        "rule_errors": {rid: list(v) for rid, v in engine.rule_errors.items()},
+        "rule_errors": {rid: (list(v), engine.rule_error_order.get(rid))
+                        for rid, v in engine.rule_errors.items()},
     }
 
 
 def merge(engine: Engine, got: dict[str, Any]) -> None:
-    """Add another process's activations and rule errors to ``engine``'s."""
+    """Add another process's activations and rule errors to ``engine``'s: each rule's
+    errors counted together, the first said where it first failed, the rules in the order
+    they first failed (as one process says them)."""
     rules = {r.id: r for r in engine.rules}
     for (rid, gpu, start_t, last_seen, active, ended, held, detail_t, details,
          order) in got["findings"]:
@@ -218,21 +291,31 @@ def merge(engine: Engine, got: dict[str, Any]) -> None:
             engine._stated.setdefault(gpu, set()).add(rid)
         if st.finding is None or st.finding.order < f.order:
             st.finding = f
-    for rid, (n, where, part, said) in got["rule_errors"].items():
-        mine = engine.rule_errors.get(rid)
+    errors, order = engine.rule_errors, engine.rule_error_order
+    for rid, ((n, where, part, said), first) in got["rule_errors"].items():
+        mine = errors.get(rid)
         if mine is not None:
             mine[0] += n
+            if first is not None and (rid not in order or tuple(first) < order[rid]):
+                mine[1:] = [where, part, said]
+                order[rid] = tuple(first)
             continue
-        engine.rule_errors[rid] = [n, where, part, said]
-        log.error("rule %s (%s) failed evaluating its %s: %s; the other rules go on "
-                  "(said once per rule)", rid, where, part, said)
+        errors[rid] = [n, where, part, said]
+        if first is not None:
+            order[rid] = tuple(first)
+        log.error("rule %s (%s) failed evaluating its %s on %s: %s; the other rules go on "
+                  "(said once per rule)", rid, where, part,
+                  first[3] if first is not None else "a GPU", said)
+    if len(errors) > 1:
+        ranked = sorted(errors, key=lambda r: order.get(r, (math.inf,)))
+        engine.rule_errors = {r: errors[r] for r in ranked}
 
 
 def finish(engine: Engine, run: Run, children: list[_Child]) -> None:
     """Take each child's activations into ``engine`` (whose own share is judged), in the
-    order one engine judging every subject makes them. A child that failed or vanished
-    has its share judged again here."""
-    redo = []
+    order one engine judging every subject makes them. The shares of children that
+    failed or vanished are judged again here, together, in one more pass."""
+    failed = []
     for child in children:
         chunks = []
         try:
@@ -241,9 +324,12 @@ def finish(engine: Engine, run: Run, children: list[_Child]) -> None:
                 if not chunk:
                     break
                 chunks.append(chunk)
-        finally:
-            os.close(child.fd)
-            _reap(child.pid)
+        except BaseException:
+            abandon(children)  # interrupted: this child and the rest are stopped, not awaited
+            raise
+        os.close(child.fd)
+        child.fd = -1
+        _reap(child.pid)
         try:
             status, got = pickle.loads(b"".join(chunks))
         except Exception as err:  # noqa: BLE001 - killed, or out of memory
@@ -253,26 +339,37 @@ def finish(engine: Engine, run: Run, children: list[_Child]) -> None:
         else:
             log.warning("the process judging part of the recording's GPUs failed (%s); "
                         "judged again in this one", got)
-            redo.append(child)
-    for child in redo:
+            failed.append(child.share)
+    if failed:
         again = Engine(engine.ruleset, res=engine.res)
-        again.judges = child.share
-        run(again)
+        again.judges = failed[0] if len(failed) == 1 \
+            else (lambda gpu: any(j(gpu) for j in failed))
+        # the file's warnings were said by the first pass
+        reader_log = logging.getLogger("gpuwatch.trace.format")
+        was = reader_log.disabled
+        reader_log.disabled = True
+        try:
+            run(again)
+        finally:
+            reader_log.disabled = was
         merge(engine, export(again))
     engine.findings.sort(key=_order)
 
 
 def abandon(children: list[_Child]) -> None:
-    """The parent failed: stop and reap every child."""
+    """The parent failed or was interrupted: stop and reap every child left."""
     for child in children:
+        if child.fd < 0:
+            continue  # already reaped
         try:
-            os.kill(child.pid, 9)
+            os.kill(child.pid, signal.SIGKILL)
         except OSError:
             pass
         try:
             os.close(child.fd)
         except OSError:
             pass
+        child.fd = -1
         _reap(child.pid)
 
 
@@ -287,5 +384,6 @@ def _order(f: Finding) -> tuple[float, int, int]:
     return f.order
 
 
-__all__ = ["ENV", "FORCED_MAX", "MAX_WORKERS", "MIN_BYTES", "abandon", "can_fork", "export", "finish",
-           "forced_workers", "merge", "peek_gpus", "plan", "shares", "start"]
+__all__ = ["ENV", "FORCED_MAX", "MAX_WORKERS", "MIN_BYTES", "Plan", "abandon", "can_fork",
+           "export", "finish", "forced_workers", "merge", "mine", "peek_gpus", "plan",
+           "shares", "start", "usable_cpus"]

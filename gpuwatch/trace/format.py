@@ -620,15 +620,46 @@ class Trace:
     warnings: list[tuple[int | None, str]] = field(default_factory=list)
 
 
-def _open_binary(path: str) -> IO[bytes]:
+class _Prefix(io.RawIOBase):
+    """The first ``limit`` bytes of a file: a recording that is still being written, read
+    by several processes that must all see the same lines (advisor/split.py)."""
+
+    def __init__(self, raw: IO[bytes], limit: int) -> None:
+        super().__init__()
+        self._raw = raw
+        self._left = limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self._left <= 0:
+            return 0
+        n = self._raw.readinto(memoryview(b)[:self._left]) or 0  # type: ignore[attr-defined]
+        self._left -= n
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _open_binary(path: str, limit: int | None = None) -> IO[bytes]:
     try:
-        raw = open(path, "rb")  # noqa: SIM115 - closed by the reader's generator
+        if limit is None:
+            raw = open(path, "rb")  # noqa: SIM115 - closed by the reader's generator
+        else:
+            raw = io.BufferedReader(_Prefix(open(path, "rb", buffering=0), limit), 1 << 16)
     except OSError as err:
         raise file_error("read", "trace", path, err) from err
     if raw.peek(2)[:2] != b"\x1f\x8b":
         return raw
-    raw.close()
-    return gzip.open(path, "rb")  # type: ignore[return-value]
+    if limit is None:
+        raw.close()
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    gz = gzip.GzipFile(fileobj=raw, mode="rb")
+    gz.myfileobj = raw  # type: ignore[attr-defined] - closed with it, as gzip.open's own
+    return gz  # type: ignore[return-value]
 
 
 _scan_json = json.JSONDecoder().scan_once
@@ -654,14 +685,14 @@ def _parse(raw: bytes) -> Any:
 class _Reader:
     """One pass over one file: the meta line, then samples; problems collected as it goes."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, limit: int | None = None) -> None:
         self.path = path
         self.problems: list[tuple[int | None, str]] = []
         self.more_problems = 0
         self.warnings: list[tuple[int | None, str]] = []
         self.unknown: Counter[str] = Counter()
         self.first_unknown: int | None = None
-        self._file = _open_binary(path)
+        self._file = _open_binary(path, limit)
         self._lines = self._numbered()
         try:
             self.meta = self._read_meta()
@@ -797,7 +828,8 @@ class _Reader:
             self._raise()
 
 
-def iter_trace_lines(path: str) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+def iter_trace_lines(path: str, limit: int | None = None
+                     ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """Like ``iter_trace``, with each sample as the dict of its checked fields and ``kind``.
 
     The same checks and errors; what it saves is building a sample object per line, which
@@ -805,7 +837,7 @@ def iter_trace_lines(path: str) -> tuple[dict[str, Any], Iterator[dict[str, Any]
     Fields a line leaves out are absent, except ``processes`` on gpu lines (``()``); a
     config line's settings are under ``values``, as in ``ConfigSample``.
     """
-    reader = _Reader(path)
+    reader = _Reader(path, limit)
     return reader.meta, reader.lines()
 
 
