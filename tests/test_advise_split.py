@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -142,7 +141,10 @@ def test_a_bad_worker_count_is_refused_with_its_name(value: str) -> None:
 
 def test_what_is_judged_in_one_process(tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy, in a process taken to be one that may fork (this one may hold torch's
+    threads by now: the next test holds the real check)."""
     monkeypatch.delenv(split.ENV, raising=False)
+    monkeypatch.setattr(split, "can_fork", lambda: True)
     ddp = DATA / "fw_lightning_ddp4.jsonl"
     assert split.peek_gpus(str(ddp)) == [0, 1, 2, 3]
     # a short recording: a child would pay the reading and bucketing again for little
@@ -159,15 +161,28 @@ def test_what_is_judged_in_one_process(tmp_path: Path,
     # never more than one per GPU and the host's, whatever is asked
     monkeypatch.setenv(split.ENV, "64")
     assert split.plan(str(ddp)).workers == 5
-    # a process with threads (the daemon, a notebook's kernel) never forks
-    stop = threading.Event()
-    thread = threading.Thread(target=stop.wait)
-    thread.start()
-    try:
-        assert split.plan(str(ddp)) == (1, [], None)
-    finally:
-        stop.set()
-        thread.join()
+    # a process that may not fork judges in one, whatever is asked
+    monkeypatch.setattr(split, "can_fork", lambda: False)
+    assert split.plan(str(ddp)) == (1, [], None)
+
+
+def test_a_process_with_threads_never_forks() -> None:
+    """A fresh interpreter may fork; once it has a second thread (the daemon, a
+    notebook's kernel), it may not."""
+    code = ("import threading\n"
+            "from gpuwatch.advisor import split\n"
+            "alone = split.can_fork()\n"
+            "stop = threading.Event()\n"
+            "t = threading.Thread(target=stop.wait)\n"
+            "t.start()\n"
+            "busy = split.can_fork()\n"
+            "stop.set()\n"
+            "t.join()\n"
+            "print(alone, busy)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "False"]
 
 
 def test_the_gpus_are_dealt_to_the_least_loaded_process() -> None:
