@@ -24,6 +24,7 @@ Run from the repository root (no GPU needed):
    ``history_seconds``), and the same without the hook (8 GPUs alone), beside the
    sampler's own tick with 8 stubbed GPUs (tests/nvml_stub.py).
 
+``--workers 1,2,3`` also judges the recording at each of those process counts, in turn.
 ``--split`` also times, in this process, reading the recording alone, reading and bucketing
 it with no rule evaluated, and the whole replay: where the offline CPU goes.
 
@@ -365,6 +366,10 @@ def report(r: dict[str, Any]) -> str:
            f"load average {' '.join(f'{x:.1f}' for x in r['load'])}", "",
            "| measure | value |", "| --- | --- |"]
     out += [f"| {a} | {b} |" for a, b in rows]
+    if r.get("by_workers"):
+        out += ["", "| processes | wall / CPU of all |", "| --- | --- |"]
+        out += [f"| {c['processes']} | {fmt_s(c['wall_s'])} / {fmt_s(c['cpu_s'])} |"
+                for c in r["by_workers"]]
     return "\n".join(out)
 
 
@@ -373,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", metavar="FILE", help="write the results as JSON here")
     ap.add_argument("--hours", type=float, default=2.0, help="length of the recording")
     ap.add_argument("--keep", metavar="FILE", help="keep the generated recording here")
+    ap.add_argument("--workers", metavar="N,N,...",
+                    help="also judge the recording at each of these process counts "
+                         "(GPUWATCH_REPLAY_WORKERS), in turn: wall and CPU of all")
     ap.add_argument("--split", action="store_true",
                     help="also split the replay's CPU into reading, bucketing and evaluation")
     args = ap.parse_args(argv)
@@ -381,10 +389,18 @@ def main(argv: list[str] | None = None) -> int:
         day = build_day(path, seconds=int(args.hours * 3600))
         offline = bench_offline(path)
         offline_split = bench_offline(path, None)
+        counts = []
+        for n in (args.workers or "").split(","):
+            if n.strip():
+                got = bench_offline(path, n.strip())
+                counts.append({"workers": int(n), "processes": got["processes"],
+                               "wall_s": got["wall_s"],
+                               "cpu_s": got["cpu_s"] + got["children_cpu_s"]})
         # before the split grows this process: a child's ru_maxrss starts from its parent's
         baseline = baseline_rss()
         split = bench_split(path) if args.split else None
-    result = {"day": day, "offline": offline, "offline_split": offline_split, "split": split,
+    result = {"day": day, "offline": offline, "offline_split": offline_split,
+              "by_workers": counts, "split": split,
               "baseline_rss_bytes": baseline,
               "live": bench_live(), "live_without_hook": bench_live(ranks=False),
               "sampler": bench_sampler(), "python": sys.version.split()[0],
