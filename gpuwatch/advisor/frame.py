@@ -1534,24 +1534,12 @@ class Frame:
         mine = keys.get(gpu)
         if mine is None:  # a subject made after this bucket's keys
             mine = keys[gpu] = self._group_key(subj)
-        group = [s for s in self.subjects.values() if keys.get(s.gpu) == mine]
-        members: dict[int | None, tuple[JobWindow, int | None]] = {}
-        for s in group:
-            w = self.job_window(s, end, n)
-            if w is None:
-                continue
-            members[s.gpu] = (w, self._rank_of(s, w))
-        made = attribute_group(members) if members else {}
-        for s in group:
-            got[s.gpu] = made.get(s.gpu)
+        made = self._attribute_all(
+            lambda s: self.job_window(s, end, n) if keys.get(s.gpu) == mine else None)
+        for s in self.subjects.values():
+            if keys.get(s.gpu) == mine:
+                got[s.gpu] = made.get(s.gpu)
         return got[gpu]
-
-    @staticmethod
-    def _rank_of(subj: Subject, w: JobWindow) -> int | None:
-        rank = subj.job_rank
-        if rank is None and not w.hook and subj.dist is not None:
-            rank = subj.dist[1]
-        return rank
 
     def _attribute_all(self, window: Callable[[Subject], JobWindow | None]
                        ) -> dict[int | None, Attribution]:
@@ -1560,7 +1548,10 @@ class Frame:
             w = window(subj)
             if w is None:
                 continue
-            groups.setdefault(self._group_key(subj), {})[subj.gpu] = (w, self._rank_of(subj, w))
+            rank = subj.job_rank
+            if rank is None and not w.hook and subj.dist is not None:
+                rank = subj.dist[1]
+            groups.setdefault(self._group_key(subj), {})[subj.gpu] = (w, rank)
         out: dict[int | None, Attribution] = {}
         for members in groups.values():
             out.update(attribute_group(members))

@@ -20,7 +20,6 @@ started is judged again by the parent. A child dies with its parent.
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import math
@@ -98,16 +97,12 @@ def usable_cpus() -> int:
 
 def peek_gpus(path: str, limit: int = PEEK_BYTES) -> list[int]:
     """The GPU indices of the gpu lines in the first ``limit`` bytes of a recording."""
+    from gpuwatch.trace.format import _open_binary
+
     try:
-        with open(path, "rb") as raw:
-            head = raw.read(2)
-            raw.seek(0)
-            if head == b"\x1f\x8b":
-                with gzip.open(raw, "rb") as unzipped:
-                    data = unzipped.read(limit)
-            else:
-                data = raw.read(limit)
-    except (OSError, EOFError):
+        with _open_binary(path) as f:  # plain or gzip, as the reader opens it
+            data = f.read(limit)
+    except (OSError, EOFError, UserError):
         return []
     seen: set[int] = set()
     for line in data.splitlines()[:-1] if len(data) >= limit else data.splitlines():
