@@ -3,7 +3,17 @@
 
     python3 benchmarks/bench_host.py                       # 1 job tree of 4 workers
     python3 benchmarks/bench_host.py --jobs 8 --workers 6  # 8 ranks' trees
+    python3 benchmarks/bench_host.py --walk --jobs 2 --workers 8 --threads 10
     python3 benchmarks/bench_host.py --host-fields --cores 128
+
+``--walk``: the tree's walk three ways in alternating rounds: as it was before issue #13's
+host work (every thread's children file each tick, each process through psutil), with the
+threads' files read as shipped (the main thread and threads seen forking each tick, every
+thread each ``THREAD_RESCAN_S``) but psutil per process, and as shipped (one
+``/proc/PID/stat`` read per process). The sampler's clock moves ``--interval`` a tick, so
+the full thread reads come as often as in a daemon at that cadence. ``--threads``: each
+process of the trees holds that many more threads, sleeping (a training process and its
+DataLoader workers hold dozens: torch's pools, CUDA's, the pin-memory thread).
 
 ``--host-fields``: the host-wide part of a tick alone (each core's CPU times, memory and
 swap), psutil's calls (``cpu_times(percpu=True)``, ``virtual_memory()``, ``swap_memory()``)
@@ -37,9 +47,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwatch.collect import host as host_mod  # noqa: E402
 
+# each process holds argv[2] more threads, sleeping
+THREADS = ("import threading, time\n"
+           "for _ in range({n}):\n"
+           "    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
 CHILD = ("import subprocess, sys, time\n"
-         "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+         "threads = " + repr(THREADS) + ".format(n=int(sys.argv[2]))\n"
+         "kids = [subprocess.Popen([sys.executable, '-c', threads + 'time.sleep(600)'])\n"
          "        for _ in range(int(sys.argv[1]))]\n"
+         "exec(threads)\n"
          "print('ready', flush=True)\n"
          "time.sleep(600)\n")
 
@@ -50,6 +66,50 @@ def _tick_cpu(sampler: host_mod.HostSampler, roots: dict[int, tuple[int, ...]],
     for _ in range(ticks):
         sampler.sample(time.time(), roots, list(roots))
     return (time.process_time() - t0) / ticks
+
+
+def _walk_cpu(sampler: host_mod.HostSampler, roots: dict[int, tuple[int, ...]],
+              ticks: int, clock: list[float], interval: float) -> float:
+    """CPU per tick, the sampler's clock (the threads' re-reads) moving ``interval`` a tick."""
+    t0 = time.process_time()
+    for _ in range(ticks):
+        clock[0] += interval
+        sampler.sample(time.time(), roots, list(roots))
+    return (time.process_time() - t0) / ticks
+
+
+def walk(roots: dict[int, tuple[int, ...]], args: argparse.Namespace) -> None:
+    clocks: dict[str, list[float]] = {}
+    samplers: dict[str, host_mod.HostSampler] = {}
+    for name, rescan, stat in (("before", 0.0, False), ("threads", None, False),
+                               ("shipped", None, True)):
+        s = host_mod.HostSampler()
+        clock = clocks[name] = [0.0]
+        s._clock = lambda clock=clock: clock[0]  # type: ignore[method-assign]
+        if rescan is not None:
+            s.thread_rescan_s = rescan
+        s.read_stat = s.read_stat and stat
+        s.sample(time.time(), roots, list(roots))
+        samplers[name] = s
+    got: dict[str, list[float]] = {k: [] for k in samplers}
+    for r in range(args.rounds):
+        order = list(samplers.items())
+        for name, s in order if r % 2 == 0 else reversed(order):
+            got[name].append(_walk_cpu(s, roots, args.ticks, clocks[name], args.interval))
+    trees = {k: s.sample(time.time(), roots, list(roots)).jobs for k, s in samplers.items()}
+    for jobs in trees.values():
+        assert len(jobs) == args.jobs and all(j.processes == args.workers + 1 for j in jobs)
+    med = {k: statistics.median(v) * 1e6 for k, v in got.items()}
+    print(f"## bench_host --walk: {platform.node()}, {os.cpu_count()} CPUs, Python "
+          f"{sys.version.split()[0]}; {args.jobs} job tree(s) of {args.workers} workers, "
+          f"{args.threads} more threads a process, {args.rounds} alternating rounds of "
+          f"{args.ticks} ticks, the clock {args.interval:g} s a tick")
+    print("| the walk | CPU per tick (median of rounds) | before / this |")
+    print("| --- | --- | --- |")
+    for name, what in (("before", "before: every thread's children, psutil per process"),
+                       ("threads", "the threads' files as shipped, psutil per process"),
+                       ("shipped", "as shipped: and one /proc/PID/stat read per process")):
+        print(f"| {what} | {med[name]:.0f} µs | {med['before'] / med[name]:.2f}× |")
 
 
 def _per_call(fn: object, calls: int) -> float:
@@ -116,19 +176,29 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--host-fields", action="store_true",
                     help="time the host-wide reads alone: psutil's against the sampler's")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="more threads (sleeping) in each process of the trees")
+    ap.add_argument("--walk", action="store_true",
+                    help="time the tree's walk as before issue #13's host work, in part, "
+                         "and as shipped")
+    ap.add_argument("--interval", type=float, default=1.0,
+                    help="with --walk: seconds the sampler's clock moves a tick")
     ap.add_argument("--cores", type=int, default=128,
                     help="with --host-fields: cores in the copied /proc/stat")
     args = ap.parse_args()
     if args.host_fields:
         host_fields(args)
         return
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(args.workers)],
-                              stdout=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(args.workers),
+                               str(args.threads)], stdout=subprocess.PIPE, text=True)
              for _ in range(args.jobs)]
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         roots = {p.pid: (g,) for g, p in enumerate(procs)}
+        if args.walk:
+            walk(roots, args)
+            return
         with_io = host_mod.HostSampler()
         without = host_mod.HostSampler()
         without._write_rate = lambda tracked: None  # type: ignore[method-assign]

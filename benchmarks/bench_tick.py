@@ -45,6 +45,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -550,15 +551,23 @@ def _free_port() -> int:
 
 
 def measure_daemon(interval: float, seconds: float, stub_gpus: int | None,
-                   settle: float = 3.0, repeat: int = 1) -> dict[str, Any]:
+                   settle: float = 3.0, repeat: int = 1,
+                   energy_interval: float | None = None) -> dict[str, Any]:
     """A whole daemon process (``gpuwatch run``; with the stub, tests/scripts/stub_daemon.py;
     with ``repeat`` > 1, benchmarks/repeat_gpus_daemon.py) watched with psutil: CPU (% of
-    one core), RSS (at the end, its peak, by minute), threads."""
+    one core), RSS (at the end, its peak, by minute), threads. ``energy_interval``: the
+    daemon's (a configuration file of that one key), else its default."""
     import psutil
 
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     args = ["run", "--interval", str(interval), "--web.listen-address",
             f"127.0.0.1:{_free_port()}", "--quiet"]
+    if energy_interval is not None:
+        config = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="bench-tick-",
+                                             delete=False)
+        with config:
+            config.write(f"energy_interval: {energy_interval:g}\n")
+        args += ["--config.file", config.name]
     if stub_gpus is not None:
         env["STUB_GPUS"] = str(stub_gpus)
         cmd = [sys.executable, str(REPO / "tests" / "scripts" / "stub_daemon.py"), *args[1:]]
@@ -599,6 +608,8 @@ def measure_daemon(interval: float, seconds: float, stub_gpus: int | None,
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if energy_interval is not None:
+            os.unlink(config.name)
     busy = (c1.user - c0.user) + (c1.system - c0.system)
     split: dict[str, float] = {}
     for tid, (name, cpu) in by1.items():
@@ -608,6 +619,8 @@ def measure_daemon(interval: float, seconds: float, stub_gpus: int | None,
         # libnvidia-ml starts one of its own, "cuda000...")
         key = re.sub(r"\d+", "N", name) if name.startswith("gw-") else name
         split[key] = split.get(key, 0.0) + 100.0 * (cpu - before) / wall
+    if energy_interval is not None:
+        what += f", energy_interval {energy_interval:g} s"
     return {"interval": interval, "measured": what, "seconds": round(wall, 1),
             "cpu_percent": 100.0 * busy / wall, "rss_mb": max(rss) / 2**20, "threads": threads,
             "rss_last_mb": rss[-1] / 2**20, "rss_by_minute": curve,
@@ -747,6 +760,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="on a GPU host: list each GPU K times, read as K GPUs (8 over a "
                          "4-GPU machine: a stand-in for a bigger node; "
                          "benchmarks/repeat_gpus_daemon.py)")
+    ap.add_argument("--energy-interval", metavar="S,S,...",
+                    type=lambda text: [float(x) for x in text.split(",")],
+                    help="watch the daemon once with each of these energy_interval values "
+                         "(seconds, >= 30), in turn, instead of once with its default; "
+                         "watch for 120 s or more (--rss-seconds) to see its slow rounds")
     ap.add_argument("--out", metavar="FILE", help="write the results as JSON here")
     args = ap.parse_args(argv)
     intervals = args.interval or [1.0, CADENCE_INTERVAL]
@@ -795,11 +813,14 @@ def main(argv: list[str] | None = None) -> int:
     result["daemon"] = []
     if args.rss_seconds > 0:
         for interval in intervals:
-            print(f"watching a daemon process at --interval {interval:g} for "
-                  f"{args.rss_seconds:.0f} s", file=sys.stderr)
-            result["daemon"].append(measure_daemon(
-                interval, args.rss_seconds, stub_gpus,
-                repeat=args.repeat_gpus if stub_gpus is None else 1))
+            for energy in args.energy_interval or [None]:
+                print(f"watching a daemon process at --interval {interval:g} for "
+                      f"{args.rss_seconds:.0f} s"
+                      + (f", energy_interval {energy:g} s" if energy else ""), file=sys.stderr)
+                result["daemon"].append(measure_daemon(
+                    interval, args.rss_seconds, stub_gpus,
+                    repeat=args.repeat_gpus if stub_gpus is None else 1,
+                    energy_interval=energy))
     result["targets"] = targets(result)
     print(report(result))
     if args.out:

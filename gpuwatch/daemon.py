@@ -331,6 +331,7 @@ class Daemon:
                 raise UserError("the sampler is not available in this build (gpuwatch.collect.sampler)")
             self.source = sampler_cls(self.store, interval=self.config.interval,
                                       slow_interval=self.config.slow_interval,
+                                      energy_interval=self.config.energy_interval,
                                       **self._sampler_kwargs)
 
     def _start_receiver(self) -> None:

@@ -588,6 +588,46 @@ def test_the_slow_tier_follows_the_flags_interval_unless_the_file_set_it(tmp_pat
     assert (config.interval, config.slow_interval) == (1.0, 120.0)
 
 
+def test_the_energy_interval_follows_the_slow_tier_unless_set(tmp_path):
+    cfg = tmp_path / "gpuwatch.yaml"
+    cfg.write_text("slow_interval: 120\n")
+    assert load_config(str(cfg)).energy_interval == 120.0  # at least one slow round
+    assert config_from_args(Namespace(config_file=str(cfg))).energy_interval == 120.0
+    assert Config().energy_interval == 60.0
+    assert config_from_args(Namespace(config_file=None)).energy_interval == 60.0
+    cfg.write_text("interval: 60\n")  # the slow tier follows the interval, energy it
+    config = config_from_args(Namespace(config_file=str(cfg)))
+    assert (config.slow_interval, config.energy_interval) == (60.0, 60.0)
+    config = config_from_args(Namespace(config_file=str(cfg), interval=1.0))
+    assert (config.slow_interval, config.energy_interval) == (30.0, 60.0)
+    cfg.write_text("slow_interval: 10\nenergy_interval: 15\n")
+    config = config_from_args(Namespace(config_file=str(cfg)))
+    assert (config.slow_interval, config.energy_interval) == (10.0, 15.0)
+    # a slow tier from the flags' interval may not outrun an energy interval the file set
+    cfg.write_text("energy_interval: 30\n")
+    with pytest.raises(UserError, match=r"energy_interval \(30 s\) must not be shorter "
+                                        r"than slow_interval \(45 s\)"):
+        config_from_args(Namespace(config_file=str(cfg), interval=45.0))
+
+
+def test_an_energy_interval_shorter_than_the_slow_tier_is_refused_at_its_line(tmp_path):
+    cfg = tmp_path / "gpuwatch.yaml"
+    cfg.write_text("slow_interval: 30\n# the counter\nenergy_interval: 10\n")
+    result = run_gpuwatch(["run", "--config.file", str(cfg)], tmp_path)
+    assert result.returncode == 2
+    assert (f"{cfg}:3: energy_interval (10 s) must not be shorter than slow_interval (30 s): "
+            "the energy counter is read on the slow tier's rounds") in result.stderr
+    cfg.write_text("energy_interval: 5\n")  # against the default slow tier
+    result = run_gpuwatch(["run", "--config.file", str(cfg)], tmp_path)
+    assert result.returncode == 2
+    assert f"{cfg}:1: energy_interval (5 s) must not be shorter than slow_interval (30 s)" \
+        in result.stderr
+    cfg.write_text("energy_interval: nope\n")
+    result = run_gpuwatch(["run", "--config.file", str(cfg)], tmp_path)
+    assert result.returncode == 2
+    assert f"{cfg}:1: energy_interval: expected seconds as a number" in result.stderr
+
+
 def test_a_stop_sent_the_moment_it_serves_is_a_clean_stop(tmp_path):
     """The daemon says it serves only once SIGTERM stops it cleanly: a service manager or a
     test that stops it on that line gets exit status 0, not death by the signal (the

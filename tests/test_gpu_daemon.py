@@ -83,7 +83,10 @@ def test_daemon_beside_a_training_job(gpuwatch_daemon, tmp_path):
             busy = any(v > 0 for _, v in _values(m, "gpuwatch_gpu_utilization_ratio"))
             mine = any(lab.get("pid") == pid
                        for lab, _ in _values(m, "gpuwatch_process_gpu_memory_used_bytes"))
-            return m if busy and mine and want <= names_of(m) else None
+            # the job's tree: its main process and its two DataLoader workers
+            tree = any(lab.get("pid") == pid and v >= 3
+                       for lab, v in _values(m, "gpuwatch_job_processes"))
+            return m if busy and mine and tree and want <= names_of(m) else None
 
         try:
             m = wait_for(loaded, "GPU load, the job's process series and every family",
@@ -121,7 +124,8 @@ def test_daemon_beside_a_training_job(gpuwatch_daemon, tmp_path):
                if lab["pid"] == pid]
         assert mem and mem[0] > 0
         assert _one(m, "gpuwatch_nvml_up") == 1
-        assert _one(m, "gpuwatch_job_processes", pid=pid) >= 1
+        assert _one(m, "gpuwatch_job_processes", pid=pid) >= 3
+        assert _one(m, "gpuwatch_job_rss_bytes", pid=pid) > 0
         if PROMTOOL:
             lint = subprocess.run([PROMTOOL, "check", "metrics"],
                                   input=http_get(d.url + "/metrics")[2], capture_output=True,

@@ -61,7 +61,8 @@ def answers(fn: Callable[[], Any]) -> bool:
 
 @pytest.fixture
 def sampler():
-    s = Sampler(Store(), interval=0.2, slow_interval=1.0, host=NullHost())
+    # the energy counter on every 2nd slow round: the rounds between carry its value
+    s = Sampler(Store(), interval=0.2, slow_interval=1.0, energy_interval=2.0, host=NullHost())
     yield s
     s.stop()
 

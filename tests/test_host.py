@@ -191,6 +191,106 @@ def test_children_files_and_process_table_scan_agree(start_job: Callable[[int], 
     assert scan.sample(time.time(), [job.pid]).job_processes == 4
 
 
+# a job that starts a sleeping child when told: "m" from its main thread, "t" from a
+# thread of its own (which, like torch's pools, never forked before); it says each pid
+FORKING_JOB = (
+    "import queue, subprocess, sys, threading\n"
+    "child = [sys.executable, '-c', sys.argv[1]]\n"
+    "asks = queue.Queue()\n"
+    "def other():\n"
+    "    while True:\n"
+    "        asks.get()\n"
+    "        print(subprocess.Popen(child).pid, flush=True)\n"
+    "threading.Thread(target=other, daemon=True).start()\n"
+    "for line in sys.stdin:\n"
+    "    if line.strip() == 't':\n"
+    "        asks.put(1)\n"
+    "    else:\n"
+    "        print(subprocess.Popen(child).pid, flush=True)\n"
+)
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
+                    reason="this kernel has no /proc/PID/task/TID/children")
+def test_a_child_of_a_thread_that_never_forked_is_found_at_the_next_full_read(
+        monkeypatch: Any) -> None:
+    """Each tick reads the children of the main thread and of threads seen with children;
+    every thread's, when a process is first seen and every THREAD_RESCAN_S."""
+    from gpuwatch.collect import host as host_mod
+
+    proc = subprocess.Popen([sys.executable, "-c", FORKING_JOB, HELPER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def ask(what: str) -> int:
+        proc.stdin.write(what + "\n")
+        proc.stdin.flush()
+        pid = int(proc.stdout.readline())
+        wait_for(lambda: psutil.pid_exists(pid), "the child")
+        return pid
+
+    try:
+        now = [1000.0]
+        host = HostSampler()
+        host._clock = lambda: now[0]
+        assert host.sample(time.time(), [proc.pid]).job_processes == 1  # every thread read
+        ask("m")  # the main thread: read at every tick
+        assert host.sample(time.time(), [proc.pid]).job_processes == 2
+        ask("t")  # a thread that never forked: not read again until the full read is due
+        assert host.thread_rescan_s == host_mod.THREAD_RESCAN_S
+        now[0] += host_mod.THREAD_RESCAN_S - 1
+        assert host.sample(time.time(), [proc.pid]).job_processes == 2
+        now[0] += 1
+        assert host.sample(time.time(), [proc.pid]).job_processes == 3
+        ask("t")  # that thread is known to fork now: read at every tick
+        assert host.sample(time.time(), [proc.pid]).job_processes == 4
+        # a fresh sampler reads every thread at first sight
+        assert HostSampler().sample(time.time(), [proc.pid]).job_processes == 4
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_process_line_of_procfs_is_read_whatever_its_name(tmp_path: Any,
+                                                            monkeypatch: Any) -> None:
+    """/proc/PID/stat as the kernel writes it: comm may hold spaces and parentheses."""
+    from gpuwatch.collect.host import read_pid_stat
+
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path))
+    (tmp_path / "42").mkdir()
+    tail = " ".join(["R", "1", "42", "42", "0", "-1", "4194560", "100", "0", "0", "0",
+                     "150", "25", "0", "0", "20", "0", "9", "0", "7777", "123456789",
+                     "3000"] + ["0"] * 28)
+    (tmp_path / "42" / "stat").write_bytes(b"42 (a) (b c)) " + tail.encode() + b"\n")
+    assert read_pid_stat(42) == (b"a) (b c)", b"R", 175, 7777, 3000)
+    (tmp_path / "42" / "stat").write_bytes(b"42 (cut")  # a truncated line
+    assert read_pid_stat(42) is None
+    assert read_pid_stat(43) is None  # no such process
+
+
+def test_the_trees_read_through_psutil_where_procfs_stat_is_not_read(
+        start_job: Callable[[int], Job], monkeypatch: Any) -> None:
+    """Off Linux (no clock ticks or page size known) the walk reads each process through
+    psutil, as before /proc/PID/stat was read straight; both give the same tree."""
+    from gpuwatch.collect import host as host_mod
+
+    job = start_job(2)
+    fast = HostSampler()
+    monkeypatch.setattr(host_mod, "_PAGE_BYTES", 0)
+    slow = HostSampler()
+    assert fast.read_stat and not slow.read_stat
+    ok = lambda s: bool(s.job_workers_cpu_cores and s.job_main_cpu_cores)  # noqa: E731
+    a = sample_until(fast, [job.pid], ok, "the stat path to show CPU")
+    b = sample_until(slow, [job.pid], ok, "psutil's path to show CPU")
+    assert all(t.start is not None for t in fast._procs.values())
+    assert all(t.start is None for t in slow._procs.values())
+    assert a.job_processes == b.job_processes == 3
+    assert a.job_rss_bytes == pytest.approx(b.job_rss_bytes, rel=0.2)
+    # three spinning processes on this host's cores: each path sees them busy
+    for s in (a, b):
+        assert 0.2 <= s.job_cpu_cores <= psutil.cpu_count() + 0.2
+
+
 def test_a_ranks_launch_is_read_from_its_environment() -> None:
     """RANK, WORLD_SIZE and the rendezvous as torchrun sets them, read from the real
     /proc/PID/environ of a child; only a digest of the rendezvous is kept."""

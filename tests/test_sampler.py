@@ -387,7 +387,7 @@ def test_slow_fields_arrive_on_their_cadence_off_the_tick(make_sampler) -> None:
     clock = SimClock()
     me = os.getpid()
     stub = NvmlStub([StubGpu(0, processes=[(me, GiB)], process_util=[(me, 40), (me, 60)])])
-    sampler, _store = make_sampler(stub, slow_interval=10.0, clock=clock)
+    sampler, _store = make_sampler(stub, slow_interval=10.0, energy_interval=10.0, clock=clock)
 
     snap = wait_for(lambda: (s := sampler.tick()).gpus[0].energy_joules is not None and s,
                     "first slow read")
@@ -425,6 +425,54 @@ def test_slow_fields_arrive_on_their_cadence_off_the_tick(make_sampler) -> None:
     assert snap.gpus[0].energy_joules == pytest.approx(3000.0)  # newest slow values carried
     assert snap.health.errors_total["gpu0_slow_stalled"] == 1
     assert "gpu0_stalled" not in snap.health.errors_total
+
+
+def test_the_energy_counter_is_read_on_the_slow_rounds_nearest_its_own_interval(
+        make_sampler) -> None:
+    # ~4 ms of CPU a read on an H200, more than the rest of the slow tier: every 2nd round
+    # here (energy_interval 20 s over a slow tier of 10 s), carried over in between
+    clock = SimClock()
+    stub = NvmlStub([StubGpu(0), StubGpu(1)])
+    sampler, _store = make_sampler(stub, slow_interval=10.0, energy_interval=20.0, clock=clock)
+    assert sampler.energy_every == 2
+    gpu = stub.gpus[0]
+
+    def slow_round(pcie_kb: int) -> Any:
+        """Moves the clock to the next slow round and waits until its fields are in."""
+        for g in stub.gpus:
+            g.pcie_tx_kb = pcie_kb
+        clock.now += 10.0
+        def arrived() -> Any:
+            snap = sampler.tick()
+            return all(g.pcie_tx_bytes_per_second == pcie_kb * 1024 for g in snap.gpus) and snap
+
+        return wait_for(arrived, f"slow round with {pcie_kb} KiB/s")
+
+    snap = slow_round(100)
+    seen = [(snap.gpus[0].energy_joules, stub.count("nvmlDeviceGetTotalEnergyConsumption", 0))]
+    for k in range(1, 5):
+        gpu.energy_mj = 1_000_000 * k
+        snap = slow_round(100 + k)
+        assert snap.gpus[0].pcie_tx_bytes_per_second == (100 + k) * 1024  # every round
+        seen.append((snap.gpus[0].energy_joules,
+                     stub.count("nvmlDeviceGetTotalEnergyConsumption", 0)))
+    # read on rounds 0, 2 and 4; the rounds between export the last value, never none
+    assert seen == [(pytest.approx(2281.545), 1), (pytest.approx(2281.545), 1),
+                    (pytest.approx(2000.0), 2), (pytest.approx(2000.0), 2),
+                    (pytest.approx(4000.0), 3)]
+    assert stub.count("nvmlDeviceGetTotalEnergyConsumption", 1) == 3
+
+
+def test_the_energy_interval_is_at_least_one_slow_round(make_sampler) -> None:
+    stub = NvmlStub([StubGpu(0)])
+    for slow, energy, every in ((30.0, 60.0, 2), (30.0, 30.0, 1), (10.0, 25.0, 2),
+                                (10.0, 26.0, 3), (60.0, 60.0, 1), (0.5, 60.0, 120)):
+        sampler, _ = make_sampler(stub, slow_interval=slow, energy_interval=energy)
+        assert sampler.energy_every == every, (slow, energy)
+    sampler, _ = make_sampler(stub, slow_interval=60.0, energy_interval=1.0)
+    assert sampler.energy_every == 1  # never less than once a round
+    with pytest.raises(ValueError, match="energy_interval must be positive"):
+        Sampler(Store(), nvml_module=stub, energy_interval=0.0)
 
 
 def _vanished_pid() -> int:

@@ -660,11 +660,14 @@ class NvmlGpu:
             self._failed_reads = 0
 
     # -- slow fields, on the slow cadence -------------------------------------------------
-    def read_slow(self) -> dict[str, Any]:
-        """PCIe throughput, energy, PCIe replays, ECC and row remapping. Raises GpuLost.
+    def read_slow(self, energy: bool = True) -> dict[str, Any]:
+        """PCIe throughput, energy (unless ``energy`` is false), PCIe replays, ECC and row
+        remapping. Raises GpuLost.
 
         PCIe throughput alone takes ~20 ms a direction (NVML samples over a window), which
-        is why this never runs on the tick's path.
+        is why this never runs on the tick's path. The energy counter costs 3.5-5 ms of CPU
+        in the driver on an H200 (more than the rest together), so the slow worker may
+        read it on fewer rounds.
         """
         nv, h, c = self.nv, self.handle, self._call
         out: dict[str, Any] = {}
@@ -675,9 +678,10 @@ class NvmlGpu:
         rx = c("nvmlDeviceGetPcieThroughput", h, nv.NVML_PCIE_UTIL_RX_BYTES, key="pcie_rx")
         if rx is not None:
             out["pcie_rx_bytes_per_second"] = float(rx) * 1024.0
-        energy = c("nvmlDeviceGetTotalEnergyConsumption", h)
-        if energy is not None:
-            out["energy_joules"] = energy / 1000.0
+        if energy:
+            joules = c("nvmlDeviceGetTotalEnergyConsumption", h)
+            if joules is not None:
+                out["energy_joules"] = joules / 1000.0
         replay = c("nvmlDeviceGetPcieReplayCounter", h)
         if replay is not None:
             out["pcie_replay_total"] = int(replay)

@@ -24,6 +24,8 @@ Threads, and why each exists:
 - one **slow worker per GPU** runs the slow tier (PCIe throughput takes ~20 ms a
   direction, energy ~4 ms) every ``slow_interval``, triggered by the tick when due, so
   those calls never delay a tick; the newest slow values ride along in each tick's sample.
+  The energy counter, more than half of the tier's CPU, is read on the rounds nearest
+  ``energy_interval`` apart (60 s by default; every round at most).
 - no thread waits for XID events: the reader polls the ones the driver queued (a wait of
   0 ms) after each tick is out (:class:`~gpuwatch.collect.nvml.XidWatcher`). A thread
   blocked in ``nvmlEventSetWait`` would have to wake every few hundred ms to see a stop,
@@ -326,10 +328,15 @@ class _Reader:
 class _SlowWorker:
     """The thread that runs one GPU's slow tier when the tick says it is due."""
 
-    def __init__(self, gpu: NvmlGpu, stop: threading.Event, on_error: Callable[[str], None]):
+    def __init__(self, gpu: NvmlGpu, stop: threading.Event, on_error: Callable[[str], None],
+                 energy_every: int = 1):
         self.gpu = gpu
         self.stop = stop
         self.on_error = on_error
+        # the energy counter on the first round and every energy_every-th after it; the
+        # rounds between carry its last value, so the series never drops out
+        self.energy_every = max(1, energy_every)
+        self.rounds = 0
         self.trigger = threading.Event()
         self.running = False
         self.retired = False
@@ -346,8 +353,9 @@ class _SlowWorker:
             self.trigger.clear()
             if self.stop.is_set() or self.retired:
                 return
+            energy = self.rounds % self.energy_every == 0
             try:
-                fields = self.gpu.read_slow()
+                fields = self.gpu.read_slow(energy=energy)
                 proc_util = self.gpu.read_process_utilization()
             except (GpuLost, NvmlGone):
                 return  # the fast worker says so, once
@@ -355,6 +363,9 @@ class _SlowWorker:
                 self.on_error(f"gpu{self.gpu.index}")
                 log.exception("GPU %d: slow read failed", self.gpu.index)
             else:
+                self.rounds += 1
+                if not energy and "energy_joules" in self.fields:
+                    fields["energy_joules"] = self.fields["energy_joules"]
                 # per-process first: a tick that sees the new fields sees their processes too
                 self.proc_util = proc_util
                 self.fields = fields
@@ -406,6 +417,7 @@ class Sampler:
     """Samples every GPU (through :mod:`gpuwatch.collect.nvml`) and the host into a Store."""
 
     def __init__(self, store: Store, *, interval: float = 1.0, slow_interval: float = 30.0,
+                 energy_interval: float = 60.0,
                  nvml_module: object | None = None, host: object | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  nvml_retry: tuple[float, float] = NVML_RETRY) -> None:
@@ -416,6 +428,11 @@ class Sampler:
         self.store = store
         self.interval = float(interval)
         self.slow_interval = float(slow_interval)
+        if energy_interval <= 0:
+            raise ValueError(f"energy_interval must be positive, got {energy_interval}")
+        # the energy counter on every k-th slow round: the nearest k to energy_interval,
+        # at least every round
+        self.energy_every = max(1, round(energy_interval / self.slow_interval))
         self._clock = clock
         # a tick waits this long (real time) for late GPU reads; the rest of the slot is slack
         self.read_deadline = min(max(0.5 * self.interval, 0.05), 2.0)
@@ -761,7 +778,8 @@ class Sampler:
                 return
             # before the workers: their samples read the XID totals
             self._xid = XidWatcher(nvml) if nvml.gpus else None
-            slow = [_SlowWorker(gpu, self._stop, self._count) for gpu in nvml.gpus]
+            slow = [_SlowWorker(gpu, self._stop, self._count, self.energy_every)
+                    for gpu in nvml.gpus]
             fast = [_FastGpu(self, gpu, sw) for gpu, sw in zip(nvml.gpus, slow, strict=True)]
             reader = _Reader(self, served=self._request_no) if fast else None
             self._slow, self._fast, self._reader = slow, fast, reader

@@ -37,7 +37,9 @@ MIN_HISTORY, MAX_HISTORY = 10.0, 7 * 86400.0
 class Config:
     listen_address: str = DEFAULT_LISTEN  # HOST:PORT, ':PORT' for all interfaces
     interval: float = 1.0  # seconds between cheap NVML/host reads
-    slow_interval: float = 30.0  # seconds between slow NVML reads (PCIe, energy, ECC)
+    slow_interval: float = 30.0  # seconds between slow NVML reads (PCIe, ECC, energy)
+    # seconds between reads of the energy counter (~4 ms of CPU a GPU), on the slow rounds
+    energy_interval: float = 60.0
     # how much history the store keeps for the advisor, which takes each sample within
     # seconds (it judges every 5 s, 2 s behind) into windows of its own: more costs memory
     history_seconds: float = 120.0
@@ -145,6 +147,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "listen_address": _listen,
     "interval": _number(MIN_INTERVAL, MAX_INTERVAL, "seconds"),
     "slow_interval": _number(MIN_INTERVAL, MAX_SLOW_INTERVAL, "seconds"),
+    "energy_interval": _number(MIN_INTERVAL, MAX_SLOW_INTERVAL, "seconds"),
     "history_seconds": _number(MIN_HISTORY, MAX_HISTORY, "seconds"),
     "rules_dirs": _path_list,
     "hook_socket": _socket_path,
@@ -169,15 +172,25 @@ def _show(value: Any) -> str:
 
 
 def _cross_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
-    """Problems between keys, as (key to blame, message)."""
-    if "slow_interval" not in values:
-        return []  # the default follows a long interval (see _settle)
+    """Problems between the keys given (``values``), as (key to blame, message)."""
+    problems = []
     interval = values.get("interval", Config.interval)
-    slow = values["slow_interval"]
-    if isinstance(interval, (int, float)) and isinstance(slow, (int, float)) and slow < interval:
+    number = (int, float)
+    if not isinstance(interval, number):
+        return []
+    slow = values.get("slow_interval")
+    # the default slow tier follows a long interval (see _settle)
+    if slow is None:
+        slow = max(Config.slow_interval, interval)
+    elif isinstance(slow, number) and slow < interval:
         msg = f"slow_interval ({slow:g} s) must not be shorter than interval ({interval:g} s)"
-        return [("slow_interval", msg)]
-    return []
+        problems.append(("slow_interval", msg))
+    energy = values.get("energy_interval")
+    if isinstance(energy, number) and isinstance(slow, number) and energy < slow:
+        msg = (f"energy_interval ({energy:g} s) must not be shorter than slow_interval "
+               f"({slow:g} s): the energy counter is read on the slow tier's rounds")
+        problems.append(("energy_interval", msg))
+    return problems
 
 
 def load_config(path: str) -> Config:
@@ -185,8 +198,8 @@ def load_config(path: str) -> Config:
     return _load(path)[0]
 
 
-def _load(path: str) -> tuple[Config, bool]:
-    """The file's Config, and whether it set ``slow_interval`` itself."""
+def _load(path: str) -> tuple[Config, frozenset[str]]:
+    """The file's Config, and the keys it set itself."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -204,7 +217,7 @@ def _load(path: str) -> tuple[Config, bool]:
         # alone, so a key given twice is checked twice and reported where it is
         node = loader.get_single_node()
         if node is None:
-            return Config(), False
+            return Config(), frozenset()
         if not isinstance(node, yaml.MappingNode):
             whole = loader.construct_document(node)
             msg = f"expected a mapping of settings (key: value), got {_show(whole)}"
@@ -254,24 +267,27 @@ def _load(path: str) -> tuple[Config, bool]:
         values["rules_dirs"] = tuple(values["rules_dirs"])
     if "privacy" in values:
         values["privacy"] = Privacy(**values["privacy"])
-    for key in ("interval", "slow_interval", "history_seconds"):
+    for key in ("interval", "slow_interval", "energy_interval", "history_seconds"):
         if key in values:
             values[key] = float(values[key])
-    slow_given = "slow_interval" in values
-    return _settle(Config(**values), slow_given), slow_given
+    given = frozenset(values)
+    return _settle(Config(**values), given), given
 
 
-def _settle(config: Config, slow_given: bool) -> Config:
-    """The slow tier's default never runs more often than the tick itself."""
-    if not slow_given and config.slow_interval < config.interval:
-        return replace(config, slow_interval=config.interval)
+def _settle(config: Config, given: frozenset[str]) -> Config:
+    """The slow tier's default never runs more often than the tick itself, nor the energy
+    counter's more often than the slow tier (it is read on the slow tier's rounds)."""
+    if "slow_interval" not in given and config.slow_interval < config.interval:
+        config = replace(config, slow_interval=config.interval)
+    if "energy_interval" not in given and config.energy_interval < config.slow_interval:
+        config = replace(config, energy_interval=config.slow_interval)
     return config
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """The configuration file (``--config.file``), then the flags given over it."""
     path = getattr(args, "config_file", None)
-    config, slow_in_file = _load(path) if path else (Config(), False)
+    config, in_file = _load(path) if path else (Config(), frozenset())
     overrides: dict[str, Any] = {}
     for key, attr in (("listen_address", "listen_address"), ("interval", "interval"),
                       ("record", "record"), ("hook_socket", "hook_socket"),
@@ -289,17 +305,18 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if check:
             problems.append(f"{FLAGS.get(key, '--' + key.replace('_', '-'))}: {check}")
     problems += [f"--rules-dir: {m}" for m in _missing_dirs(extra_rules or ())]
-    merged = {f.name: getattr(config, f.name) for f in fields(Config)} | overrides
-    # a slow tier the file did not set follows the interval the flags chose
-    slow_given = "slow_interval" in overrides or slow_in_file
-    if not slow_given:
-        merged.pop("slow_interval")
+    given = in_file | frozenset(overrides)
+    # only the keys given are checked against each other: a slow tier the file did not
+    # set follows the interval the flags chose, the energy counter the slow tier
+    merged = {f.name: getattr(config, f.name) for f in fields(Config)
+              if f.name in given} | overrides
     problems += [msg for _, msg in _cross_problems(merged)]
     if problems:
         raise UserError("; ".join(problems))
     for key in ("interval", "slow_interval"):
         if key in overrides:
             overrides[key] = float(overrides[key])
-    if not slow_given:  # the default again, settled against the final interval
-        overrides["slow_interval"] = Config.slow_interval
-    return _settle(replace(config, **overrides), slow_given)
+    for key in ("slow_interval", "energy_interval"):
+        if key not in given:  # the default again, settled against the final intervals
+            overrides[key] = getattr(Config, key)
+    return _settle(replace(config, **overrides), given)
