@@ -194,6 +194,45 @@ def test_a_poll_stuck_in_nvml_keeps_other_polls_out_until_it_returns() -> None:
     assert not stuck.is_alive() and watcher.totals(0) == {31: 1}
 
 
+def test_an_empty_graphics_list_is_read_every_tenth_tick_and_every_tick_once_it_lists() -> None:
+    """A compute node's GPU lists no graphics process: that list is read on every 10th
+    planned read; one that appears is in the GPU's processes within 10 reads, and is read
+    every read while it stays."""
+    from gpuwatch.collect.nvml import GRAPHICS_QUIET_SKIP
+
+    stub = NvmlStub([StubGpu(0, processes=[(100, 4096)])])
+    nvml, _ = open_nvml(stub)
+    gpu = nvml.gpus[0]
+    graphics = "nvmlDeviceGetGraphicsRunningProcesses_v3"
+    compute = "nvmlDeviceGetComputeRunningProcesses_v3"
+    assert gpu.read_fast()["processes"] == ((100, 4096),)  # the careful read: both lists
+    assert (stub.count(compute, 0), stub.count(graphics, 0)) == (1, 1)
+    for _ in range(30):
+        assert gpu.read_fast()["processes"] == ((100, 4096),)
+    assert stub.count(compute, 0) == 31
+    assert stub.count(graphics, 0) == 1 + 30 // (GRAPHICS_QUIET_SKIP + 1)
+
+    # a graphics-only process appears: listed within 10 reads, then read every read
+    stub.gpus[0].graphics_processes = [(200, 512)]
+    reads = 0
+    while (200, 512) not in gpu.read_fast()["processes"]:
+        reads += 1
+        assert reads < GRAPHICS_QUIET_SKIP + 1
+    before = stub.count(graphics, 0)
+    for _ in range(5):
+        assert gpu.read_fast()["processes"] == ((100, 4096), (200, 512))
+    assert stub.count(graphics, 0) == before + 5
+    # it leaves: the list is empty once, then read sparsely again
+    stub.gpus[0].graphics_processes = []
+    assert gpu.read_fast()["processes"] == ((100, 4096),)
+    before = stub.count(graphics, 0)
+    for _ in range(GRAPHICS_QUIET_SKIP):
+        gpu.read_fast()
+    assert stub.count(graphics, 0) == before
+    gpu.read_fast()
+    assert stub.count(graphics, 0) == before + 1
+
+
 def test_handle_key_identifies_ctypes_handles_by_address() -> None:
     first = pynvml.c_nvmlDevice_t()
     assert handle_key(first) == handle_key(pynvml.c_nvmlDevice_t())  # both NULL
