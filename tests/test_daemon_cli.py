@@ -603,6 +603,13 @@ def test_the_energy_interval_follows_the_slow_tier_unless_set(tmp_path):
     cfg.write_text("slow_interval: 10\nenergy_interval: 15\n")
     config = config_from_args(Namespace(config_file=str(cfg)))
     assert (config.slow_interval, config.energy_interval) == (10.0, 15.0)
+    # the file's own interval would make the slow tier 60 s, the flag's makes it 30 s
+    cfg.write_text("interval: 60\nenergy_interval: 45\n")
+    config = config_from_args(Namespace(config_file=str(cfg), interval=1.0))
+    assert (config.slow_interval, config.energy_interval) == (30.0, 45.0)
+    with pytest.raises(UserError, match=r"energy_interval \(45 s\) must not be shorter "
+                                        r"than slow_interval \(60 s\)"):
+        config_from_args(Namespace(config_file=str(cfg)))
     # a slow tier from the flags' interval may not outrun an energy interval the file set
     cfg.write_text("energy_interval: 30\n")
     with pytest.raises(UserError, match=r"energy_interval \(30 s\) must not be shorter "

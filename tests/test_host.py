@@ -276,8 +276,9 @@ def test_the_trees_read_through_psutil_where_procfs_stat_is_not_read(
 
     job = start_job(2)
     fast = HostSampler()
-    monkeypatch.setattr(host_mod, "_PAGE_BYTES", 0)
+    monkeypatch.setattr(host_mod, "_PAGE_BYTES", 0)  # what a sampler off Linux sees
     slow = HostSampler()
+    monkeypatch.undo()
     assert fast.read_stat and not slow.read_stat
     ok = lambda s: bool(s.job_workers_cpu_cores and s.job_main_cpu_cores)  # noqa: E731
     a = sample_until(fast, [job.pid], ok, "the stat path to show CPU")

@@ -222,6 +222,12 @@ def test_an_empty_graphics_list_is_read_every_tenth_tick_and_every_tick_once_it_
     for _ in range(5):
         assert gpu.read_fast()["processes"] == ((100, 4096), (200, 512))
     assert stub.count(graphics, 0) == before + 5
+    # a careful read (after any trouble on the planned path) hands on what it saw: the
+    # process stays in view on the planned reads after it
+    for _ in range(6):
+        gpu._plan = None
+        assert gpu.read_fast()["processes"] == ((100, 4096), (200, 512))
+        assert gpu.read_fast()["processes"] == ((100, 4096), (200, 512))
     # it leaves: the list is empty once, then read sparsely again
     stub.gpus[0].graphics_processes = []
     assert gpu.read_fast()["processes"] == ((100, 4096),)

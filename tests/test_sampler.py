@@ -463,6 +463,40 @@ def test_the_energy_counter_is_read_on_the_slow_rounds_nearest_its_own_interval(
     assert stub.count("nvmlDeviceGetTotalEnergyConsumption", 1) == 3
 
 
+def test_an_energy_read_that_fails_is_asked_again_at_the_next_slow_round(make_sampler) -> None:
+    clock = SimClock()
+    stub = NvmlStub([StubGpu(0), StubGpu(1, not_supported={
+        "nvmlDeviceGetTotalEnergyConsumption"})])
+    sampler, _store = make_sampler(stub, slow_interval=10.0, energy_interval=30.0, clock=clock)
+    assert sampler.energy_every == 3
+    gpu = stub.gpus[0]
+    energy = "nvmlDeviceGetTotalEnergyConsumption"
+
+    def slow_round(pcie_kb: int) -> Any:
+        for g in stub.gpus:
+            g.pcie_tx_kb = pcie_kb
+        clock.now += 10.0
+
+        def arrived() -> Any:
+            snap = sampler.tick()
+            return all(g.pcie_tx_bytes_per_second == pcie_kb * 1024 for g in snap.gpus) and snap
+
+        return wait_for(arrived, f"slow round with {pcie_kb} KiB/s")
+
+    gpu.failing.add(energy)  # the first round's read fails
+    seen = [slow_round(1).gpus[0].energy_joules]
+    gpu.failing.discard(energy)
+    for k in range(2, 6):
+        seen.append(slow_round(k).gpus[0].energy_joules)
+    # no value while it failed; asked again at once, then every 3rd round from there
+    assert seen == [None, pytest.approx(2281.545), pytest.approx(2281.545),
+                    pytest.approx(2281.545), pytest.approx(2281.545)]
+    assert stub.count(energy, 0) == 3  # rounds 1 (failed), 2 and 5
+    # a GPU without the counter: asked once, never again; its rounds go on
+    assert stub.count(energy, 1) == 1
+    assert sampler.tick().gpus[1].energy_joules is None
+
+
 def test_the_energy_interval_is_at_least_one_slow_round(make_sampler) -> None:
     stub = NvmlStub([StubGpu(0)])
     for slow, energy, every in ((30.0, 60.0, 2), (30.0, 30.0, 1), (10.0, 25.0, 2),

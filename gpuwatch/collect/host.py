@@ -430,8 +430,10 @@ class HostSampler:
                 tracked.stat = stat
                 if stat is None or stat[3] != tracked.start:
                     tracked = None  # exited, or the PID now belongs to another process
+                    self._forkers.pop(pid, None)  # its threads are read whole next time
             elif not tracked.proc.is_running():
                 tracked = None
+                self._forkers.pop(pid, None)
         if tracked is None:
             try:
                 proc = psutil.Process(pid)
@@ -460,6 +462,7 @@ class HostSampler:
         stale = [pid for pid, tr in self._procs.items() if tr.seen < self._tick - 1]
         for pid in stale:
             del self._procs[pid]
+            self._forkers.pop(pid, None)
         if len(self._forkers) > len(self._procs):
             self._forkers = {pid: f for pid, f in self._forkers.items() if pid in self._procs}
 

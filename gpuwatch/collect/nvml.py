@@ -610,13 +610,17 @@ class NvmlGpu:
         """(pid, used bytes) per process; None when neither query answered."""
         answered = False
         mem: dict[int, int | None] = {}
-        for names in _RUNNING_PROCESSES:
+        for graphics, names in enumerate(_RUNNING_PROCESSES):
             for fn in names:
                 if fn in self.unsupported:
                     continue
                 procs = self._call(fn, self.handle)
                 if procs is None and fn in self.unsupported:
                     continue  # learnt just now: try the older version
+                if graphics and procs is not None:
+                    # the planned reads go on from what this one saw (a listed graphics
+                    # process must stay in view on every read that follows)
+                    self._graphics_wait = 0 if procs else GRAPHICS_QUIET_SKIP
                 if procs is not None:
                     answered = True
                     for p in procs:

@@ -325,6 +325,9 @@ class _Reader:
             self._poll_xid()
 
 
+_ENERGY = "nvmlDeviceGetTotalEnergyConsumption"
+
+
 class _SlowWorker:
     """The thread that runs one GPU's slow tier when the tick says it is due."""
 
@@ -363,9 +366,14 @@ class _SlowWorker:
                 self.on_error(f"gpu{self.gpu.index}")
                 log.exception("GPU %d: slow read failed", self.gpu.index)
             else:
-                self.rounds += 1
-                if not energy and "energy_joules" in self.fields:
-                    fields["energy_joules"] = self.fields["energy_joules"]
+                if not energy:
+                    self.rounds += 1
+                    if "energy_joules" in self.fields:
+                        fields["energy_joules"] = self.fields["energy_joules"]
+                elif "energy_joules" in fields or _ENERGY in self.gpu.unsupported:
+                    self.rounds += 1
+                # else the counter did not answer: the next round asks it again (and the
+                # rounds between carry only a value read)
                 # per-process first: a tick that sees the new fields sees their processes too
                 self.proc_util = proc_util
                 self.fields = fields

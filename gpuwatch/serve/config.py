@@ -171,8 +171,13 @@ def _show(value: Any) -> str:
     return f"{kind} {value!r}" if kind and value is not None else (kind or repr(value))
 
 
-def _cross_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
-    """Problems between the keys given (``values``), as (key to blame, message)."""
+def _cross_problems(values: dict[str, Any], final: bool = True) -> list[tuple[str, str]]:
+    """Problems between the keys given (``values``), as (key to blame, message).
+
+    ``final``: the values are the last word (the flags applied), so a slow tier left out
+    is the default one, settled against the interval; a file read alone (not final) may
+    still have its interval changed by a flag, so an energy interval is checked there only
+    against a slow tier the file sets itself."""
     problems = []
     interval = values.get("interval", Config.interval)
     number = (int, float)
@@ -181,7 +186,7 @@ def _cross_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
     slow = values.get("slow_interval")
     # the default slow tier follows a long interval (see _settle)
     if slow is None:
-        slow = max(Config.slow_interval, interval)
+        slow = max(Config.slow_interval, interval) if final else None
     elif isinstance(slow, number) and slow < interval:
         msg = f"slow_interval ({slow:g} s) must not be shorter than interval ({interval:g} s)"
         problems.append(("slow_interval", msg))
@@ -198,8 +203,8 @@ def load_config(path: str) -> Config:
     return _load(path)[0]
 
 
-def _load(path: str) -> tuple[Config, frozenset[str]]:
-    """The file's Config, and the keys it set itself."""
+def _load(path: str) -> tuple[Config, dict[str, int]]:
+    """The file's Config, and the keys it set itself with their lines."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -217,7 +222,7 @@ def _load(path: str) -> tuple[Config, frozenset[str]]:
         # alone, so a key given twice is checked twice and reported where it is
         node = loader.get_single_node()
         if node is None:
-            return Config(), frozenset()
+            return Config(), {}
         if not isinstance(node, yaml.MappingNode):
             whole = loader.construct_document(node)
             msg = f"expected a mapping of settings (key: value), got {_show(whole)}"
@@ -256,7 +261,7 @@ def _load(path: str) -> tuple[Config, frozenset[str]]:
             problems.append((line, f"{key}: {problem}"))
         else:
             values[key] = value
-    for key, msg in _cross_problems(values):
+    for key, msg in _cross_problems(values, final=False):
         problems.append((lines.get(key), msg))
     for missing in _missing_dirs(values.get("rules_dirs", ())):
         problems.append((lines.get("rules_dirs"), f"rules_dirs: {missing}"))
@@ -270,8 +275,7 @@ def _load(path: str) -> tuple[Config, frozenset[str]]:
     for key in ("interval", "slow_interval", "energy_interval", "history_seconds"):
         if key in values:
             values[key] = float(values[key])
-    given = frozenset(values)
-    return _settle(Config(**values), given), given
+    return _settle(Config(**values), frozenset(values)), {k: lines[k] for k in values}
 
 
 def _settle(config: Config, given: frozenset[str]) -> Config:
@@ -287,7 +291,7 @@ def _settle(config: Config, given: frozenset[str]) -> Config:
 def config_from_args(args: argparse.Namespace) -> Config:
     """The configuration file (``--config.file``), then the flags given over it."""
     path = getattr(args, "config_file", None)
-    config, in_file = _load(path) if path else (Config(), frozenset())
+    config, in_file = _load(path) if path else (Config(), {})
     overrides: dict[str, Any] = {}
     for key, attr in (("listen_address", "listen_address"), ("interval", "interval"),
                       ("record", "record"), ("hook_socket", "hook_socket"),
@@ -305,12 +309,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if check:
             problems.append(f"{FLAGS.get(key, '--' + key.replace('_', '-'))}: {check}")
     problems += [f"--rules-dir: {m}" for m in _missing_dirs(extra_rules or ())]
-    given = in_file | frozenset(overrides)
+    given = frozenset(in_file) | frozenset(overrides)
     # only the keys given are checked against each other: a slow tier the file did not
     # set follows the interval the flags chose, the energy counter the slow tier
     merged = {f.name: getattr(config, f.name) for f in fields(Config)
               if f.name in given} | overrides
-    problems += [msg for _, msg in _cross_problems(merged)]
+    for key, msg in _cross_problems(merged):
+        # a key the file set is blamed at its line, as the file's own problems are
+        problems.append(f"{path}:{in_file[key]}: {msg}" if key in in_file
+                        and key not in overrides else msg)
     if problems:
         raise UserError("; ".join(problems))
     for key in ("interval", "slow_interval"):
