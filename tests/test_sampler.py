@@ -427,6 +427,20 @@ def test_slow_fields_arrive_on_their_cadence_off_the_tick(make_sampler) -> None:
     assert "gpu0_stalled" not in snap.health.errors_total
 
 
+def _slow_round(sampler: Sampler, stub: NvmlStub, clock: SimClock, pcie_kb: int) -> Any:
+    """Moves the clock to the next slow round (every 10 s) and waits until its fields are
+    in: every GPU's PCIe transmit rate set to ``pcie_kb`` KiB/s shows in a tick."""
+    for g in stub.gpus:
+        g.pcie_tx_kb = pcie_kb
+    clock.now += 10.0
+
+    def arrived() -> Any:
+        snap = sampler.tick()
+        return all(g.pcie_tx_bytes_per_second == pcie_kb * 1024 for g in snap.gpus) and snap
+
+    return wait_for(arrived, f"slow round with {pcie_kb} KiB/s")
+
+
 def test_the_energy_counter_is_read_on_the_slow_rounds_nearest_its_own_interval(
         make_sampler) -> None:
     # ~4 ms of CPU a read on an H200, more than the rest of the slow tier: every 2nd round
@@ -438,15 +452,7 @@ def test_the_energy_counter_is_read_on_the_slow_rounds_nearest_its_own_interval(
     gpu = stub.gpus[0]
 
     def slow_round(pcie_kb: int) -> Any:
-        """Moves the clock to the next slow round and waits until its fields are in."""
-        for g in stub.gpus:
-            g.pcie_tx_kb = pcie_kb
-        clock.now += 10.0
-        def arrived() -> Any:
-            snap = sampler.tick()
-            return all(g.pcie_tx_bytes_per_second == pcie_kb * 1024 for g in snap.gpus) and snap
-
-        return wait_for(arrived, f"slow round with {pcie_kb} KiB/s")
+        return _slow_round(sampler, stub, clock, pcie_kb)
 
     snap = slow_round(100)
     seen = [(snap.gpus[0].energy_joules, stub.count("nvmlDeviceGetTotalEnergyConsumption", 0))]
@@ -473,15 +479,7 @@ def test_an_energy_read_that_fails_is_asked_again_at_the_next_slow_round(make_sa
     energy = "nvmlDeviceGetTotalEnergyConsumption"
 
     def slow_round(pcie_kb: int) -> Any:
-        for g in stub.gpus:
-            g.pcie_tx_kb = pcie_kb
-        clock.now += 10.0
-
-        def arrived() -> Any:
-            snap = sampler.tick()
-            return all(g.pcie_tx_bytes_per_second == pcie_kb * 1024 for g in snap.gpus) and snap
-
-        return wait_for(arrived, f"slow round with {pcie_kb} KiB/s")
+        return _slow_round(sampler, stub, clock, pcie_kb)
 
     gpu.failing.add(energy)  # the first round's read fails
     seen = [slow_round(1).gpus[0].energy_joules]

@@ -292,6 +292,15 @@ def _busy_and_total(times: object) -> tuple[float, float]:
     return total - idle, total
 
 
+def _started(tracked: _Tracked, loader: bool) -> bool:
+    """Whether this reading counts a DataLoader worker's start: a newborn process torch
+    has named a worker, counted once."""
+    if loader and tracked.newborn:
+        tracked.newborn = False
+        return True
+    return False
+
+
 class HostSampler:
     """Samples the host and the process trees of the processes using a GPU."""
 
@@ -624,21 +633,16 @@ class HostSampler:
             return None
         return round(max(0, written - prev) / (now - prev_t), 1)
 
-    def _since_birth(self, proc: psutil.Process) -> tuple[float, bool]:
-        """Of a process first seen now: (CPU cores over the last tick's interval, whether
-        it was born since the last tick). A process born since then used all its CPU
-        in that interval; one older, or any at the first tick, counts 0.0 (its use
-        before is unknown) and as not born now."""
+    def _since_birth(self, born: float, cpu: float) -> tuple[float, bool]:
+        """Of a process first seen now, born ``born`` seconds after boot and ``cpu``
+        seconds of CPU used: (CPU cores over the last tick's interval, whether it was born
+        since the last tick). A process born since then used all its CPU in that
+        interval; one older, or any at the first tick, counts 0.0 (its use before is
+        unknown) and as not born now."""
         prev, now = self._prev_t, self._now
-        if prev is None or now is None or now <= prev:
+        if prev is None or now is None or now <= prev or born < prev - 0.05:
             return 0.0, False
-        # psutil's create_time is boot time (whole seconds) + the start in clock ticks:
-        # less the boot time, it is on the since-boot clock, truncated to a tick (10 ms)
-        born = proc.create_time() - psutil.boot_time()
-        if born < prev - 0.05:
-            return 0.0, False
-        times = proc.cpu_times()
-        return (times.user + times.system) / (now - prev), True
+        return cpu / (now - prev), True
 
     def _usage(self, pid: int) -> tuple[float, int, bool, bool] | None:
         """(CPU cores busy since the last tick, RSS bytes, whether torch named it a
@@ -656,7 +660,11 @@ class HostSampler:
                 cores = tracked.proc.cpu_percent(None) / 100.0
                 if tracked.fresh:
                     tracked.fresh = False
-                    cores, tracked.newborn = self._since_birth(tracked.proc)
+                    # psutil's create_time is boot time (whole seconds) + the start in
+                    # clock ticks: less the boot time, it is on the since-boot clock
+                    proc = tracked.proc
+                    cores, tracked.newborn = self._since_birth(
+                        proc.create_time() - psutil.boot_time(), sum(proc.cpu_times()[:2]))
                 rss = tracked.proc.memory_info().rss
                 # read anew each tick from the same stat record: a worker renames itself
                 # as it starts, after the fork that copied its parent's name
@@ -664,10 +672,7 @@ class HostSampler:
         except _GONE:
             self._procs.pop(pid, None)
             return None
-        started = loader and tracked.newborn
-        if started:
-            tracked.newborn = False  # counted once
-        return max(cores, 0.0), rss, loader, started
+        return max(cores, 0.0), rss, loader, _started(tracked, loader)
 
     def _usage_from_stat(self, pid: int, tracked: _Tracked) -> tuple[float, int, bool, bool] | None:
         """:meth:`_usage` from this tick's ``/proc/PID/stat`` reading (Linux)."""
@@ -682,14 +687,8 @@ class HostSampler:
         tracked.cpu_ticks, tracked.cpu_t = ticks, now
         if tracked.fresh:
             tracked.fresh = False
-            # born since the last tick: all its CPU was used in that interval; older, or
-            # at the first tick, its use before is unknown: 0.0 (as _since_birth)
-            prev = self._prev_t
-            cores = 0.0
-            tracked.newborn = False
-            if prev is not None and now is not None and now > prev \
-                    and start / _CLOCK_TICKS >= prev - 0.05:
-                cores, tracked.newborn = ticks / _CLOCK_TICKS / (now - prev), True
+            cores, tracked.newborn = self._since_birth(start / _CLOCK_TICKS,
+                                                       ticks / _CLOCK_TICKS)
         elif prev_ticks is None or prev_t is None or now is None or now <= prev_t:
             cores = 0.0
         else:
@@ -697,7 +696,4 @@ class HostSampler:
         # read anew each tick: a worker renames itself as it starts, after the fork that
         # copied its parent's name
         loader = comm == _LOADER_COMM
-        started = loader and tracked.newborn
-        if started:
-            tracked.newborn = False  # counted once
-        return max(cores, 0.0), pages * _PAGE_BYTES, loader, started
+        return max(cores, 0.0), pages * _PAGE_BYTES, loader, _started(tracked, loader)

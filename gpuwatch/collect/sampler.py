@@ -56,7 +56,7 @@ import psutil
 
 from gpuwatch import threads
 from gpuwatch.collect.alarm import Alarm, make_alarm
-from gpuwatch.collect.nvml import GpuLost, Nvml, NvmlGone, NvmlGpu, XidWatcher
+from gpuwatch.collect.nvml import ENERGY_CALL, GpuLost, Nvml, NvmlGone, NvmlGpu, XidWatcher
 from gpuwatch.samples import GpuInfo, GpuProcess, GpuSample, Health, HostSample, Snapshot
 from gpuwatch.store import Store
 
@@ -325,9 +325,6 @@ class _Reader:
             self._poll_xid()
 
 
-_ENERGY = "nvmlDeviceGetTotalEnergyConsumption"
-
-
 class _SlowWorker:
     """The thread that runs one GPU's slow tier when the tick says it is due."""
 
@@ -370,7 +367,7 @@ class _SlowWorker:
                     self.rounds += 1
                     if "energy_joules" in self.fields:
                         fields["energy_joules"] = self.fields["energy_joules"]
-                elif "energy_joules" in fields or _ENERGY in self.gpu.unsupported:
+                elif "energy_joules" in fields or ENERGY_CALL in self.gpu.unsupported:
                     self.rounds += 1
                 # else the counter did not answer: the next round asks it again (and the
                 # rounds between carry only a value read)
