@@ -186,11 +186,17 @@ def test_a_process_with_threads_never_forks() -> None:
 
 
 def test_the_gpus_are_dealt_to_the_least_loaded_process() -> None:
-    """The parent's share starts at one GPU's worth (the host, the tally, the charts)."""
+    """The parent's share starts at half a GPU's worth (the host and the tally), two and
+    a half with an HTML report's charts."""
     judges = split.shares(2, [0, 1, 2, 3, 4, 5, 6, 7])
-    assert [g for g in range(8) if judges[0](g)] == [2, 4, 6]
-    assert [g for g in range(8) if judges[1](g)] == [0, 1, 3, 5, 7]
+    assert [g for g in range(8) if judges[0](g)] == [1, 3, 5, 7]
+    assert [g for g in range(8) if judges[1](g)] == [0, 2, 4, 6]
     assert judges[0](None) and not judges[1](None)
+    judges = split.shares(2, [0, 1, 2, 3, 4, 5, 6, 7], charts=True)
+    assert [g for g in range(8) if judges[0](g)] == [3, 5, 7]
+    assert [g for g in range(8) if judges[1](g)] == [0, 1, 2, 4, 6]
+    judges = split.shares(4, [0, 1, 2, 3, 4, 5, 6, 7])
+    assert [[g for g in range(8) if j(g)] for j in judges] == [[3, 7], [2, 6], [1, 5], [0, 4]]
     # one process per GPU and the parent: each child one GPU, the parent the host
     judges = split.shares(5, [4, 5, 6, 7])
     assert [[g for g in (4, 5, 6, 7) if j(g)] for j in judges] == [[], [7], [6], [5], [4]]

@@ -100,7 +100,7 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
 
     try:
         if planned.workers > 1:
-            judges = split.shares(planned.workers, planned.gpus)
+            judges = split.shares(planned.workers, planned.gpus, charts=on_bucket is not None)
             children = split.start(engine, run, judges)
             engine.judges = split.mine(judges, children) if children else None
         if on_bucket is not None:

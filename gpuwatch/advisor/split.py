@@ -45,6 +45,12 @@ MIN_BYTES = 4 << 20
 # while the CPU used kept growing with each: docs/benchmarks.md, "The advisor"
 MAX_WORKERS = 4
 FORCED_MAX = 64  # what GPUWATCH_REPLAY_WORKERS may ask for
+# what the parent does beside its GPUs, in GPUs' worth of CPU (one process judging the
+# bench_advise.py recording of 8 GPUs on the 2-core VM, 2026-12-02: its reading and
+# bucketing ~5.7 s, each GPU's rules ~2 s, the host's ~0.8 s and the tally ~0.1 s; an
+# HTML report's charts ~3.6 s): docs/benchmarks.md, "The advisor"
+PARENT_LOAD = 0.5
+CHARTS_LOAD = 2.0
 # the start of the file read for the GPUs it holds (a tick of 8 GPUs is ~3 KiB)
 PEEK_BYTES = 256 << 10
 
@@ -144,11 +150,13 @@ def plan(path: str) -> Plan:
     return Plan(max(1, min(len(gpus) + 1, usable_cpus(), MAX_WORKERS)), gpus, size)
 
 
-def shares(workers: int, seen: list[int]) -> list[Callable[[int | None], bool]]:
+def shares(workers: int, seen: list[int], charts: bool = False
+           ) -> list[Callable[[int | None], bool]]:
     """Which subjects each process judges: the host the parent (0), which also feeds the
-    report's tally and charts (about one GPU's work); each GPU seen at the start the
-    least loaded process (a child where they tie); a GPU first seen later by its index."""
-    load = [1] + [0] * (workers - 1)
+    report's tally and, for an HTML report, its charts (``charts``); each GPU seen at the
+    start the least loaded process (a child where they tie); a GPU first seen later by
+    its index. The parent's own load is counted in GPUs' worth (PARENT_LOAD, CHARTS_LOAD)."""
+    load = [PARENT_LOAD + (CHARTS_LOAD if charts else 0.0)] + [0.0] * (workers - 1)
     place = {}
     for gpu in seen:
         w = min(range(workers), key=lambda i: (load[i], -i))
