@@ -47,8 +47,8 @@ MAX_WORKERS = 4
 FORCED_MAX = 64  # what GPUWATCH_REPLAY_WORKERS may ask for
 # what the parent does beside its GPUs, in GPUs' worth of CPU (one process judging the
 # bench_advise.py recording of 8 GPUs on the 2-core VM, 2026-12-02: its reading and
-# bucketing ~5.7 s, each GPU's rules ~2 s, the host's ~0.8 s and the tally ~0.1 s; an
-# HTML report's charts ~3.6 s): docs/benchmarks.md, "The advisor"
+# bucketing ~5.7 s, each GPU's rules ~1.8-2.4 s, the host's ~0.8 s and the tally ~0.1 s;
+# the timeline behind an HTML report's charts ~3.6 s): docs/benchmarks.md, "The advisor"
 PARENT_LOAD = 0.5
 CHARTS_LOAD = 2.0
 # the start of the file read for the GPUs it holds (a tick of 8 GPUs is ~3 KiB)
@@ -153,7 +153,8 @@ def plan(path: str) -> Plan:
 def shares(workers: int, seen: list[int], charts: bool = False
            ) -> list[Callable[[int | None], bool]]:
     """Which subjects each process judges: the host the parent (0), which also feeds the
-    report's tally and, for an HTML report, its charts (``charts``); each GPU seen at the
+    report's tally and, where asked (``charts``), the timeline of an HTML report's charts
+    (the notebook's report and ``compare`` feed it too); each GPU seen at the
     start the least loaded process (a child where they tie); a GPU first seen later by
     its index. The parent's own load is counted in GPUs' worth (PARENT_LOAD, CHARTS_LOAD)."""
     load = [PARENT_LOAD + (CHARTS_LOAD if charts else 0.0)] + [0.0] * (workers - 1)
