@@ -251,6 +251,66 @@ def test_a_child_of_a_thread_that_never_forked_is_found_at_the_next_full_read(
         proc.wait()
 
 
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
+                    reason="this kernel has no /proc/PID/task/TID/children")
+@pytest.mark.parametrize("read_stat", [True, False])
+def test_a_worker_found_late_still_counts_as_started(read_stat: bool) -> None:
+    """A DataLoader worker forked by a thread that never forked before (a loader iterated
+    off the main thread) is found at the next full read of its parent's threads, ticks
+    after its birth: born since the full read before, it counts as a worker started, once;
+    one that was alive at that read does not. On the /proc/PID/stat path and psutil's."""
+    from gpuwatch.collect import host as host_mod
+
+    # a child that names itself as torch names a DataLoader worker, then waits for its
+    # parent to end
+    named_worker = ("import ctypes\n"
+                    "ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0)\n" + HELPER)
+    proc = subprocess.Popen([sys.executable, "-c", FORKING_JOB, named_worker],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def ask(what: str) -> int:
+        proc.stdin.write(what + "\n")
+        proc.stdin.flush()
+        pid = int(proc.stdout.readline())
+        wait_for(lambda: psutil.Process(pid).name() == host_mod.LOADER_WORKER_NAME,
+                 "the child to name itself")
+        return pid
+
+    try:
+        now = [1000.0]
+        host = HostSampler()
+        host.read_stat = read_stat
+        host._clock = lambda: now[0]
+
+        def tick(step: float) -> tuple[int, int, int]:
+            now[0] += step
+            (tree,) = host.sample(time.time(), [proc.pid]).jobs
+            return tree.processes, tree.loader_workers, tree.loader_workers_started
+
+        assert tick(0) == (1, 0, 0)  # first sight: every thread read
+        ask("t")  # its thread is not read again until the next full read
+        assert tick(1) == (1, 0, 0)
+        assert tick(1) == (1, 0, 0)
+        # found ticks after its birth (born before the tick before: by that alone, old),
+        # and born since the full read before: started
+        assert tick(host_mod.THREAD_RESCAN_S) == (2, 1, 1)
+        assert tick(1) == (2, 1, 0)  # counted once
+        ask("m")  # the main thread's: seen at the next tick, as ever
+        assert tick(1) == (3, 2, 1)
+        assert tick(host_mod.THREAD_RESCAN_S) == (3, 2, 0)  # a full read: nothing new
+        # a fresh sampler: both were alive at its first read, neither started under it
+        fresh = HostSampler()
+        fresh.read_stat = read_stat
+        (tree,) = fresh.sample(time.time(), [proc.pid]).jobs
+        assert (tree.processes, tree.loader_workers_started) == (3, 0)
+        assert tree.loader_workers_started_total == 0
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def test_a_process_line_of_procfs_is_read_whatever_its_name(tmp_path: Any,
                                                             monkeypatch: Any) -> None:
     """/proc/PID/stat as the kernel writes it: comm may hold spaces and parentheses."""

@@ -27,7 +27,8 @@ It runs every tick beside a training job, so it is built to be cheap:
   ``iter(DataLoader)`` forks its workers) and of any thread seen with children before; all
   of a process's threads are read when it is first seen, and again every
   ``THREAD_RESCAN_S`` (and at once when a known thread has gone), so a child of a thread
-  that never forked before is found within that time.
+  that never forked before is found within that time; born since the full read before,
+  it is new all the same (a worker that counts as started).
 - Each process in a tree costs one read of ``/proc/PID/stat`` a tick on Linux (its state,
   CPU times, start time, RSS and name: psutil's calls for these read ``stat`` and ``statm``
   and check the start time again, about 5x the CPU); its start time tells it from a later
@@ -97,8 +98,10 @@ class _Tracked:
     written: int | None = None
     written_t: float | None = None
     io_denied: bool = False
-    # born since the tick before it was first seen, and not yet counted as a DataLoader
-    # worker's start (a spawned worker is named only once its interpreter has started)
+    # new when first seen (born since the tick before, or found late and born since its
+    # parent's threads were all read before: _since_birth), and not yet counted as a
+    # DataLoader worker's start (a spawned worker is named only once its interpreter has
+    # started)
     newborn: bool = False
     # of a job's root: the DataLoader workers started in its tree since it was first seen
     started_total: int = 0
@@ -316,7 +319,11 @@ class HostSampler:
         self._proc_children = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
         # per process: the threads whose children files each tick reads (the main thread
         # and those seen with children), and when all of them were last read (monotonic)
-        self._forkers: dict[int, tuple[tuple[int, ...], float]] = {}
+        self._forkers: dict[int, tuple[tuple[int, ...], float, float | None]] = {}
+        # this tick: children found by a full read of their parent's threads, each with
+        # when (seconds since boot) that parent's threads were all read before; a child
+        # born since then could not have been seen earlier (its thread was not read)
+        self._unseen_since: dict[int, float] = {}
         self._clock: Callable[[], float] = time.monotonic
         self.thread_rescan_s = THREAD_RESCAN_S
         # each process's tick from one read of /proc/PID/stat (Linux), else through psutil
@@ -334,6 +341,7 @@ class HostSampler:
         with self._lock:
             self._tick += 1
             self._prev_t, self._now = self._now, _since_boot()
+            self._unseen_since.clear()
             per_core, total = self._cpu()
             load = self._call("load", psutil.getloadavg)
             mem = read_meminfo()
@@ -512,6 +520,7 @@ class HostSampler:
             return ()
         found = []
         forkers = [pid]
+        before = known[2] if known is not None else None
         for tid in tids:
             try:
                 with open(f"/proc/{pid}/task/{tid}/children") as f:
@@ -522,7 +531,11 @@ class HostSampler:
                 found.extend(map(int, children))
                 if tid != str(pid):
                     forkers.append(int(tid))
-        self._forkers[pid] = (tuple(forkers), now)
+        self._forkers[pid] = (tuple(forkers), now, self._now)
+        if before is not None:
+            for child in found:
+                if child not in self._procs:
+                    self._unseen_since[child] = before
         return found
 
     def _descendants(self, pid: int, kids: dict[int, list[int]] | None,
@@ -633,15 +646,18 @@ class HostSampler:
             return None
         return round(max(0, written - prev) / (now - prev_t), 1)
 
-    def _since_birth(self, born: float, cpu: float) -> tuple[float, bool]:
+    def _since_birth(self, pid: int, born: float, cpu: float) -> tuple[float, bool]:
         """Of a process first seen now, born ``born`` seconds after boot and ``cpu``
-        seconds of CPU used: (CPU cores over the last tick's interval, whether it was born
-        since the last tick). A process born since then used all its CPU in that
+        seconds of CPU used: (CPU cores over the last tick's interval, whether it is new:
+        born since the last tick). A process born since then used all its CPU in that
         interval; one older, or any at the first tick, counts 0.0 (its use before is
-        unknown) and as not born now."""
+        unknown). One older is new all the same where it was found late, by a full read
+        of its parent's threads, and born since the read before that one (the child of a
+        thread that had not forked before: a DataLoader iterated off the main thread)."""
         prev, now = self._prev_t, self._now
         if prev is None or now is None or now <= prev or born < prev - 0.05:
-            return 0.0, False
+            since = self._unseen_since.get(pid)
+            return 0.0, since is not None and born >= since - 0.05
         return cpu / (now - prev), True
 
     def _usage(self, pid: int) -> tuple[float, int, bool, bool] | None:
@@ -664,7 +680,8 @@ class HostSampler:
                     # clock ticks: less the boot time, it is on the since-boot clock
                     proc = tracked.proc
                     cores, tracked.newborn = self._since_birth(
-                        proc.create_time() - psutil.boot_time(), sum(proc.cpu_times()[:2]))
+                        pid, proc.create_time() - psutil.boot_time(),
+                        sum(proc.cpu_times()[:2]))
                 rss = tracked.proc.memory_info().rss
                 # read anew each tick from the same stat record: a worker renames itself
                 # as it starts, after the fork that copied its parent's name
@@ -687,7 +704,7 @@ class HostSampler:
         tracked.cpu_ticks, tracked.cpu_t = ticks, now
         if tracked.fresh:
             tracked.fresh = False
-            cores, tracked.newborn = self._since_birth(start / _CLOCK_TICKS,
+            cores, tracked.newborn = self._since_birth(pid, start / _CLOCK_TICKS,
                                                        ticks / _CLOCK_TICKS)
         elif prev_ticks is None or prev_t is None or now is None or now <= prev_t:
             cores = 0.0
