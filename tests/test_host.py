@@ -290,13 +290,18 @@ def test_a_worker_found_late_still_counts_as_started(read_stat: bool) -> None:
             return tree.processes, tree.loader_workers, tree.loader_workers_started
 
         assert tick(0) == (1, 0, 0)  # first sight: every thread read
-        ask("t")  # its thread is not read again until the next full read
+        late = ask("t")  # its thread is not read again until the next full read
         assert tick(1) == (1, 0, 0)
+        time.sleep(0.2)  # its birth well before the tick before the full read
         assert tick(1) == (1, 0, 0)
         # found ticks after its birth (born before the tick before: by that alone, old),
         # and born since the full read before: started
         assert tick(host_mod.THREAD_RESCAN_S) == (2, 1, 1)
         assert tick(1) == (2, 1, 0)  # counted once
+        # one found by a full read but alive at the full read before (here: forgotten by
+        # the sampler meanwhile) is not new
+        del host._procs[late]
+        assert tick(host_mod.THREAD_RESCAN_S) == (2, 1, 0)
         ask("m")  # the main thread's: seen at the next tick, as ever
         assert tick(1) == (3, 2, 1)
         assert tick(host_mod.THREAD_RESCAN_S) == (3, 2, 0)  # a full read: nothing new

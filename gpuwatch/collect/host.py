@@ -318,7 +318,8 @@ class HostSampler:
         self._now: float | None = None
         self._proc_children = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
         # per process: the threads whose children files each tick reads (the main thread
-        # and those seen with children), and when all of them were last read (monotonic)
+        # and those seen with children), and when all of them were last read (monotonic,
+        # and the tick's seconds since boot)
         self._forkers: dict[int, tuple[tuple[int, ...], float, float | None]] = {}
         # this tick: children found by a full read of their parent's threads, each with
         # when (seconds since boot) that parent's threads were all read before; a child
@@ -533,10 +534,25 @@ class HostSampler:
                     forkers.append(int(tid))
         self._forkers[pid] = (tuple(forkers), now, self._now)
         if before is not None:
-            for child in found:
-                if child not in self._procs:
-                    self._unseen_since[child] = before
+            new = [child for child in found if child not in self._procs]
+            if new and self._still_tracked(pid):  # not a reused PID's old reading
+                for child in new:
+                    self._unseen_since.setdefault(child, before)
         return found
+
+    def _still_tracked(self, pid: int) -> bool:
+        """Whether ``pid`` is still the process tracked under it (the walk reads a
+        process's children before its tick's own check, ``_track``)."""
+        tracked = self._procs.get(pid)
+        if tracked is None:
+            return False
+        if tracked.start is not None:
+            stat = read_pid_stat(pid)
+            return stat is not None and stat[3] == tracked.start
+        try:
+            return tracked.proc.is_running()
+        except psutil.Error:
+            return False
 
     def _descendants(self, pid: int, kids: dict[int, list[int]] | None,
                      stop: Collection[int] = ()) -> list[int]:
@@ -663,7 +679,7 @@ class HostSampler:
     def _usage(self, pid: int) -> tuple[float, int, bool, bool] | None:
         """(CPU cores busy since the last tick, RSS bytes, whether torch named it a
         DataLoader worker, whether it is a worker just started: named now, not before, and
-        born since the tick before it was first seen) of one process; None if gone."""
+        new when first seen, ``_since_birth``) of one process; None if gone."""
         tracked = self._track(pid)
         if tracked is None:
             return None
