@@ -45,10 +45,10 @@ MIN_BYTES = 4 << 20
 # while the CPU used kept growing with each: docs/benchmarks.md, "The advisor"
 MAX_WORKERS = 4
 FORCED_MAX = 64  # what GPUWATCH_REPLAY_WORKERS may ask for
-# what the parent does beside its GPUs, in GPUs' worth of CPU (one process judging the
-# bench_advise.py recording of 8 GPUs on the 2-core VM, 2026-12-02: its reading and
-# bucketing ~5.7 s, each GPU's rules ~1.8-2.4 s, the host's ~0.8 s and the tally ~0.1 s;
-# the timeline behind an HTML report's charts ~3.6 s): docs/benchmarks.md, "The advisor"
+# what the parent does beside its GPUs, in GPUs' worth of CPU: the host's rules and the
+# tally ~0.3-0.8 of a GPU's, the timeline behind an HTML report's charts ~1.4-1.8 GPUs'
+# (benchmarks/advise_parts.py on bench_advise.py's 8 GPUs, 2-core VM, 2026-12-02;
+# docs/benchmarks.md, "The advisor")
 PARENT_LOAD = 0.5
 CHARTS_LOAD = 2.0
 # the start of the file read for the GPUs it holds (a tick of 8 GPUs is ~3 KiB)
