@@ -1225,25 +1225,10 @@ class Frame:
             tab = subj.gpu_table
             push = tab.push
             sums, counts, lasts = acc.s, acc.n, acc.last
-            rings = tab.rings
             for name, mean in self._gpu_close:  # acc.mean and acc.last, written out
                 n = counts.get(name)
-                if n is None:
-                    continue
-                v = (sums[name] / n if n else None) if mean else lasts[name]
-                ring = rings.get(name)
-                if ring is None or v is None or ring.base + len(ring.vals) != idx:
-                    push(idx, name, v)  # a new ring, a gap, no value: push's own way
-                    continue
-                # the usual bucket, the next of a ring that has a value: Table.push's
-                # appends and trim test, without the call (most of a bucket's pushes)
-                vals = ring.vals
-                vals.append(v)
-                psum, pw = ring.psum, ring.pw
-                psum.append(psum[-1] + v)
-                pw.append(pw[-1] + 1.0)
-                if len(vals) > ring.trim_at:
-                    ring.trim(ring.keep)
+                if n is not None:
+                    push(idx, name, (sums[name] / n if n else None) if mean else lasts[name])
             used, total = acc.mean("mem_used_bytes"), acc.last.get("mem_total_bytes")
             if used is not None and total:
                 tab.push(idx, "mem_used_ratio", used / total)
