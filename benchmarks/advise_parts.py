@@ -16,7 +16,8 @@ one part of the engine replaced, best CPU of ``--rounds``:
    bookkeeping (``Engine._step``); everything but the evidence refreshes
    (``Engine._details``); everything; and the timeline an HTML report's charts read
    (``timeline.judge_recording``, as ``advise --format html``).
-2. **Shares**: one process judging only the host, only one GPU, only half of the GPUs:
+2. **Shares**: one process judging only the host, only one GPU, only half of the GPUs,
+   the others bucketed lightly as a split's process buckets them (``Frame.judge_only``):
    what split.py's ``PARENT_LOAD`` and ``CHARTS_LOAD`` weigh, in GPUs' worth.
 3. **Rules**: each rule's condition timed (a timer around each call: its own cost is in
    the figures), and each rule's evidence refresh.
@@ -58,13 +59,14 @@ def replaced(cls: Any, name: str, value: Any) -> Iterator[None]:
 
 
 @contextmanager
-def judging(share: Callable[[int | None], bool]) -> Iterator[None]:
-    """Every engine made meanwhile judges only ``share`` (as a split's process does)."""
+def judging(share: Callable[[int | None], bool], light: bool = True) -> Iterator[None]:
+    """Every engine made meanwhile judges only ``share`` as a split's process does: the
+    other GPUs bucketed lightly (``light``), as where no chart is drawn."""
     init = engine_mod.Engine.__init__
 
     def made(self: Any, *a: Any, **k: Any) -> None:
         init(self, *a, **k)
-        self.judges = share
+        self.judge_only(share, light=light)
     with replaced(engine_mod.Engine, "__init__", made):
         yield
 

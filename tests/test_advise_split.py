@@ -9,10 +9,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpuwatch.advisor import split
+from gpuwatch.advisor import frame as frame_mod
+from gpuwatch.advisor import sources, split
+from gpuwatch.advisor.engine import Engine
+from gpuwatch.advisor.rules import load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -57,6 +61,138 @@ def test_every_recording_is_judged_the_same_split_over_processes(tmp_path: Path)
         assert r["forked"] == r["workers"] - 1, r
         assert r["same_report"] and r["same_activations"], r
     assert sum(r["activations"] for r in rows if r["gpus"] >= 2) > 50
+
+
+HOOK_KINDS = ("step", "steps", "config", "phase", "hook_problem", "job_end")
+
+
+def _gpus_of(path: Path) -> set[int]:
+    gpus = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if '"gpu"' in line and '"kind":"gpu"' in line.replace(" ", ""):
+                d = json.loads(line)
+                if type(d.get("gpu")) is int:
+                    gpus.add(d["gpu"])
+    return gpus
+
+
+def _frame_state(frame: frame_mod.Frame) -> str:
+    """Everything a frame holds that a rule or the report could read of any subject,
+    except each GPU's own rings beyond those the frame reads for the others
+    (_GPU_READS): every table's newest bucket and prefix sums (its rings only grow, so
+    comparing them at each bucket compares their whole history), facts, settings, the
+    job's clock and spans, processes."""
+    def table(t: frame_mod.Table, only: Any = None) -> list[Any]:
+        return sorted((name, r.base + len(r.vals), r.vals[-1] if r.vals else None,
+                       r.psum[-1], r.pw[-1]) for name, r in t.rings.items()
+                      if only is None or name in only)
+    out: list[Any] = [table(frame.host_tables), sorted(frame.facts.items()),
+                      sorted(frame.pid_gpu.items()), frame.last_oom_idx]
+    for gpu, s in sorted(frame.subjects.items(), key=lambda kv: -1 if kv[0] is None
+                         else kv[0]):
+        out.append([gpu, table(s.gpu_table, frame_mod._GPU_READS), table(s.job),
+                    table(s.cpu), table(s.phase_table), sorted(s.facts.items()),
+                    sorted(s.config.items()), s.first, s.first_busy, s.first_util,
+                    s.job_warm, s.job_last, s.main_pid, sorted(s.proc_pids),
+                    s.job_via.gpu if s.job_via is not None else None,
+                    sorted(s.span.s.items()), s.phase, sorted(s.phase_seconds.items())])
+    return repr(out)
+
+
+def _cross_reads(path: Path) -> Path:
+    """Two GPUs whose frame reads each other's rings where no recording in tests/data
+    does: a job the hook reports on GPU 0 whose GPU line comes every other second (its
+    reserved share reads the newest memory total kept), and a process NVML never listed
+    that dies of CUDA out-of-memory naming no GPU, while GPU 1's memory is full (the
+    death is pinned on it)."""
+    t0 = 1_800_000_000.0
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"kind": "meta", "format": "gpuwatch-trace/1",
+                            "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": [9, 0],
+                            "host_cpus": 16, "sample_hz": 1}) + "\n")
+        for s in range(60):
+            for g in range(2):
+                if g == 0 and s % 2:
+                    continue
+                used = (79 if g == 1 and s >= 30 else 30) * 2**30
+                f.write(json.dumps({
+                    "t": t0 + s, "kind": "gpu", "gpu": g, "util": 0.9, "sm_active": 0.7,
+                    "mem_used_bytes": used, "mem_total_bytes": 80 * 2**30,
+                    "processes": [{"pid": 100, "mem_used_bytes": 29 * 2**30}] if g == 0
+                    else []}) + "\n")
+            f.write(json.dumps({
+                "t": t0 + s + 0.5, "kind": "step", "pid": 100, "gpu": 0, "step": s,
+                "step_seconds": 0.9, "data_wait_seconds": 0.01, "batch_size": 8,
+                "mem_allocated_bytes": 10 * 2**30, "max_mem_allocated_bytes": 20 * 2**30,
+                "mem_reserved_bytes": (24 + s % 3) * 2**30}) + "\n")
+        f.write(json.dumps({"t": t0 + 59.5, "kind": "job_end", "pid": 555,
+                            "exit_reason": "oom",
+                            "error": "OutOfMemoryError: CUDA out of memory."}) + "\n")
+    return path
+
+
+def test_a_gpu_judged_in_another_process_keeps_what_the_others_read(tmp_path: Path) -> None:
+    """A process judging a share of the GPUs buckets the others lightly
+    (Frame.judge_only): their rings keep only what the frame reads of every GPU for the
+    others (the ranks' utilization the attribution shares out, the memory an
+    out-of-memory death is pinned on, a shared job's batch room). Fed every recording of
+    several GPUs in tests/data, with and without the hook's lines, a frame that buckets
+    every GPU lightly holds at every bucket what one that buckets them in full holds,
+    but for the GPUs' own other rings, which it does not keep."""
+    rules = load_rules([])
+    paths = [p for p in RECORDINGS if len(_gpus_of(p)) >= 2]
+    assert len(paths) >= 20
+    light_rings = full_rings = 0
+    recs = [_cross_reads(tmp_path / "cross_reads.jsonl")]
+    for path in paths:
+        bare = tmp_path / f"{path.stem}.nohook.jsonl"
+        with open(path, encoding="utf-8") as f, open(bare, "w", encoding="utf-8") as out:
+            out.writelines(x for x in f if json.loads(x).get("kind") not in HOOK_KINDS)
+        recs += [path, bare]
+    for rec in recs:
+        states = []
+        for light in (False, True):
+            engine = Engine(rules, res=1.0)
+            engine.judge_only(lambda gpu: gpu is None, light=light)
+            seen: list[str] = []
+            evaluate = engine.frame.on_bucket
+
+            def both(idx: int, evaluate: Any = evaluate, seen: list[str] = seen,
+                     frame: frame_mod.Frame = engine.frame) -> None:
+                evaluate(idx)
+                seen.append(_frame_state(frame))
+            engine.frame.on_bucket = both
+            sources._feed_recording(engine, str(rec))
+            states.append(seen)
+            kept = sum(len(s.gpu_table.rings) for g, s in engine.frame.subjects.items()
+                       if g is not None)
+            if light:
+                light_rings += kept
+                for g, s in engine.frame.subjects.items():
+                    if g is not None:
+                        assert s.light
+                        assert set(s.gpu_table.rings) <= set(frame_mod._GPU_READS), rec
+            else:
+                full_rings += kept
+        assert len(states[0]) > 10, rec
+        assert len(states[0]) == len(states[1]), rec
+        for idx, (a, b) in enumerate(zip(*states, strict=True)):
+            assert a == b, f"{rec.name}: the frames part at bucket {idx}"
+    # lightly: a handful of rings a GPU instead of a few dozen
+    assert light_rings * 4 < full_rings
+
+
+def test_the_light_buckets_are_set_before_any_sample() -> None:
+    engine = Engine(load_rules([]), res=1.0)
+    engine.frame.set_gpu_info(0, name="NVIDIA H100")
+    engine.frame.set_gpu_info(1, name="NVIDIA H100")
+    engine.judge_only(lambda gpu: gpu == 1)
+    assert [s.light for g, s in sorted(engine.frame.subjects.items(), key=str)
+            if g is not None] == [True, False]
+    engine.feed({"kind": "gpu", "t": 100.0, "gpu": 0, "util": 0.5})
+    with pytest.raises(RuntimeError, match="before|after samples"):
+        engine.judge_only(lambda gpu: gpu == 0)
 
 
 def _long_recording(path: Path, gpus: int = 2, seconds: int = 5000) -> Path:

@@ -227,6 +227,9 @@ class Subject:
         self.nontrain_t0 = 0.0
         self.nontrain_t1 = 0.0
         self.micro_n = 0.0
+        # judged by another process (Frame.judge_only): its GPU's rings keep only what the
+        # frame reads of them for other subjects (_GPU_READS)
+        self.light = False
 
     def new_scaler(self) -> None:
         """A new job's steps on this GPU: its GradScaler calibrates anew."""
@@ -280,6 +283,11 @@ class Frame:
             if f in self.needed
         ] + [(f, False) for f in ("gpu_lost", "xid_errors_total") if f in self.needed]
         self._gpm_needed = "gpm" in self.needed or any(f in self.needed for f in _GPM_FIELDS)
+        # a GPU no rule of this frame's engine judges (judge_only): what its bucket keeps,
+        # the rings the frame reads itself of every GPU, and the fields they come from
+        self.light: Callable[[int], bool] | None = None
+        self._gpu_raw_light = [f for f in self._gpu_raw if f in _LIGHT_RAW]
+        self._gpu_close_light = [(f, m) for f, m in self._gpu_close if f in _GPU_READS]
         self._bucket_pids: set[int] = set()
         self.t_first: float | None = None
         self.t_last: float | None = None
@@ -321,7 +329,23 @@ class Frame:
         subj = self.subjects.get(gpu)
         if subj is None:
             subj = self.subjects[gpu] = Subject(self, gpu, self.idx or 0)
+            subj.light = self.light is not None and self.light(gpu)
         return subj
+
+    def judge_only(self, judged: Callable[[int | None], bool]) -> None:
+        """Only the GPUs ``judged`` are asked about by rules (a share of a recording
+        split over processes, split.py): every other GPU is bucketed *lightly*, its rings
+        keeping only what the frame reads of every GPU for the others (``_GPU_READS``:
+        the attribution's utilization of a job's ranks, the memory an out-of-memory
+        death is pinned on, a shared job's batch room), and its processes, facts and
+        memory events followed as ever. Call before any sample is fed: a ring left
+        partly written would read as a gap."""
+        if self.idx is not None:
+            raise RuntimeError("judge_only() after samples were fed")
+        self.light = lambda gpu: not judged(gpu)
+        for gpu, subj in self.subjects.items():
+            if gpu is not None:
+                subj.light = not judged(gpu)
 
     def gpus(self) -> list[int]:
         return sorted(g for g in self.subjects if g is not None)
@@ -367,17 +391,20 @@ class Frame:
         subj = self._subject(gpu)
         acc = subj.gpu_table.acc
         subj.gpu_table.ever = True
+        light = subj.light
         if get("lost"):
-            acc.add("gpu_lost", 1.0)
+            if not light:
+                acc.add("gpu_lost", 1.0)
             # what it held before is no process that left (a reset, a fallen-off GPU)
             subj.prev_proc_mem = {}
             subj.recent_full.clear()
             subj.full_since = subj.full_before = None
             return
-        acc.add("gpu_lost", 0.0)
+        if not light:
+            acc.add("gpu_lost", 0.0)
         # the hot loop of a long recording: inlined _Acc.add
         sums, counts, lasts = acc.s, acc.n, acc.last
-        for f in self._gpu_raw:
+        for f in self._gpu_raw_light if light else self._gpu_raw:
             v = get(f)
             if v is not None:
                 if f in sums:
@@ -391,7 +418,7 @@ class Frame:
                 and any(get(f) is not None for f in _GPM_FIELDS):
             subj.facts["gpm"] = 1.0
         reasons = get("clock_event_reasons")
-        if reasons is not None:
+        if reasons is not None and not light:
             r = int(reasons)
             acc.add("clock_power_capped", 1.0 if r & _SW_POWER_CAP else 0.0)
             acc.add("clock_thermal", 1.0 if r & (_SW_THERMAL | _HW_THERMAL) else 0.0)
@@ -415,16 +442,17 @@ class Frame:
                         self._pid_mem[pid] = m or 0
                 if m:
                     mem += m
-            acc.add("gpu_processes", float(len(procs)))
-            acc.add("gpu_process_mem_bytes", mem)
+            if not light:
+                acc.add("gpu_processes", float(len(procs)))
+                acc.add("gpu_process_mem_bytes", mem)
             self._gone_full(subj, procs, get("mem_used_bytes"), get("mem_total_bytes"))
             subj.proc_pids = pids
             self._bucket_pids |= pids
             self._main_process(subj, acc, main[1] if main is not None else None)
-        xid = get("xid_total")
+        xid = get("xid_total") if not light else None
         if xid:
             acc.add("xid_errors_total", float(sum(xid.values())))
-        elif "xid_errors_total" in self.needed and reasons is not None:
+        elif "xid_errors_total" in self.needed and reasons is not None and not light:
             acc.add("xid_errors_total", 0.0)
         cc = get("compute_capability")
         if cc:
@@ -504,7 +532,7 @@ class Frame:
         via = self.job_of_pid.get(pid) if pid is not None else None
         subj.job_via = via if via is not None and via is not subj and not subj.job.ever \
             else None
-        if "main_shared_gpus" in self.needed:
+        if "main_shared_gpus" in self.needed and not subj.light:
             n = 0.0
             if pid is not None:
                 for other in self.subjects.values():
@@ -1224,23 +1252,26 @@ class Frame:
                 continue
             tab = subj.gpu_table
             push = tab.push
+            light = subj.light
             sums, counts, lasts = acc.s, acc.n, acc.last
-            for name, mean in self._gpu_close:  # acc.mean and acc.last, written out
-                n = counts.get(name)
+            for name, mean in self._gpu_close_light if light else self._gpu_close:
+                n = counts.get(name)  # acc.mean and acc.last, written out
                 if n is not None:
                     push(idx, name, (sums[name] / n if n else None) if mean else lasts[name])
             used, total = acc.mean("mem_used_bytes"), acc.last.get("mem_total_bytes")
             if used is not None and total:
                 tab.push(idx, "mem_used_ratio", used / total)
-                tab.push(idx, "mem_free_bytes", total - used)
-            pw, pl = acc.mean("power_watts"), acc.last.get("power_limit_watts")
-            if pw is not None and pl:
-                tab.push(idx, "power_ratio", pw / pl)
+                if not light:
+                    tab.push(idx, "mem_free_bytes", total - used)
             util = acc.mean("util")
-            busy = acc.mean("sm_active") if subj.facts.get("gpm") else None
-            tab.push(idx, "busy_ratio", busy if busy is not None else util)
-            if util is not None and not _IDLE_WRITING.isdisjoint(need):
-                self._idle_writing(idx, subj, util)
+            if not light:
+                pw, pl = acc.mean("power_watts"), acc.last.get("power_limit_watts")
+                if pw is not None and pl:
+                    tab.push(idx, "power_ratio", pw / pl)
+                busy = acc.mean("sm_active") if subj.facts.get("gpm") else None
+                tab.push(idx, "busy_ratio", busy if busy is not None else util)
+                if util is not None and not _IDLE_WRITING.isdisjoint(need):
+                    self._idle_writing(idx, subj, util)
             if used is not None and total:
                 tab.push(idx, "mem_headroom_bytes", max(0.0, 0.85 * total - used))
             if util is not None and util >= FIRST_WORK_UTIL:
@@ -1926,9 +1957,13 @@ PER_GPU_CPU = frozenset({"job_main_processes", "job_workers", "main_cpu_cores",
 _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "step_rate",
                        "main_busy_ratio", "workers_busy_ratio", "job_workers"}
 # the GPU rings the frame reads itself, and how many buckets back (None: any number: the
-# attribution's windows, an evaluation's idle time since the phase began)
+# attribution's windows, an evaluation's idle time since the phase began). Every ring the
+# frame reads of a GPU must be named here: a GPU bucketed lightly (judge_only) keeps only
+# these (tests/test_advise_split.py compares such a frame with one that keeps all)
 _GPU_READS: dict[str, int | None] = {"util": None, "sm_active": None, "mem_used_ratio": 15,
                                      "mem_headroom_bytes": 5, "mem_total_bytes": 1}
+# the fields of a gpu line those are made of: all a GPU bucketed lightly accumulates
+_LIGHT_RAW = frozenset({"util", "sm_active", "mem_used_bytes", "mem_total_bytes"})
 
 
 def _gpu_keeps(needed: Iterable[str], reads: Mapping[str, int] | None, keep: int

@@ -102,7 +102,10 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
         if planned.workers > 1:
             judges = split.shares(planned.workers, planned.gpus, charts=on_bucket is not None)
             children = split.start(engine, run, judges)
-            engine.judges = split.mine(judges, children) if children else None
+            if children:
+                # the parent's frame buckets every GPU in full where the timeline of the
+                # charts reads them all
+                engine.judge_only(split.mine(judges, children), light=on_bucket is None)
         if on_bucket is not None:
             evaluate = engine.frame.on_bucket
 

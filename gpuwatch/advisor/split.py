@@ -7,7 +7,8 @@ frame holds). So each process reads and buckets the whole recording, as one proc
 would, and judges only its share of the GPUs: what every rule reads is what it would read
 alone, and the activations, put back in the order one engine makes them
 (``Finding.order``), are the same report (tests/test_advise_split.py holds every
-recording in tests/data to that).
+recording in tests/data to that). The GPUs a process does not judge it buckets lightly
+(``Frame.judge_only``): of each only what the frame reads of every GPU for the others.
 
 The parent judges the host and its own share while it feeds the report's tally and
 charts; each child is a fork that judges its share and sends its activations back
@@ -254,7 +255,7 @@ def _child(engine: Engine, run: Run, share: Callable[[int | None], bool], wfd: i
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         logging.disable(logging.CRITICAL)
-        engine.judges = share
+        engine.judge_only(share)
         run(engine)
         payload: tuple[str, Any] = ("ok", export(engine))
     except BaseException as err:  # noqa: BLE001 - said to the parent, which judges again
@@ -346,8 +347,8 @@ def finish(engine: Engine, run: Run, children: list[_Child]) -> None:
             failed.append(child.share)
     if failed:
         again = Engine(engine.ruleset, res=engine.res)
-        again.judges = failed[0] if len(failed) == 1 \
-            else (lambda gpu: any(j(gpu) for j in failed))
+        again.judge_only(failed[0] if len(failed) == 1
+                         else (lambda gpu: any(j(gpu) for j in failed)))
         # the file's warnings were said by the first pass
         reader_log = logging.getLogger("gpuwatch.trace.format")
         was = reader_log.disabled
