@@ -41,9 +41,9 @@ ENV = "GPUWATCH_REPLAY_WORKERS"
 # below this a recording is judged in one process: a child pays the reading and the
 # bucketing again, which only the rules of a long recording of several GPUs outweigh
 MIN_BYTES = 4 << 20
-# past 3-4 processes the wall time stopped falling on a 16-CPU machine (each process's
-# reading and bucketing is the floor, and they contend for the memory and the caches)
-# while the CPU used kept growing with each: docs/benchmarks.md, "The advisor"
+# past 4 processes a 16-CPU machine gained a second at most while the CPU used kept
+# growing with each (each process's reading and bucketing is its floor, and they contend
+# for the memory and the caches): docs/benchmarks.md, "The advisor"
 MAX_WORKERS = 4
 FORCED_MAX = 64  # what GPUWATCH_REPLAY_WORKERS may ask for
 # what the parent does beside its GPUs, in GPUs' worth of CPU: the host's rules and the
