@@ -59,14 +59,14 @@ def replaced(cls: Any, name: str, value: Any) -> Iterator[None]:
 
 
 @contextmanager
-def judging(share: Callable[[int | None], bool], light: bool = True) -> Iterator[None]:
-    """Every engine made meanwhile judges only ``share`` as a split's process does: the
-    other GPUs bucketed lightly (``light``), as where no chart is drawn."""
+def judging(share: Callable[[int | None], bool]) -> Iterator[None]:
+    """Every engine made meanwhile judges only ``share`` as a split's process does, the
+    other GPUs bucketed lightly."""
     init = engine_mod.Engine.__init__
 
     def made(self: Any, *a: Any, **k: Any) -> None:
         init(self, *a, **k)
-        self.judge_only(share, light=light)
+        self.judge_only(share)
     with replaced(engine_mod.Engine, "__init__", made):
         yield
 

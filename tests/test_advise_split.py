@@ -77,26 +77,36 @@ def _gpus_of(path: Path) -> set[int]:
     return gpus
 
 
-def _frame_state(frame: frame_mod.Frame) -> str:
-    """Everything a frame holds that a rule or the report could read of any subject,
-    except each GPU's own rings beyond those the frame reads for the others
-    (_GPU_READS): every table's newest bucket and prefix sums (its rings only grow, so
-    comparing them at each bucket compares their whole history), facts, settings, the
-    job's clock and spans, processes."""
+def _frame_state(frame: frame_mod.Frame, idx: int, full: Any = ()) -> str:
+    """What a frame holds that a rule or the report could read of any subject at bucket
+    ``idx``, but each GPU's own rings beyond those the frame reads for the others
+    (_GPU_READS; all of them for the GPUs in ``full``): every table's newest bucket and
+    prefix sums (its rings only grow, so comparing them at each bucket compares their
+    whole history); facts, settings, the job's clock, spans, processes, phases and
+    ranks of each subject; the frame's own maps of processes, ends and problems; and the
+    step-time attribution over the last 10 buckets (the HTML report's timeline reads
+    it so)."""
     def table(t: frame_mod.Table, only: Any = None) -> list[Any]:
         return sorted((name, r.base + len(r.vals), r.vals[-1] if r.vals else None,
                        r.psum[-1], r.pw[-1]) for name, r in t.rings.items()
                       if only is None or name in only)
-    out: list[Any] = [table(frame.host_tables), sorted(frame.facts.items()),
-                      sorted(frame.pid_gpu.items()), frame.last_oom_idx]
+    out: list[Any] = [
+        table(frame.host_tables), sorted(frame.facts.items()), sorted(frame.pid_gpu.items()),
+        frame.last_oom_idx, sorted((p, s.gpu) for p, s in frame.job_of_pid.items()),
+        sorted(frame.hook_gpu.items()), sorted(frame.ended_pids.items(), key=str),
+        frame.job_ends, frame.problems, frame.jobs(idx + 1, 10)]
     for gpu, s in sorted(frame.subjects.items(), key=lambda kv: -1 if kv[0] is None
                          else kv[0]):
-        out.append([gpu, table(s.gpu_table, frame_mod._GPU_READS), table(s.job),
-                    table(s.cpu), table(s.phase_table), sorted(s.facts.items()),
-                    sorted(s.config.items()), s.first, s.first_busy, s.first_util,
-                    s.job_warm, s.job_last, s.main_pid, sorted(s.proc_pids),
-                    s.job_via.gpu if s.job_via is not None else None,
-                    sorted(s.span.s.items()), s.phase, sorted(s.phase_seconds.items())])
+        out.append([
+            gpu, table(s.gpu_table, None if gpu in full else frame_mod._GPU_READS),
+            table(s.job), table(s.cpu), table(s.phase_table), sorted(s.facts.items()),
+            sorted(s.config.items()), s.first, s.first_busy, s.first_util, s.job_warm,
+            s.job_last, s.job_t1, s.span_t0, s.main_pid, sorted(s.proc_pids), s.job_pid,
+            s.job_rank, s.dist, s.hook_seen, s.hook_off, s.steps_seen, s.micro_sum,
+            s.micro_n, s.nontrain_t0, s.nontrain_t1,
+            s.job_via.gpu if s.job_via is not None else None, sorted(s.span.s.items()),
+            s.span_at_last_step, s.phase, sorted(s.phase_seconds.items()),
+            sorted(s.phase_info.items(), key=str)])
     return repr(out)
 
 
@@ -132,14 +142,35 @@ def _cross_reads(path: Path) -> Path:
     return path
 
 
+def _states(rules: Any, rec: Path, judged: Any, light: bool) -> tuple[list[str], Any]:
+    """The frame's state after each bucket, judging ``judged`` (the others bucketed
+    lightly, or, without ``light``, in full as one process buckets them)."""
+    engine = Engine(rules, res=1.0)
+    if light:
+        engine.judge_only(judged)
+    else:
+        engine.judges = judged
+    full = [g for g in _gpus_of(rec) if judged(g)]
+    seen: list[str] = []
+    evaluate = engine.frame.on_bucket
+
+    def both(idx: int) -> None:
+        evaluate(idx)
+        seen.append(_frame_state(engine.frame, idx, full))
+    engine.frame.on_bucket = both
+    sources._feed_recording(engine, str(rec))
+    return seen, engine.frame
+
+
 def test_a_gpu_judged_in_another_process_keeps_what_the_others_read(tmp_path: Path) -> None:
     """A process judging a share of the GPUs buckets the others lightly
     (Frame.judge_only): their rings keep only what the frame reads of every GPU for the
     others (the ranks' utilization the attribution shares out, the memory an
     out-of-memory death is pinned on, a shared job's batch room). Fed every recording of
     several GPUs in tests/data, with and without the hook's lines, a frame that buckets
-    every GPU lightly holds at every bucket what one that buckets them in full holds,
-    but for the GPUs' own other rings, which it does not keep."""
+    every GPU lightly, and one that buckets all but the first lightly, hold at every
+    bucket what one that buckets them all in full holds (the first GPU's every ring
+    included), but for the light GPUs' own other rings, which they do not keep."""
     rules = load_rules([])
     paths = [p for p in RECORDINGS if len(_gpus_of(p)) >= 2]
     assert len(paths) >= 20
@@ -151,34 +182,23 @@ def test_a_gpu_judged_in_another_process_keeps_what_the_others_read(tmp_path: Pa
             out.writelines(x for x in f if json.loads(x).get("kind") not in HOOK_KINDS)
         recs += [path, bare]
     for rec in recs:
-        states = []
-        for light in (False, True):
-            engine = Engine(rules, res=1.0)
-            engine.judge_only(lambda gpu: gpu is None, light=light)
-            seen: list[str] = []
-            evaluate = engine.frame.on_bucket
-
-            def both(idx: int, evaluate: Any = evaluate, seen: list[str] = seen,
-                     frame: frame_mod.Frame = engine.frame) -> None:
-                evaluate(idx)
-                seen.append(_frame_state(frame))
-            engine.frame.on_bucket = both
-            sources._feed_recording(engine, str(rec))
-            states.append(seen)
-            kept = sum(len(s.gpu_table.rings) for g, s in engine.frame.subjects.items()
-                       if g is not None)
-            if light:
-                light_rings += kept
-                for g, s in engine.frame.subjects.items():
-                    if g is not None:
-                        assert s.light
-                        assert set(s.gpu_table.rings) <= set(frame_mod._GPU_READS), rec
-            else:
-                full_rings += kept
-        assert len(states[0]) > 10, rec
-        assert len(states[0]) == len(states[1]), rec
-        for idx, (a, b) in enumerate(zip(*states, strict=True)):
-            assert a == b, f"{rec.name}: the frames part at bucket {idx}"
+        first = min(_gpus_of(rec))
+        for judged in (lambda gpu: gpu is None, lambda gpu, first=first: gpu in (None, first)):
+            full, frame = _states(rules, rec, judged, light=False)
+            full_rings += sum(len(s.gpu_table.rings) for g, s in frame.subjects.items()
+                              if g is not None and not judged(g))
+            light, frame = _states(rules, rec, judged, light=True)
+            for g, s in frame.subjects.items():
+                if g is not None and not judged(g):
+                    assert s.light
+                    assert set(s.gpu_table.rings) <= set(frame_mod._GPU_READS), rec
+                    light_rings += len(s.gpu_table.rings)
+                elif g is not None:
+                    assert not s.light
+            assert len(full) > 10, rec
+            assert len(full) == len(light), rec
+            for idx, (a, b) in enumerate(zip(full, light, strict=True)):
+                assert a == b, f"{rec.name}: the frames part at bucket {idx}"
     # lightly: a handful of rings a GPU instead of a few dozen
     assert light_rings * 4 < full_rings
 

@@ -255,15 +255,13 @@ class Engine:
                 out[name] = max(out.get(name, 0), n)
         return out
 
-    def judge_only(self, judged: Callable[[int | None], bool], light: bool = True) -> None:
+    def judge_only(self, judged: Callable[[int | None], bool]) -> None:
         """Ask the rules about the subjects ``judged`` only (by GPU index; None: the
-        host), as a process judging its share of a recording does (split.py). With
-        ``light``, the GPUs not judged here are bucketed lightly (Frame.judge_only): what
-        no reader here asks of them is not kept. Leave it off where something reads every
-        GPU's rings besides the rules (the HTML report's timeline). Before any sample."""
+        host), as a process judging its share of a recording does (split.py); the GPUs
+        not judged here are bucketed lightly (Frame.judge_only): what no reader here asks
+        of them is not kept. Before any sample."""
+        self.frame.judge_only(judged)
         self.judges = judged
-        if light:
-            self.frame.judge_only(judged)
 
     # -- input --------------------------------------------------------------------------
     def feed(self, sample: Any) -> None:

@@ -338,8 +338,9 @@ class Frame:
         keeping only what the frame reads of every GPU for the others (``_GPU_READS``:
         the attribution's utilization of a job's ranks, the memory an out-of-memory
         death is pinned on, a shared job's batch room), and its processes, facts and
-        memory events followed as ever. Call before any sample is fed: a ring left
-        partly written would read as a gap."""
+        memory events followed as ever. What the HTML report's timeline reads of the
+        frame (``jobs``: the attribution) is among them. Call before any sample is fed:
+        a ring left partly written would read as a gap."""
         if self.idx is not None:
             raise RuntimeError("judge_only() after samples were fed")
         self.light = lambda gpu: not judged(gpu)

@@ -103,9 +103,7 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
             judges = split.shares(planned.workers, planned.gpus, charts=on_bucket is not None)
             children = split.start(engine, run, judges)
             if children:
-                # the parent's frame buckets every GPU in full where the timeline of the
-                # charts reads them all
-                engine.judge_only(split.mine(judges, children), light=on_bucket is None)
+                engine.judge_only(split.mine(judges, children))
         if on_bucket is not None:
             evaluate = engine.frame.on_bucket
 
