@@ -227,10 +227,14 @@ def mine(judges: list[Callable[[int | None], bool]], children: list[_Child]
          ) -> Callable[[int | None], bool]:
     """What the parent judges: its own share and every share no child took."""
     taken = {c.worker for c in children}
-    left = [j for w, j in enumerate(judges) if w not in taken]
-    if len(left) == 1:
-        return left[0]
-    return lambda gpu: any(j(gpu) for j in left)
+    return _any_of([j for w, j in enumerate(judges) if w not in taken])
+
+
+def _any_of(shares: list[Callable[[int | None], bool]]) -> Callable[[int | None], bool]:
+    """What any of ``shares`` judges."""
+    if len(shares) == 1:
+        return shares[0]
+    return lambda gpu: any(j(gpu) for j in shares)
 
 
 def _child(engine: Engine, run: Run, share: Callable[[int | None], bool], wfd: int,
@@ -347,8 +351,7 @@ def finish(engine: Engine, run: Run, children: list[_Child]) -> None:
             failed.append(child.share)
     if failed:
         again = Engine(engine.ruleset, res=engine.res)
-        again.judge_only(failed[0] if len(failed) == 1
-                         else (lambda gpu: any(j(gpu) for j in failed)))
+        again.judge_only(_any_of(failed))
         # the file's warnings were said by the first pass
         reader_log = logging.getLogger("gpuwatch.trace.format")
         was = reader_log.disabled
