@@ -279,6 +279,24 @@ def test_a_cpu_only_job_gets_its_breakdown_and_data_advice(tmp_path):
     assert "CPU-only job" in text and "No GPU in this data" in text
 
 
+def test_a_cpu_only_job_is_not_told_of_a_gpu_it_has_not(tmp_path):
+    """A host-bound job with no GPU in the data (its GPU lines taken out): the breakdown
+    says the step's own work is on the CPU, and nothing speaks of a GPU working under
+    70 % of the time (gpu-underused said "the GPU works only 0 %" before)."""
+    run = synthetic.host_bound_bert()
+    lines = [d for d in run.lines if d["kind"] != "gpu"]
+    lines[0] = {k: v for k, v in lines[0].items() if k not in ("gpus", "gpu_name",
+                                                                "compute_capability")}
+    for d in lines:
+        d.pop("gpu", None)
+    path = tmp_path / "cpu.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    report = json.loads(run_cli("advise", "--replay", str(path), "--format", "json").stdout)
+    (j,) = report["jobs"]
+    assert j["gpu"] is None and j["time_share"]["host"] > 0.5
+    assert not ids(report) & {"gpu-underused", "raise-batch-size", "enable-mixed-precision"}
+
+
 def test_rule_files_keep_info_rules_out_of_the_catch_alls_suppressors():
     from gpuwatch.advisor.rules import load_rules
 

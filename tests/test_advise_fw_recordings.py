@@ -30,6 +30,9 @@ EVAL_TOLERANCE = 0.15  # the hook's evaluation time against the callback's, rela
 LR = "Scale the learning rate"
 STARTUP_RULES = {"long-compile"}  # about start-up itself: said before the first step
 
+# the advice of an inference process (rules/phases.yaml, phase: inference)
+INFERENCE_RULES = {"batch-inference-requests", "inference-in-fp32", "inference-waits-for-data"}
+
 # name: (must get, must not get)
 EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_eval_heavy": ({"speed-up-evaluation"}, {"raise-batch-size"}),
@@ -406,6 +409,15 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # first step, and the phases' seconds come every 5 s, so it comes 24 s after the step)
     "hf_clm_eval_logits": (set(), {"memory-leak", "raise-batch-size", "out-of-memory",
                                    "gpu-underused"}),
+    # an evaluation before training (trainer.evaluate() before train(); Seq2SeqTrainer's
+    # generating evaluation before train() and by eval_on_start=True; Lightning's
+    # validate() before fit()): evaluation ahead of the first step, never an inference
+    # process's advice, and no evaluation share from it (tested below)
+    "hf_eval_first": ({"enable-mixed-precision"}, INFERENCE_RULES | {"speed-up-evaluation"}),
+    "hf_eval_first_bare": ({"enable-mixed-precision"}, INFERENCE_RULES),
+    "hf_s2s_eval_first": ({"raise-batch-size"}, INFERENCE_RULES),
+    "hf_s2s_on_start": ({"raise-batch-size"}, INFERENCE_RULES),
+    "lightning_val_first": ({"add-dataloader-workers"}, INFERENCE_RULES),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -563,6 +575,58 @@ def test_the_trainer_evaluating_most_of_the_time_is_told_so_in_its_words():
     assert all(LR not in a["action"] for a in report["advice"])
     # the training steps hold no evaluation: their time is the training's alone
     assert job["steps"] == t["steps"]
+
+
+@pytest.mark.parametrize("name", ["hf_eval_first", "hf_s2s_eval_first", "hf_s2s_on_start",
+                                  "lightning_val_first"])
+def test_an_evaluation_before_training_is_evaluation_left_out_of_its_share(name):
+    """trainer.evaluate() before train(), Seq2SeqTrainer's generating evaluation before
+    train() and by eval_on_start=True, Lightning's validate() before fit(): while it ran,
+    before the first step, the hook read the process as serving a model (its phase lines
+    said inference: they did here). Once it trained, that time is evaluation: the job has
+    no inference time, batches or advice, its evaluation is the script's own (the one
+    before training and those inside it), and the evaluation's share since the first step
+    leaves the one before it out."""
+    path = path_of(name)
+    assert any(d.get("kind") == "phase" and d.get("phase") == "inference"
+               for d in lines(path))
+    report = advise_json(path)
+    t = truth(name)
+    (job,) = report["jobs"]
+    assert "inference" not in job["phases"] and not job.get("inference")
+    assert job["phases"]["eval"] == pytest.approx(t["first_eval_seconds"] + t["eval_seconds"],
+                                                  rel=EVAL_TOLERANCE)
+    assert not ids(report) & INFERENCE_RULES
+    for a in report["advice"]:
+        if a["id"] == "speed-up-evaluation":  # read while it trained: the later ones at most
+            assert a["evidence"]["eval_seconds"] <= t["eval_seconds"] * (1 + EVAL_TOLERANCE)
+
+
+def test_what_an_evaluation_before_training_was_told_as_serving_is_withdrawn():
+    """fw_hf_eval_first_cpu (hf_trainer.py --evaluate-first on the 2-core development
+    machine's CPU: trainer.evaluate() at eval batch 4, then 40 steps): while it evaluated
+    it looked like a process serving small batches, and batch-inference-requests began;
+    once it trained, that advice is withdrawn: ended at once (a live advisor's view), gone
+    from the findings and the report, while the evaluation's own advice stands."""
+    from gpuwatch.advisor.engine import Engine
+    from gpuwatch.advisor.rules import load_rules
+    from gpuwatch.advisor.sources import _feed_recording
+
+    started, ended = [], []
+    engine = Engine(load_rules([]), on_start=started.append, on_end=ended.append)
+    _feed_recording(engine, str(path_of("hf_eval_first_cpu")))
+    told = [f for f in started if f.rule.id == "batch-inference-requests"]
+    assert told and all(f in ended and not f.active for f in told)
+    serving_ended = max(d["t"] for d in lines(path_of("hf_eval_first_cpu"))
+                        if d.get("kind") == "phase" and d.get("phase") == "inference")
+    assert all(f.ended <= serving_ended + 2 for f in told)
+    assert not {f.rule.id for f in engine.findings} & INFERENCE_RULES
+    report = advise_json(path_of("hf_eval_first_cpu"))
+    assert ids(report) == {"speed-up-evaluation"}
+    (job,) = report["jobs"]
+    t = truth("hf_eval_first_cpu")
+    assert job["phases"]["eval"] == pytest.approx(t["first_eval_seconds"] + t["eval_seconds"],
+                                                  rel=EVAL_TOLERANCE)
 
 
 def test_tf32_and_compile_through_the_trainer_keep_the_hook_measuring():

@@ -826,6 +826,48 @@ def test_forward_passes_of_dataloader_batches_count_once(attached: hook._Hook,
     assert attached.infer_batches == 10 and attached.infer_samples == 80
 
 
+def test_an_evaluation_before_training_is_evaluation_once_the_process_trains(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainer.evaluate() before train(), eval_on_start, Lightning's validate() before
+    fit(): batches before any backward() make the process look like it serves a model (the
+    inference phase), until its first iteration ends. Then that time is evaluation's up to
+    its loader's end (the rest, the training's set-up and first iteration, start-up's),
+    its batches and samples are evaluation's, the training loader's first batch is not,
+    and no report says inference again."""
+    monkeypatch.setattr(hook, "INFER_AFTER", 0.0)
+    monkeypatch.setattr(hook, "INFER_BATCHES", 4)
+    _no_reporter(attached)
+    model = torch.nn.Linear(8, 1)
+    ev = torch.utils.data.DataLoader(torch.randn(40, 8), batch_size=4)
+    train = torch.utils.data.DataLoader(torch.randn(64, 8), batch_size=16)
+    t0 = time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        for batch in ev:
+            model(batch)
+            time.sleep(0.01)
+    evaluated = time.perf_counter() - t0
+    assert attached.phase == hook.INFERENCE
+    assert attached._status()["inference"]["batches"] == 10
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    time.sleep(0.1)  # the training's set-up: start-up's, not the evaluation's
+    for batch in itertools.islice(train, 2):
+        model(batch).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    status, seconds = attached._status(), attached._phase_seconds()
+    assert status["phase"] == hook.TRAIN and status["inference"] == {}
+    assert "inference" not in seconds or seconds["inference"] == 0.0
+    assert evaluated * 0.9 <= seconds["eval"] <= evaluated + 0.05, (seconds, evaluated)
+    assert seconds["startup"] >= 0.1
+    assert status["eval"] == {"batches": 10, "samples": 40, "batch_size": 4,
+                              "wait_seconds": status["eval"]["wait_seconds"]}
+    assert attached.n == 2 and attached.framework.looked  # looked for again, from training
+    # the first iteration's samples: its own batch, not the evaluation's before it
+    assert [r[3] for r in attached.pending] == [16, 16]
+
+
 def test_a_watched_forward_that_fails_to_count_still_runs(attached: hook._Hook,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:

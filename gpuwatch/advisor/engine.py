@@ -517,6 +517,8 @@ class Engine:
         self.ticks += 1
         self._fits.clear()
         frame = self.frame
+        if frame.trained_after_serving:
+            self._withdraw_serving(frame.trained_after_serving, t)
         plans = self._plans
         stated = self._stated
         states = self.states
@@ -571,6 +573,34 @@ class Engine:
                     holding[rid] = cond
                 if cond or rid in live:  # else: nothing held, nothing to do
                     self._step(rule, subj, ctx, cond, t)
+
+    def _withdraw_serving(self, owners: list[Subject], t: float) -> None:
+        """The processes that speak for ``owners``' jobs were read as serving a model and
+        trained after all: the hook counts that time as an evaluation ahead of training
+        now (docs/hook.md, "Phases"). Advice of the inference phase on their subjects was
+        read from a phase that was not, and is withdrawn: gone from the findings (a live
+        one ends now)."""
+        frame = self.frame
+        owned = {id(o) for o in owners}
+        owners.clear()
+        gone = [f for f in self.findings if f.rule.phase == "inference"
+                and (s := frame.subjects.get(f.gpu)) is not None
+                and id(frame.phase_owner(s)) in owned]
+        if not gone:
+            return
+        drop = {id(f) for f in gone}
+        self.findings = [f for f in self.findings if id(f) not in drop]
+        for f in gone:
+            key = (f.rule.id, f.gpu)
+            st = self.states.get(key)
+            if st is not None and st.finding is f:
+                del self.states[key]
+                self._stated.get(f.gpu, set()).discard(f.rule.id)
+            if f.active:
+                f.active = False
+                f.ended = t
+                if self.on_end is not None:
+                    self.on_end(f)
 
     def _rule_failed(self, rule: Rule, subj: Subject, err: Exception,
                      part: str = "condition") -> bool:

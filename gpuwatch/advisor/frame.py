@@ -195,6 +195,10 @@ class Subject:
         self.phase: str | None = None
         self.phase_pid: int | None = None
         self.phase_seconds: dict[str, float] = {}
+        # of phase_seconds' "eval", what came before the first step: an evaluation ahead
+        # of training, which the hook counts as serving until the process trains
+        # (docs/hook.md, "Phases"); "since the first step" measures leave it out
+        self.eval_before = 0.0
         self.phase_spans: list[tuple[str, float, float]] = []  # (phase, begin, end)
         self.phase_t: float | None = None  # the time of its last `phase` line
         self.phase_info: dict[str, Any] = {}
@@ -294,6 +298,9 @@ class Frame:
         self.hook_steps = False
         self.hook_config = False
         self.hook_phases = False
+        # the subjects whose process, read as serving a model, trained after all (its hook
+        # counts that time as an evaluation now): the engine withdraws what it read there
+        self.trained_after_serving: list[Subject] = []
         self.problems: list[dict[str, Any]] = []  # `hook_problem` lines, for the report
         self._attr_cache: dict[tuple[int, int], dict[int | None, Attribution | None]] = {}
         # this bucket's job of each subject (_group_key), made at its first attribution
@@ -900,6 +907,7 @@ class Frame:
         if pid is not None and pid != subj.phase_pid:
             subj.phase_pid = pid  # another process on this GPU: its own totals
             subj.phase_seconds = {}
+            subj.eval_before = 0.0
             subj.phase_t = None
             for k in _EVAL_IDLE_KEYS:  # counted from its own evaluation batches
                 subj.phase_info.pop(k, None)
@@ -920,6 +928,15 @@ class Frame:
             subj.phase_seconds[name] = float(total)
         now = get("phase")
         before = subj.phase
+        if subj.phase_seconds.get("inference") and not seconds.get("inference") \
+                and now != "inference":
+            # the process the hook read as serving trains after all: its hook counts that
+            # time as an evaluation now (ahead of the first step), in this line's gain
+            subj.phase_seconds.pop("inference")
+            subj.eval_before += gains.pop("eval", 0.0)
+            for k in _INFERENCE_KEYS:
+                subj.phase_info.pop(k, None)
+            self.trained_after_serving.append(subj)
         info = subj.phase_info
         if before == "eval" and gains.get("eval") and subj.phase_t is not None:
             self._eval_idle(subj, info, gains["eval"], get("eval_batches"),
@@ -1114,17 +1131,19 @@ class Frame:
             for name in _PHASE_NAMES:
                 tab.push(b, f"phase_{name}", share.get(name, 0.0) / covered if covered else 0.0)
         sec = subj.phase_seconds
-        for name in ("train", "eval", "startup", "compile", "checkpoint"):
+        for name in ("train", "startup", "compile", "checkpoint"):
             tab.push(idx, f"{name}_seconds", sec.get(name, 0.0))
-        since_first = sec.get("train", 0.0) + sec.get("eval", 0.0) + sec.get("checkpoint", 0.0)
+        ev = max(0.0, sec.get("eval", 0.0) - subj.eval_before)  # since the first step
+        tab.push(idx, "eval_seconds", ev)
+        since_first = sec.get("train", 0.0) + ev + sec.get("checkpoint", 0.0)
         if since_first > 0:
-            tab.push(idx, "eval_time_ratio", sec.get("eval", 0.0) / since_first)
+            tab.push(idx, "eval_time_ratio", ev / since_first)
             tab.push(idx, "checkpoint_time_ratio", sec.get("checkpoint", 0.0) / since_first)
         info = subj.phase_info
         tab.push(idx, "compiles", info.get("compiles"))
         tab.push(idx, "checkpoints", info.get("checkpoints"))
         tab.push(idx, "eval_batch_size", info.get("eval_batch_size"))
-        if sec.get("eval"):
+        if ev:
             tab.push(idx, "eval_idle_seconds", info.get("eval_idle_seconds", 0.0))
         tab.push(idx, "inference_batch_size", info.get("inference_batch_size"))
         batches = (info.get("inference_batches") or 0)
@@ -1607,7 +1626,8 @@ class Frame:
         if owner is None:
             return 0.0
         sec = owner.phase_seconds
-        return sec.get("eval", 0.0) + sec.get("checkpoint", 0.0) + sec.get("compile", 0.0)
+        return (sec.get("eval", 0.0) - owner.eval_before + sec.get("checkpoint", 0.0)
+                + sec.get("compile", 0.0))
 
     def jobs(self, end: int | None = None, n: int | None = None) -> list[dict[str, Any]]:
         """One entry per job and rank: ``pid``, ``rank``, ``gpu``, ``time_share``. Over the
@@ -1912,6 +1932,8 @@ CALIBRATION_SKIPS = 8
 # config keys a hook leaves out when there is none (a DataParallel dropped, FSDP gone)
 _ABSENT_IS_NONE = ("data_parallel_gpus", "fsdp_cpu_offload", "fsdp_version", "param_dtype")
 # what a process's evaluations left (frame._eval_idle), its own: dropped for the next one
+_INFERENCE_KEYS = ("inference_batch_size", "inference_batches", "generate_calls",
+                   "inference_wait_seconds")
 _EVAL_IDLE_KEYS = ("eval_idle_seconds", "eval_idle_pending", "eval_batches",
                    "eval_wait_seconds")
 # an inference process's wait for data is a share of this many seconds of serving at least

@@ -197,7 +197,8 @@ def _defs() -> dict[str, SignalDef]:
         ("phase_inference", "phase", "ratio", "mean", ("share of wall time serving a model "
          "(forward passes, generate(); a process that never runs backward)"), True),
         ("train_seconds", "phase", "seconds", "last", "seconds in training steps so far", True),
-        ("eval_seconds", "phase", "seconds", "last", "seconds evaluating so far", True),
+        ("eval_seconds", "phase", "seconds", "last", ("seconds evaluating since the first "
+         "step (an evaluation before it, ahead of training, left out)"), True),
         ("eval_idle_seconds", "phase", "seconds", "last", ("seconds of evaluation so far in "
          "which no evaluation batch came or was waited for and the GPU idled (NVML util under "
          "15 %, between two of the hook's phase lines): the host at work on what the "

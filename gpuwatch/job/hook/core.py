@@ -165,6 +165,7 @@ class _Hook:
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
+                 "infer_eval_batch", "infer_end",
                  "generate_calls", "infer_watch", "compile_called",
                  "compiles", "saving", "saves", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
@@ -271,6 +272,8 @@ class _Hook:
         self.infer_samples = 0
         self.infer_wait = 0.0  # its DataLoader's wait for those batches, seconds
         self.infer_batch_size: int | None = None
+        self.infer_eval_batch: int | None = None  # infer_batch_size when it was read as serving
+        self.infer_end: float | None = None  # a loader's end since then
         self.generate_calls = 0
         # modules whose forward passes in eval mode are counted (_watch_forwards): id ->
         # (its _Pass, the hook's handle); torch.compile() or torch.jit.script() was called
@@ -461,6 +464,8 @@ class _Hook:
             if busy >= INFER_AFTER:
                 # since its first batch it has been serving: that time is inference
                 self.switch(INFERENCE, now)
+                # its batch now: an evaluation's, should the process train after all
+                self.infer_eval_batch = self.infer_batch_size
                 moved = min(busy, self.phase_seconds[STARTUP])
                 self.phase_seconds[STARTUP] -= moved
                 self.phase_seconds[INFERENCE] += moved
@@ -565,6 +570,8 @@ class _Hook:
         phase = self.phase
         if phase is EVAL or phase is STARTUP or phase is INFERENCE:
             self.switch(TRAIN, now)
+        if self.phase_seconds[INFERENCE]:
+            self._evaluated_first(now)
         if not self.framework.looked:
             try:
                 self.framework.find(sys._getframe(2), self.problems)
@@ -573,6 +580,39 @@ class _Hook:
                 _patch_framework(self)
             except Exception:
                 self.fault()
+
+    def _evaluated_first(self, now: float) -> None:
+        """The process read as serving a model trains after all (its first iteration just
+        ended at ``now``): what it ran before was an evaluation ahead of training
+        (Trainer.evaluate() before train(), eval_on_start, Lightning's validate() before
+        fit(), a loop's own baseline). Its time until its loader's end, its batches and
+        samples are evaluation's; it was never an inference process. The batches of this
+        first iteration (its micro-batches, its samples), fetched before its backward(),
+        are training's."""
+        sec = self.phase_seconds
+        moved = sec[INFERENCE]
+        if self.infer_end is not None:
+            # since its loader's last batch: training's start-up (the Trainer's set-up,
+            # the training loader's first batch, this iteration)
+            late = min(moved, max(0.0, now - self.infer_end))
+            sec[STARTUP] += late
+            moved -= late
+        sec[EVAL] += moved
+        sec[INFERENCE] = 0.0
+        self.eval_batches += max(0, self.infer_batches - self.backwards)
+        # every batch before this iteration's end counted as its samples: the training
+        # loader's (its batch, once per micro-batch) are, the evaluation's are not
+        info = self.loader
+        bs = info[0] if info is not None else None
+        trained = self.backwards * bs if bs else self.samples
+        self.eval_samples += max(0, self.infer_samples - trained)
+        self.samples = min(self.samples, trained)
+        self.eval_wait += self.infer_wait
+        if self.eval_batch_size is None:
+            self.eval_batch_size = self.infer_eval_batch
+        # the framework was looked for from the evaluation's stack: again from training's
+        # (inside a batch-size finder or not; its checkpoint method)
+        self.framework = Framework()
 
     def scaler_update(self, scaler: Any) -> None:
         ref = self.scaler
@@ -1350,6 +1390,8 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
         if h.phase is EVAL:
             h.switch(TRAIN, t0)  # the training loader again: evaluation is over
             h.eval_probe = None
+        elif not got and h.phase is INFERENCE:
+            h.infer_end = t1  # where an evaluation ahead of training ends, if it trains
         h.wait += t1 - t0
         if h.iter_start is None:
             h.iter_start = t0

@@ -40,6 +40,8 @@ p.add_argument("--train-samples", type=int, default=None,
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--seconds", type=float, default=None,
                help="stop training after this long (the Trainer stops at a step's end)")
+p.add_argument("--evaluate-first", action="store_true",
+               help="trainer.evaluate() before trainer.train() (a baseline's metrics)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -109,6 +111,10 @@ args = TrainingArguments(
 trainer = Trainer(model=model, args=args,
                   train_dataset=Tokens(a.train_samples or a.steps * a.batch * a.accum),
                   eval_dataset=Tokens(a.eval_samples), callbacks=[Clock()])
+if a.evaluate_first:
+    t = time.perf_counter()
+    trainer.evaluate()
+    truth.data["first_eval_seconds"] = time.perf_counter() - t
 trainer.train()
 truth.write(micro_batches=a.accum, batch=a.batch, eval_batch=a.eval_batch)
 print("trained", truth.data["steps"], "steps", file=sys.stderr)

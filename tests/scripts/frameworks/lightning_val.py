@@ -37,6 +37,8 @@ p.add_argument("--warm-seconds", type=float, default=0.0,
                help="each loader worker spins the CPU this long before its first sample "
                     "(a dataset that builds an index or decodes a cache at start)")
 p.add_argument("--seconds", type=float, default=None, help="stop training after this long")
+p.add_argument("--validate-first", action="store_true",
+               help="trainer.validate() before trainer.fit() (a baseline's metrics)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -104,7 +106,13 @@ trainer = pl.Trainer(max_steps=a.steps, strategy=strategy,
                      devices=a.devices, precision=a.precision, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False, num_sanity_val_steps=2, callbacks=[Clock()])
-trainer.fit(Net(), train, val)
+net = Net()
+if a.validate_first:
+    t = time.perf_counter()
+    trainer.validate(net, val, verbose=False)
+    # the script's truth keeps the validations inside fit() apart from this one
+    truth.data.update(first_eval_seconds=time.perf_counter() - t, eval_seconds=0.0, evals=0)
+trainer.fit(net, train, val)
 if trainer.global_rank == 0:
     truth.write(micro_batches=a.accum, batch=a.batch, eval_batch=a.val_batch)
 print("trained", trainer.global_step, "steps", file=sys.stderr)

@@ -507,3 +507,22 @@ if want hf_clm_dynamic_ddp || want hf_clm_dynamic_ddp_bare; then
     --nproc_per_node "$n" hf_clm.py $clm --dynamic --min-len 64 --steps 100000 --seconds 60 \
     --batch 16 --bf16 --workers 2
 fi
+# 77. an evaluation before training: trainer.evaluate() before trainer.train() (BERT-base,
+#     2,048 batches of 8, then 45 s of training at batch 32), with the hook and without it;
+#     Lightning's trainer.validate() before trainer.fit()
+want hf_eval_first && rec hf_eval_first 200 python3 hf_trainer.py $bert --steps 100000 \
+  --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-batch 8 --eval-samples 16384 \
+  --evaluate-first --workers 2
+want hf_eval_first_bare && rec_bare hf_eval_first_bare 200 python3 hf_trainer.py $bert \
+  --steps 100000 --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-batch 8 \
+  --eval-samples 16384 --evaluate-first --workers 2
+want lightning_val_first && rec lightning_val_first 200 python3 lightning_val.py --devices 1 \
+  --steps 100000 --seconds 45 --batch 256 --val-every 100000 --val-batch 8 --val-samples 65536 \
+  --val-ms 1 --width 2048 --workers 2 --validate-first
+# 78. Seq2SeqTrainer(predict_with_generate=True): a T5 of 6 layers whose evaluations
+#     generate 64 tokens a batch; evaluated before training by trainer.evaluate(), or by
+#     eval_on_start=True (the optimizer built first)
+s2s="--width 512 --layers 6 --seq 128 --batch 32 --eval-batch 16 --eval-samples 256 --gen-len 64 \
+  --eval-every 400 --steps 100000 --seconds 60 --bf16 --workers 2"
+want hf_s2s_eval_first && rec hf_s2s_eval_first 200 python3 hf_seq2seq.py $s2s --evaluate-first
+want hf_s2s_on_start && rec hf_s2s_on_start 200 python3 hf_seq2seq.py $s2s --eval-on-start
