@@ -517,6 +517,11 @@ def lines(path: Path) -> list[dict]:
 HOOK_KINDS = ("step", "steps", "config", "phase", "hook_problem", "job_end")
 
 
+def last_config_of(path: Path) -> dict:
+    """The newest `config` line the hook sent once training began."""
+    return [d for d in lines(path) if d.get("kind") == "config" and d.get("in_training")][-1]
+
+
 def without_hook(src: Path, tmp_path: Path) -> Path:
     """``src`` as the daemon alone saw it: the hook's lines taken out."""
     bare = tmp_path / f"{src.stem}.nohook.jsonl"
@@ -627,6 +632,30 @@ def test_what_an_evaluation_before_training_was_told_as_serving_is_withdrawn():
     t = truth("hf_eval_first_cpu")
     assert job["phases"]["eval"] == pytest.approx(t["first_eval_seconds"] + t["eval_seconds"],
                                                   rel=EVAL_TOLERANCE)
+
+
+def test_a_seq2seq_trainer_generating_as_it_evaluates_is_told_to_evaluate_the_loss_alone(
+        tmp_path):
+    """Seq2SeqTrainer(predict_with_generate=True, generation_max_length=64) evaluating 29 %
+    of the time since its first step: the hook reads the generation settings, and the
+    advice says what generating costs and which settings change it, in
+    Seq2SeqTrainingArguments' words (the loss alone while it trains, the metrics generated
+    once after; generation_num_beams only where it is more than one). A plain Trainer's
+    evaluation hears nothing of generating."""
+    cfg = last_config_of(path_of("hf_s2s_on_start"))
+    assert cfg["fw_eval_generate"] is True and cfg["fw_eval_gen_len"] == 64
+    assert "fw_eval_gen_beams" not in cfg  # unset: the model's own (greedy)
+    text = action(advise_json(path_of("hf_s2s_on_start")), "speed-up-evaluation")
+    assert "Seq2SeqTrainingArguments(predict_with_generate=True → False)" in text
+    assert "compute_metrics=None" in text and "generation_max_length=64" in text
+    assert "generation_num_beams" not in text
+    assert "TrainingArguments(per_device_eval_batch_size=16 → " in text
+    beams = write(tmp_path / "beams.jsonl", transform(
+        load("fw_hf_s2s_on_start"),
+        lambda d: dict(d, fw_eval_gen_beams=4) if d.get("kind") == "config" else d))
+    assert "generation_num_beams=4 → 1" in action(advise_json(beams), "speed-up-evaluation")
+    plain = action(advise_json(path_of("hf_eval_heavy")), "speed-up-evaluation")
+    assert "predict_with_generate" not in plain and "generat" not in plain
 
 
 def test_tf32_and_compile_through_the_trainer_keep_the_hook_measuring():

@@ -105,6 +105,27 @@ def test_trainer_evaluation_accumulation_and_its_settings(tmp_path: Path) -> Non
     assert not [a for a in report["advice"] if "Scale the learning rate" in a["action"]]
 
 
+def test_a_seq2seq_trainer_generating_in_its_evaluations_is_training(tmp_path: Path) -> None:
+    """Seq2SeqTrainer(predict_with_generate=True) on a tiny T5: its evaluations call
+    generate() on every batch, inside training. They are the eval phase, never an inference
+    process; every step is counted; the generation settings are read."""
+    rec, truth = record(tmp_path, "hf_seq2seq", "--steps", "300", "--eval-every", "60",
+                        "--eval-samples", "256", "--gen-len", "24")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"] == 300
+    phases = lines(rec, "phase")
+    assert {p["phase"] for p in phases} >= {"train", "eval"}
+    assert "inference" not in {p["phase"] for p in phases}
+    final = phases[-1]["seconds"]
+    print(f"hook: {final}, script's evaluations: {truth['eval_seconds']:.2f} s")
+    assert final["eval"] == pytest.approx(truth["eval_seconds"], rel=EVAL_TOLERANCE, abs=0.3)
+    cfg = last_config(rec)
+    assert cfg["fw_eval_generate"] is True and cfg["fw_eval_gen_len"] == 24
+    assert not lines(rec, "hook_problem")
+    (job,) = advise(rec)["jobs"]
+    assert job["framework"] == "transformers" and not job.get("inference")
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_tf32_through_the_new_api_keeps_the_hook_measuring(tmp_path: Path, when: str) -> None:
     """transformers 5 sets TF32 through torch's fp32_precision API; from then on torch's

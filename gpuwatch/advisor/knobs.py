@@ -99,6 +99,10 @@ KNOBS: dict[str, dict[str, str]] = {
                         "(eval_dataset.select(range(int(len(eval_dataset) * {new}))))",
         "lightning": "Trainer(limit_val_batches={new})",
     },
+    "eval_generate": {
+        TORCH: "the loss alone in the evaluations during training",
+        "transformers": "Seq2SeqTrainingArguments(predict_with_generate={change})",
+    },
     "eval_accum": {
         TORCH: "move predictions to the CPU every {new} evaluation batches",
         "transformers": "TrainingArguments(eval_accumulation_steps={new})",

@@ -309,6 +309,12 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("fw_eval_accum", "config", "count", "last", "TrainingArguments(eval_accumulation_steps)",
          False),
+        ("fw_eval_generate", "config", "bool", "last", ("the evaluations generate "
+         "(Seq2SeqTrainingArguments(predict_with_generate=True))"), False),
+        ("fw_eval_gen_len", "config", "count", "last",
+         "Seq2SeqTrainingArguments(generation_max_length)", False),
+        ("fw_eval_gen_beams", "config", "count", "last",
+         "Seq2SeqTrainingArguments(generation_num_beams)", False),
         ("fw_compile", "config", "bool", "last", "TrainingArguments(torch_compile)", False),
         ("fw_save_strategy", "config", "text", "last", "TrainingArguments(save_strategy)", False),
         ("fw_save_every", "config", "steps", "last", ("how often the framework saves a "

@@ -17,7 +17,7 @@ import sys
 import weakref
 from typing import Any
 
-from gpuwatch.job.hook.facts import Problems, read
+from gpuwatch.job.hook.facts import Problems, read, read_known
 
 TRANSFORMERS = "transformers"
 # a Hugging Face pipeline() serving a model (transformers' own inference loop)
@@ -180,6 +180,13 @@ def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None
     read(cfg, "fw_eval_strategy", lambda: _enum_value(args.eval_strategy), problems)
     read(cfg, "fw_eval_every", lambda: args.eval_steps, problems)
     read(cfg, "fw_eval_accum", lambda: args.eval_accumulation_steps, problems)
+    # Seq2SeqTrainingArguments alone: evaluations that generate, and how much
+    read_known(cfg, "fw_eval_generate", lambda: getattr(args, "predict_with_generate", None),
+               problems)
+    read_known(cfg, "fw_eval_gen_len", lambda: getattr(args, "generation_max_length", None),
+               problems)
+    read_known(cfg, "fw_eval_gen_beams", lambda: getattr(args, "generation_num_beams", None),
+               problems)
     read(cfg, "fw_compile", lambda: bool(args.torch_compile), problems)
     read(cfg, "fw_save_strategy", lambda: _enum_value(args.save_strategy), problems)
     read(cfg, "fw_save_every", lambda: args.save_steps, problems)

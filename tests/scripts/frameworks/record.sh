@@ -520,8 +520,8 @@ want lightning_val_first && rec lightning_val_first 200 python3 lightning_val.py
   --steps 100000 --seconds 45 --batch 256 --val-every 100000 --val-batch 8 --val-samples 65536 \
   --val-ms 1 --width 2048 --workers 2 --validate-first
 # 78. Seq2SeqTrainer(predict_with_generate=True): a T5 of 6 layers whose evaluations
-#     generate 64 tokens a batch; evaluated before training by trainer.evaluate(), or by
-#     eval_on_start=True (the optimizer built first)
+#     generate up to 64 tokens for 256 sequences at batch 16; evaluated before training by
+#     trainer.evaluate(), or by eval_on_start=True (the optimizer built first)
 s2s="--width 512 --layers 6 --seq 128 --batch 32 --eval-batch 16 --eval-samples 256 --gen-len 64 \
   --eval-every 400 --steps 100000 --seconds 60 --bf16 --workers 2"
 want hf_s2s_eval_first && rec hf_s2s_eval_first 200 python3 hf_seq2seq.py $s2s --evaluate-first
