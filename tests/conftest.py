@@ -29,6 +29,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 RECORDINGS = sorted(DATA.glob("*.jsonl"))
+# those with GPU lines (all but a CPU-only job's: fw_hf_eval_first_cpu)
+GPU_RECORDINGS = [p for p in RECORDINGS
+                  if re.search(r'"kind": ?"gpu"', p.read_text(encoding="utf-8"))]
 SERVING = re.compile(r"serving (https?://\S+)/metrics")
 
 

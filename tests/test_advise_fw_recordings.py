@@ -605,6 +605,24 @@ def test_an_evaluation_before_training_is_evaluation_left_out_of_its_share(name)
     for a in report["advice"]:
         if a["id"] == "speed-up-evaluation":  # read while it trained: the later ones at most
             assert a["evidence"]["eval_seconds"] <= t["eval_seconds"] * (1 + EVAL_TOLERANCE)
+    # the HTML report's phase ribbon says the same: evaluation before the training
+    from gpuwatch.advisor import timeline
+    from gpuwatch.advisor.rules import load_rules
+
+    _, tl = timeline.judge_recording(str(path), load_rules([]))
+    (tjob,) = tl.jobs.values()
+    order = [p for _, _, p in tl.phase_spans(tjob)]
+    assert "inference" not in order and order.index("eval") < order.index("train"), order
+
+
+def test_an_inference_process_keeps_its_inference_in_the_picture():
+    """Trainer.predict and never a backward(): its ribbon says inference, as its hook did."""
+    from gpuwatch.advisor import timeline
+    from gpuwatch.advisor.rules import load_rules
+
+    _, tl = timeline.judge_recording(str(path_of("hf_predict")), load_rules([]))
+    (tjob,) = tl.jobs.values()
+    assert "inference" in {p for _, _, p in tl.phase_spans(tjob)}
 
 
 def test_what_an_evaluation_before_training_was_told_as_serving_is_withdrawn():
@@ -654,8 +672,27 @@ def test_a_seq2seq_trainer_generating_as_it_evaluates_is_told_to_evaluate_the_lo
         load("fw_hf_s2s_on_start"),
         lambda d: dict(d, fw_eval_gen_beams=4) if d.get("kind") == "config" else d))
     assert "generation_num_beams=4 → 1" in action(advise_json(beams), "speed-up-evaluation")
+    # the best checkpoint picked by a generated metric (load_best_model_at_end, early
+    # stopping): the loss alone would take it away; generating less is what is left
+    best = write(tmp_path / "best.jsonl", transform(
+        load("fw_hf_s2s_on_start"),
+        lambda d: dict(d, fw_best_metric="rouge1") if d.get("kind") == "config" else d))
+    told = action(advise_json(best), "speed-up-evaluation")
+    assert "Its best model is chosen by rouge1" in told
+    assert "predict_with_generate=True → False" not in told and "compute_metrics=None" not in told
+    assert "generation_max_length no longer than its targets" in told
     plain = action(advise_json(path_of("hf_eval_heavy")), "speed-up-evaluation")
     assert "predict_with_generate" not in plain and "generat" not in plain
+    # a generating evaluation whose host work follows its batches (decoding, ROUGE) is
+    # told of generating, never of preprocess_logits_for_metrics (it would get the ids):
+    # the generating actions come before the ones for that host work
+    import yaml
+
+    rules = yaml.safe_load((DATA.parents[1] / "rules" / "phases.yaml").read_text())["rules"]
+    (rule,) = [r for r in rules if r["id"] == "speed-up-evaluation"]
+    whens = [a.get("when", "") for a in rule["action"]]
+    first_tail = min(i for i, w in enumerate(whens) if "tail" in w)
+    assert all(i < first_tail for i, w in enumerate(whens) if w.startswith("gen"))
 
 
 def test_tf32_and_compile_through_the_trainer_keep_the_hook_measuring():

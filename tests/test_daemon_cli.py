@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    GPU_RECORDINGS,
     NVML_GPUS,
     RECORDINGS,
     http_get,
@@ -209,7 +210,7 @@ def test_unparsable_config_file_points_at_the_line(tmp_path):
 
 @needs_replay
 @pytest.mark.slow
-@pytest.mark.parametrize("recording", RECORDINGS, ids=[p.stem for p in RECORDINGS])
+@pytest.mark.parametrize("recording", GPU_RECORDINGS, ids=[p.stem for p in GPU_RECORDINGS])
 def test_replay_serves_the_gpu_series(gpuwatch_daemon, recording):
     d = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--replay", str(recording))
     m = d.wait_for_metric("gpuwatch_gpu_sm_active_ratio")

@@ -126,6 +126,33 @@ def test_a_seq2seq_trainer_generating_in_its_evaluations_is_training(tmp_path: P
     assert job["framework"] == "transformers" and not job.get("inference")
 
 
+def test_a_seq2seq_evaluation_before_training_is_evaluation(tmp_path: Path) -> None:
+    """trainer.evaluate() before trainer.train() on a Seq2SeqTrainer that generates: long
+    enough (10 s at least) that the hook reads the process as serving a model meanwhile
+    (its phase lines say inference), until it trains. Then that time is the evaluation's
+    (the script's own clock), each of its batches counted once though generate() ran on
+    each, and the job is no inference process."""
+    # 4,096 sequences of up to 48 tokens: ~40 s on the 2-core development machine, well
+    # past the 10 s after which the hook reads a process that never trained as serving
+    rec, truth = record(tmp_path, "hf_seq2seq", "--evaluate-first", "--no-eval", "--steps",
+                        "40", "--eval-samples", "4096", "--gen-len", "48")
+    phases = lines(rec, "phase")
+    assert "inference" in {p["phase"] for p in phases}, truth  # (it evaluated 10 s at least)
+    final = phases[-1]
+    assert "inference" not in final["seconds"] and final["phase"] == "train"
+    print(f"hook: {final['seconds']}, script's evaluation: {truth['first_eval_seconds']:.2f} s")
+    assert final["seconds"]["eval"] == pytest.approx(truth["first_eval_seconds"],
+                                                     rel=EVAL_TOLERANCE)
+    assert final["eval_batches"] == 4096 // 8 and final["eval_samples"] == 4096
+    assert sum(s.get("steps", 1) for s in lines(rec, "step") + lines(rec, "steps")) == 40
+    report = advise(rec)
+    (job,) = report["jobs"]
+    assert not job.get("inference") and "inference" not in job["phases"]
+    assert not {a["id"] for a in report["advice"]} & {"batch-inference-requests",
+                                                       "inference-in-fp32",
+                                                       "inference-waits-for-data"}
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_tf32_through_the_new_api_keeps_the_hook_measuring(tmp_path: Path, when: str) -> None:
     """transformers 5 sets TF32 through torch's fp32_precision API; from then on torch's

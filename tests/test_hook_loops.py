@@ -831,9 +831,10 @@ def test_an_evaluation_before_training_is_evaluation_once_the_process_trains(
     """trainer.evaluate() before train(), eval_on_start, Lightning's validate() before
     fit(): batches before any backward() make the process look like it serves a model (the
     inference phase), until its first iteration ends. Then that time is evaluation's up to
-    its loader's end (the rest, the training's set-up and first iteration, start-up's),
-    its batches and samples are evaluation's, the training loader's first batch is not,
-    and no report says inference again."""
+    its loader's last batch (a compilation after it keeps its own seconds; the training's
+    set-up and first iteration are start-up's), its batches and samples are evaluation's,
+    the training loader's batches are not (two micro-batches here), and no report says
+    inference again."""
     monkeypatch.setattr(hook, "INFER_AFTER", 0.0)
     monkeypatch.setattr(hook, "INFER_BATCHES", 4)
     _no_reporter(attached)
@@ -849,23 +850,28 @@ def test_an_evaluation_before_training_is_evaluation_once_the_process_trains(
     evaluated = time.perf_counter() - t0
     assert attached.phase == hook.INFERENCE
     assert attached._status()["inference"]["batches"] == 10
+    attached.interrupt(hook.COMPILE)  # dynamo compiling the training step, say
+    time.sleep(0.1)
+    attached.resume()
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     time.sleep(0.1)  # the training's set-up: start-up's, not the evaluation's
-    for batch in itertools.islice(train, 2):
-        model(batch).sum().backward()
+    it = iter(train)
+    for _ in range(2):  # two optimizer steps of two micro-batches each
+        for _ in range(2):
+            model(next(it)).sum().backward()
         opt.step()
         opt.zero_grad()
     status, seconds = attached._status(), attached._phase_seconds()
     assert status["phase"] == hook.TRAIN and status["inference"] == {}
     assert "inference" not in seconds or seconds["inference"] == 0.0
     assert evaluated * 0.9 <= seconds["eval"] <= evaluated + 0.05, (seconds, evaluated)
-    assert seconds["startup"] >= 0.1
+    assert seconds["compile"] >= 0.1 and seconds["startup"] >= 0.1, seconds
     assert status["eval"] == {"batches": 10, "samples": 40, "batch_size": 4,
                               "wait_seconds": status["eval"]["wait_seconds"]}
     assert attached.n == 2 and attached.framework.looked  # looked for again, from training
-    # the first iteration's samples: its own batch, not the evaluation's before it
-    assert [r[3] for r in attached.pending] == [16, 16]
+    # each iteration's samples: its own micro-batches, not the evaluation's before them
+    assert [r[3] for r in attached.pending] == [32, 32]
 
 
 def test_a_watched_forward_that_fails_to_count_still_runs(attached: hook._Hook,

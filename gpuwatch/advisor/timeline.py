@@ -269,7 +269,14 @@ class Timeline:
         t0 = self.t0 or 0.0
         spans: list[tuple[float, float, str]] = []
         lines = sorted(job.phases, key=lambda p: p[0])
+        # a process read as serving that trained after all: its hook counts that time as
+        # an evaluation ahead of training now (its seconds hold no inference), and so
+        # does the picture
+        final = self.phase_seconds(job)
+        evaluated_first = final is not None and not final.get("inference")
         for i, (t, phase, _) in enumerate(lines):
+            if evaluated_first and phase == "inference":
+                phase = "eval"
             end = lines[i + 1][0] if i + 1 < len(lines) else max(t, job.last_t or t,
                                                                   self.t1 or t)
             if spans and spans[-1][2] == phase and abs(spans[-1][1] - (t - t0)) < 1e-9:

@@ -315,6 +315,8 @@ def _defs() -> dict[str, SignalDef]:
          "Seq2SeqTrainingArguments(generation_max_length)", False),
         ("fw_eval_gen_beams", "config", "count", "last",
          "Seq2SeqTrainingArguments(generation_num_beams)", False),
+        ("fw_best_metric", "config", "text", "last", ("the metric that picks the best "
+         "checkpoint (TrainingArguments(metric_for_best_model))"), False),
         ("fw_compile", "config", "bool", "last", "TrainingArguments(torch_compile)", False),
         ("fw_save_strategy", "config", "text", "last", "TrainingArguments(save_strategy)", False),
         ("fw_save_every", "config", "steps", "last", ("how often the framework saves a "

@@ -165,7 +165,7 @@ class _Hook:
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
-                 "infer_eval_batch", "infer_end",
+                 "infer_eval_batch", "infer_done", "infer_t1", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
                  "compiles", "saving", "saves", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
@@ -273,7 +273,12 @@ class _Hook:
         self.infer_wait = 0.0  # its DataLoader's wait for those batches, seconds
         self.infer_batch_size: int | None = None
         self.infer_eval_batch: int | None = None  # infer_batch_size when it was read as serving
-        self.infer_end: float | None = None  # a loader's end since then
+        # while read as serving: the end of the last batch a loader gave, and what had
+        # been served when a loader ended or another began (seconds, a loader's batches,
+        # their samples, their wait): where an evaluation ahead of training ends
+        self.infer_t1: float | None = None
+        self.infer_done: tuple[float, int, int, float] | None = None
+        self.gen_samples = 0  # the sequences generate() was asked for, of infer_samples
         self.generate_calls = 0
         # modules whose forward passes in eval mode are counted (_watch_forwards): id ->
         # (its _Pass, the hook's handle); torch.compile() or torch.jit.script() was called
@@ -591,23 +596,29 @@ class _Hook:
         are training's."""
         sec = self.phase_seconds
         moved = sec[INFERENCE]
-        if self.infer_end is not None:
-            # since its loader's last batch: training's start-up (the Trainer's set-up,
-            # the training loader's first batch, this iteration)
-            late = min(moved, max(0.0, now - self.infer_end))
-            sec[STARTUP] += late
-            moved -= late
-        sec[EVAL] += moved
+        done = self.infer_done
+        if done is not None:
+            # where its last evaluation loader ended (or the training loader began): the
+            # rest is training's start-up (the Trainer's set-up, this first iteration);
+            # compiling has its own seconds already. The training loader's batches
+            # before this backward() came after it
+            seconds, batches, samples, wait = done
+            evaluated = min(moved, seconds)
+            sec[STARTUP] += moved - evaluated
+            self.samples = max(0, self.samples - samples)  # the first iteration counted them
+            self.wait = max(0.0, self.wait - wait)
+        else:  # no DataLoader at all (generate() or a model's passes, its own loop)
+            evaluated = moved
+            batches = self.infer_batches - self.generate_calls
+            samples = self.infer_samples - self.gen_samples
+            wait = self.infer_wait
+        if batches <= 0:  # generate() calls without a loader feeding them
+            batches, samples = self.generate_calls, self.gen_samples
+        sec[EVAL] += evaluated
         sec[INFERENCE] = 0.0
-        self.eval_batches += max(0, self.infer_batches - self.backwards)
-        # every batch before this iteration's end counted as its samples: the training
-        # loader's (its batch, once per micro-batch) are, the evaluation's are not
-        info = self.loader
-        bs = info[0] if info is not None else None
-        trained = self.backwards * bs if bs else self.samples
-        self.eval_samples += max(0, self.infer_samples - trained)
-        self.samples = min(self.samples, trained)
-        self.eval_wait += self.infer_wait
+        self.eval_batches += batches
+        self.eval_samples += samples
+        self.eval_wait += wait
         if self.eval_batch_size is None:
             self.eval_batch_size = self.infer_eval_batch
         # the framework was looked for from the evaluation's stack: again from training's
@@ -1390,8 +1401,16 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
         if h.phase is EVAL:
             h.switch(TRAIN, t0)  # the training loader again: evaluation is over
             h.eval_probe = None
-        elif not got and h.phase is INFERENCE:
-            h.infer_end = t1  # where an evaluation ahead of training ends, if it trains
+        elif h.phase is INFERENCE:
+            # where an evaluation ahead of training ends, should the process train: a
+            # loader's end, or another loader's first batch (after the last one's batch)
+            if not got:
+                _served(h, t1)
+            elif info is not None and info[2] is not None:
+                # (after generate() calls alone, no loader's batch: from this one's wait)
+                _served(h, t0 if h.infer_t1 is None else h.infer_t1)
+            if got:
+                h.infer_t1 = t1
         h.wait += t1 - t0
         if h.iter_start is None:
             h.iter_start = t0
@@ -1411,6 +1430,14 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             h.inference_work(info[0] if info is not None else None, t1, t1 - t0)
     except Exception:
         h.fault()
+
+
+def _served(h: _Hook, t: float) -> None:
+    """What a process read as serving had served by ``t`` (its seconds in the phase, its
+    loaders' batches, samples and wait), for an evaluation ahead of training to end at."""
+    h.infer_done = (h.phase_seconds[INFERENCE] + max(0.0, t - h.phase_t0),
+                    h.infer_batches - h.generate_calls, h.infer_samples - h.gen_samples,
+                    h.infer_wait)
 
 
 # frameworks that rebuild a DataLoader around a batch sampler of their own (Accelerate's
@@ -2113,7 +2140,10 @@ def _wrap_generate(orig: Callable[..., Any]) -> Callable[..., Any]:
                 ids = kwargs.get("input_ids", args[0] if args else None)
                 shape = getattr(ids, "shape", None)
                 h.generate_calls += 1
-                h.inference_work(int(shape[0]) if shape else None, _perf())
+                n = int(shape[0]) if shape else None
+                if n:
+                    h.gen_samples += n
+                h.inference_work(n, _perf())
             except Exception:
                 h.fault()
         return orig(self, *args, **kwargs)

@@ -187,6 +187,8 @@ def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None
                problems)
     read_known(cfg, "fw_eval_gen_beams", lambda: getattr(args, "generation_num_beams", None),
                problems)
+    # the metric that picks the best checkpoint (load_best_model_at_end, early stopping)
+    read_known(cfg, "fw_best_metric", lambda: args.metric_for_best_model, problems)
     read(cfg, "fw_compile", lambda: bool(args.torch_compile), problems)
     read(cfg, "fw_save_strategy", lambda: _enum_value(args.save_strategy), problems)
     read(cfg, "fw_save_every", lambda: args.save_steps, problems)

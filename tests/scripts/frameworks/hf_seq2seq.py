@@ -33,6 +33,8 @@ p.add_argument("--layers", type=int, default=2)
 p.add_argument("--seq", type=int, default=32)
 p.add_argument("--evaluate-first", action="store_true")
 p.add_argument("--eval-on-start", action="store_true")
+p.add_argument("--no-eval", action="store_true",
+               help='eval_strategy="no": no evaluation inside training (nor at its end)')
 p.add_argument("--bf16", action="store_true")
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--seconds", type=float, default=None,
@@ -100,7 +102,8 @@ model = T5ForConditionalGeneration(config)
 args = Seq2SeqTrainingArguments(
     output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"s2s-{os.getpid()}"),
     max_steps=a.steps, per_device_train_batch_size=a.batch,
-    per_device_eval_batch_size=a.eval_batch, eval_strategy="steps", eval_steps=a.eval_every,
+    per_device_eval_batch_size=a.eval_batch, eval_strategy="no" if a.no_eval else "steps",
+    eval_steps=a.eval_every,
     eval_on_start=a.eval_on_start, predict_with_generate=True,
     generation_max_length=a.gen_len, logging_steps=1000, save_strategy="no", report_to=[],
     learning_rate=1e-4, dataloader_num_workers=a.workers, bf16=a.bf16,
