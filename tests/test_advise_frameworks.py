@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import synthetic
@@ -257,17 +258,23 @@ def test_checkpointing_with_memory_to_spare_and_fp16_on_a_bf16_gpu(tmp_path):
     assert "TrainingArguments(bf16=True, fp16=False)" in b["action"]
 
 
-def test_a_cpu_only_job_gets_its_breakdown_and_data_advice(tmp_path):
-    """No GPU at all (no gpu lines): the hook's steps still give the breakdown, the phases
-    and what needs no GPU (data loading, evaluation)."""
-    run = synthetic.starved_cnn()
-    lines = [d for d in run.lines if d["kind"] not in ("gpu",)]
+def _cpu_only(run: synthetic.Run, tmp_path: Path) -> Path:
+    """``run`` as a job with no GPU in the data records it: no GPU lines, no GPU named."""
+    lines = [d for d in run.lines if d["kind"] != "gpu"]
     lines[0] = {k: v for k, v in lines[0].items() if k not in ("gpus", "gpu_name",
                                                                 "compute_capability")}
     for d in lines:
         d.pop("gpu", None)
     path = tmp_path / "cpu.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    return path
+
+
+def test_a_cpu_only_job_gets_its_breakdown_and_data_advice(tmp_path):
+    """No GPU at all (no gpu lines): the hook's steps still give the breakdown, the phases
+    and what needs no GPU (data loading, evaluation)."""
+    run = synthetic.starved_cnn()
+    path = _cpu_only(run, tmp_path)
     report = json.loads(run_cli("advise", "--replay", str(path), "--format", "json").stdout)
     (j,) = report["jobs"]
     assert j["gpu"] is None and j["source"] == "hook"
@@ -284,13 +291,7 @@ def test_a_cpu_only_job_is_not_told_of_a_gpu_it_has_not(tmp_path):
     says the step's own work is on the CPU, and nothing speaks of a GPU working under
     70 % of the time (gpu-underused said "the GPU works only 0 %" before)."""
     run = synthetic.host_bound_bert()
-    lines = [d for d in run.lines if d["kind"] != "gpu"]
-    lines[0] = {k: v for k, v in lines[0].items() if k not in ("gpus", "gpu_name",
-                                                                "compute_capability")}
-    for d in lines:
-        d.pop("gpu", None)
-    path = tmp_path / "cpu.jsonl"
-    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    path = _cpu_only(run, tmp_path)
     report = json.loads(run_cli("advise", "--replay", str(path), "--format", "json").stdout)
     (j,) = report["jobs"]
     assert j["gpu"] is None and j["time_share"]["host"] > 0.5

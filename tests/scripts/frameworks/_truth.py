@@ -34,6 +34,35 @@ class Truth:
                 json.dump(self.data, f)
 
 
+def trainer_clock(truth: Truth, seconds: float | None = None,
+                  first_eval: bool = False) -> type:
+    """A Hugging Face ``TrainerCallback`` class that counts ``truth``'s steps, stops the
+    training after ``seconds`` (at a step's end) and times the evaluations that follow a
+    step; ``first_eval``: also the one ``eval_on_start`` runs before the first step, as
+    ``first_eval_seconds``."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001
+            self.began = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            truth.data["steps"] = state.global_step
+            if seconds is not None and time.time() - truth.t0 > seconds:
+                control.should_training_stop = True
+            truth.eval_begins()  # an evaluation, if one comes, starts right after a step
+
+        def on_evaluate(self, args, state, control, **kw):  # noqa: ANN001
+            if first_eval and state.global_step == 0:
+                truth.data["first_eval_seconds"] = time.perf_counter() - self.began
+            truth.eval_ends()
+
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+            truth._eval_t0 = None  # no evaluation came after the last step
+
+    return Clock
+
+
 def lightning_clock(truth: Truth) -> type:
     """A Lightning ``Callback`` class that counts ``truth``'s steps and times its
     validations (the sanity check before training left out)."""

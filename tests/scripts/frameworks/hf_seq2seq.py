@@ -42,13 +42,12 @@ p.add_argument("--seconds", type=float, default=None,
 p.add_argument("--out")
 a = p.parse_args()
 
-from _truth import Truth  # noqa: E402
+from _truth import Truth, trainer_clock  # noqa: E402
 from transformers import (  # noqa: E402
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     T5Config,
     T5ForConditionalGeneration,
-    TrainerCallback,
 )
 
 truth = Truth(a.out)
@@ -70,23 +69,7 @@ class Pairs(torch.utils.data.Dataset):
                 "labels": self.y[i]}
 
 
-class Clock(TrainerCallback):
-    def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
-        truth.data["steps"] = state.global_step
-        if a.seconds is not None and time.time() - truth.t0 > a.seconds:
-            control.should_training_stop = True
-        truth.eval_begins()  # an evaluation, if one comes, starts right after a step
-
-    def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001
-        self.began = time.perf_counter()
-
-    def on_evaluate(self, args, state, control, **kw):  # noqa: ANN001
-        if state.global_step == 0 and a.eval_on_start:  # eval_on_start's, before any step
-            truth.data["first_eval_seconds"] = time.perf_counter() - self.began
-        truth.eval_ends()
-
-    def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
-        truth._eval_t0 = None  # no evaluation came after the last step
+Clock = trainer_clock(truth, a.seconds, first_eval=a.eval_on_start)
 
 
 def lengths(ev) -> dict:  # noqa: ANN001

@@ -51,12 +51,11 @@ if a.tf32_new_api == "before":
 
     gpuwatch.torch.attach()
 
-from _truth import Truth  # noqa: E402
+from _truth import Truth, trainer_clock  # noqa: E402
 from transformers import (  # noqa: E402
     BertConfig,
     BertForSequenceClassification,
     Trainer,
-    TrainerCallback,
     TrainingArguments,
 )
 
@@ -81,18 +80,7 @@ class Tokens(torch.utils.data.Dataset):
                 "labels": self.labels[i]}
 
 
-class Clock(TrainerCallback):
-    def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
-        truth.data["steps"] = state.global_step
-        if a.seconds is not None and time.time() - truth.t0 > a.seconds:
-            control.should_training_stop = True
-        truth.eval_begins()  # an evaluation, if one comes, starts right after a step
-
-    def on_evaluate(self, args, state, control, **kw):  # noqa: ANN001
-        truth.eval_ends()
-
-    def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
-        truth._eval_t0 = None  # no evaluation came after the last step
+Clock = trainer_clock(truth, a.seconds)
 
 
 config = BertConfig(vocab_size=1000, hidden_size=a.hidden, num_hidden_layers=a.layers,
