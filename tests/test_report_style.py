@@ -84,10 +84,20 @@ def test_every_rule_template_writes_percents_the_one_way():
         if rule.gain_text is not None:
             templates.append(rule.gain_text)
         for t in templates:
-            for value in (0.2, 0.079, 0.975, 1.0):
+            # (0.09996 and 0.89996: a tenth that rounds up to 10.0 and to 90.0 %)
+            for value in (0.2, 0.079, 0.975, 1.0, 0.09996, 0.89996):
                 out = t.render(dict.fromkeys(t.names(), value))
                 assert not GLUED.search(out), (rule.id, out)
                 assert _precision_ok(out) == [], (rule.id, out)
+
+
+def test_a_percent_just_under_ten_is_written_whole():
+    """A share of 9.996 % (an H200's SMs busy in a Seq2SeqTrainer's steps) is "10 %", as
+    every percent from 10 % on: written to a tenth it would read "10.0 %". Memory from
+    90 % up keeps its tenth (fine_top), and 89.996 % full is "90.0 %" there."""
+    assert percent(0.099933) == "10 %" and percent(0.0994) == "9.9 %"
+    assert percent(0.89996) == "90 %" and percent(0.89996, fine_top=True) == "90.0 %"
+    assert percent(0.8994, fine_top=True) == "90 %" and percent(0.99996) == "100 %"
 
 
 def test_a_rule_of_ones_own_gets_the_style(tmp_path):

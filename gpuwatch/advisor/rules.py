@@ -155,7 +155,9 @@ def human_percent(v: float, fine_top: bool = False) -> str:
         return f"{v} %"
     p = v * 100.0
     top = 90 if fine_top else math.inf
-    if abs(p - round(p)) < 1e-9 or round(abs(p), 1) >= 100 or 10 <= abs(p) < top:
+    # judged as written to a tenth: 9.996 % is "10 %", never "10.0 %"
+    tenth = round(abs(p), 1)
+    if abs(p - round(p)) < 1e-9 or tenth >= 100 or 10 <= tenth < top:
         return f"{p:.0f} %"
     return f"{p:.1f} %"
 
