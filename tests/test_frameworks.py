@@ -392,7 +392,8 @@ def test_trainer_saving_every_few_steps_is_told_to_save_less_often(tmp_path: Pat
     rec, truth = record(tmp_path, "hf_textcls", "--hidden", "64", "--layers", "2",
                         "--seq", "32", "--batch", "8", "--save-every", "5", "--seconds", "16")
     phase = lines(rec, "phase")[-1]
-    assert phase["checkpoints"] == truth["saves"] >= 10
+    # (how many fit in 16 s depends on the machine's load; the rule needs two)
+    assert phase["checkpoints"] == truth["saves"] >= 2
     assert phase["seconds"]["checkpoint"] > 0
     cfg = last_config(rec)
     assert cfg["fw_save_every"] == 5 and cfg["fw_save_strategy"] == "steps"

@@ -874,6 +874,49 @@ def test_an_evaluation_before_training_is_evaluation_once_the_process_trains(
     assert [r[3] for r in attached.pending] == [32, 32]
 
 
+def test_an_evaluation_before_training_ends_with_its_last_generate_not_its_loaders_end(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accelerate's DataLoaderShard (the loaders of the Trainer) fetches one batch ahead:
+    the loader under it ends before the last batch is worked on. Seq2SeqTrainer.evaluate()
+    before train() generates on that last batch after its loader's end; the evaluation
+    ahead of training ends when that generate() does (on an H200, one generate() of 16
+    was a second the loader's end left out), its batches counted once each."""
+    monkeypatch.setattr(hook, "INFER_AFTER", 0.0)
+    monkeypatch.setattr(hook, "INFER_BATCHES", 4)
+    _no_reporter(attached)
+    model = torch.nn.Linear(8, 1)
+
+    def slow_generate(self: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.1)  # a generation's seconds
+        return input_ids
+
+    generate = hook._wrap_generate(slow_generate)
+    ev = torch.utils.data.DataLoader(torch.randn(24, 8), batch_size=4)
+    t0 = time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        it = iter(ev)
+        batch = next(it)
+        while batch is not None:
+            ahead = next(it, None)  # the batch after it, fetched first
+            generate(model, batch)
+            batch = ahead
+    evaluated = time.perf_counter() - t0
+    assert attached.phase == hook.INFERENCE
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    time.sleep(0.2)  # the training's set-up: start-up's
+    for batch in torch.utils.data.DataLoader(torch.randn(32, 8), batch_size=16):
+        model(batch).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    status, seconds = attached._status(), attached._phase_seconds()
+    assert status["phase"] == hook.TRAIN and "inference" not in seconds
+    assert evaluated - 0.03 <= seconds["eval"] <= evaluated + 0.03, (seconds, evaluated)
+    assert seconds["startup"] >= 0.2, seconds
+    assert (status["eval"]["batches"], status["eval"]["samples"]) == (6, 24)
+
+
 def test_a_watched_forward_that_fails_to_count_still_runs(attached: hook._Hook,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:

@@ -165,7 +165,7 @@ class _Hook:
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
-                 "infer_eval_batch", "infer_done", "infer_t1", "gen_samples",
+                 "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
                  "compiles", "saving", "saves", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
@@ -273,11 +273,15 @@ class _Hook:
         self.infer_wait = 0.0  # its DataLoader's wait for those batches, seconds
         self.infer_batch_size: int | None = None
         self.infer_eval_batch: int | None = None  # infer_batch_size when it was read as serving
-        # while read as serving: the end of the last batch a loader gave, and what had
-        # been served when a loader ended or another began (seconds, a loader's batches,
-        # their samples, their wait): where an evaluation ahead of training ends
+        # while read as serving: the end of its newest work (the last batch a loader
+        # gave, or a generate() call's end), and what had been served when a loader ended
+        # or another began (seconds, a loader's batches, their samples, their wait): where
+        # an evaluation ahead of training ends. infer_open: that was a loader's end, and
+        # generate() calls still finishing its batches (a loader that fetches a batch
+        # ahead, as Accelerate's, ends before its last batch is worked on) move it on
         self.infer_t1: float | None = None
         self.infer_done: tuple[float, int, int, float] | None = None
+        self.infer_open = False
         self.gen_samples = 0  # the sequences generate() was asked for, of infer_samples
         self.generate_calls = 0
         # modules whose forward passes in eval mode are counted (_watch_forwards): id ->
@@ -1406,9 +1410,11 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             # loader's end, or another loader's first batch (after the last one's batch)
             if not got:
                 _served(h, t1)
+                h.infer_open = True
             elif info is not None and info[2] is not None:
                 # (after generate() calls alone, no loader's batch: from this one's wait)
                 _served(h, t0 if h.infer_t1 is None else h.infer_t1)
+                h.infer_open = False
             if got:
                 h.infer_t1 = t1
         h.wait += t1 - t0
@@ -1430,6 +1436,14 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             h.inference_work(info[0] if info is not None else None, t1, t1 - t0)
     except Exception:
         h.fault()
+
+
+def _generated(h: _Hook, t: float) -> None:
+    """A generate() call ended at ``t`` in a process read as serving: the newest of its
+    work, and, after its loader's end, where an evaluation ahead of training ends."""
+    h.infer_t1 = t
+    if h.infer_open:
+        _served(h, t)
 
 
 def _served(h: _Hook, t: float) -> None:
@@ -2146,6 +2160,13 @@ def _wrap_generate(orig: Callable[..., Any]) -> Callable[..., Any]:
                 h.inference_work(n, _perf())
             except Exception:
                 h.fault()
+            out = orig(self, *args, **kwargs)
+            try:
+                if h.phase is INFERENCE and not h.backward_seen:
+                    _generated(h, _perf())
+            except Exception:
+                h.fault()
+            return out
         return orig(self, *args, **kwargs)
     generate._gpuwatch = True  # type: ignore[attr-defined]
     return generate
