@@ -611,18 +611,32 @@ def test_an_evaluation_before_training_is_evaluation_left_out_of_its_share(name)
 
     _, tl = timeline.judge_recording(str(path), load_rules([]))
     (tjob,) = tl.jobs.values()
-    order = [p for _, _, p in tl.phase_spans(tjob)]
+    spans = tl.phase_spans(tjob)
+    order = [p for _, _, p in spans]
     assert "inference" not in order and order.index("eval") < order.index("train"), order
+    # from its first batch (the hook reads serving only 10 s on) for as long as its hook
+    # says it evaluated, not until the line that first said training
+    first_train = next(a for a, _, p in spans if p == "train")
+    ahead = sum(b - a for a, b, p in spans if p == "eval" and b <= first_train)
+    assert ahead == pytest.approx(t["first_eval_seconds"], rel=EVAL_TOLERANCE), spans
 
 
-def test_an_inference_process_keeps_its_inference_in_the_picture():
-    """Trainer.predict and never a backward(): its ribbon says inference, as its hook did."""
+@pytest.mark.parametrize("name", ["hf_predict", "generate", "hf_pipeline", "infer_loop",
+                                  "st_encode", "lightning_predict"])
+def test_an_inference_process_keeps_its_inference_in_the_picture(name):
+    """Trainer.predict, generate(), a pipeline, a loop of its own, encode(), Lightning's
+    predict, and never a backward(): the ribbon says inference, as its hook did, from the
+    first batch on (the hook reads serving only after 10 s of it; its seconds say so):
+    as long as the hook's inference seconds, and the last line's second or so after."""
     from gpuwatch.advisor import timeline
     from gpuwatch.advisor.rules import load_rules
 
-    _, tl = timeline.judge_recording(str(path_of("hf_predict")), load_rules([]))
+    _, tl = timeline.judge_recording(str(path_of(name)), load_rules([]))
     (tjob,) = tl.jobs.values()
-    assert "inference" in {p for _, _, p in tl.phase_spans(tjob)}
+    spans = tl.phase_spans(tjob)
+    served = sum(b - a for a, b, p in spans if p == "inference")
+    hook = tl.phase_seconds(tjob)["inference"]
+    assert hook <= served <= hook + 2.0, (spans, hook)
 
 
 def test_what_an_evaluation_before_training_was_told_as_serving_is_withdrawn():

@@ -265,24 +265,57 @@ class Timeline:
 
     def phase_spans(self, job: _Job) -> list[tuple[float, float, str]]:
         """(start, end, phase) in seconds from the run's start: each `phase` line says the
-        phase the job is in at its time, until the next line (or its last step)."""
+        phase the job is in at its time, until the next line (or its last step).
+
+        Serving is read only after 10 s of it, counted from its first batch: the hook's
+        first line that says inference holds those seconds, and its span begins that
+        long before the line. A process read as serving that trained after all counts
+        that time as an evaluation ahead of training (its seconds hold no inference): the
+        span is evaluation for as long as its first line after says it evaluated, and
+        start-up (the training's set-up) from there to that line."""
         t0 = self.t0 or 0.0
-        spans: list[tuple[float, float, str]] = []
         lines = sorted(job.phases, key=lambda p: p[0])
-        # a process read as serving that trained after all: its hook counts that time as
-        # an evaluation ahead of training now (its seconds hold no inference), and so
-        # does the picture
         final = self.phase_seconds(job)
         evaluated_first = final is not None and not final.get("inference")
-        for i, (t, phase, _) in enumerate(lines):
+        cuts: list[tuple[float, str]] = []  # (from, phase): each span until the next's from
+        served_from: float | None = None  # where the newest stretch read as serving began
+        for t, phase, seconds in lines:
+            if phase == "inference":
+                if served_from is None:
+                    served = seconds.get("inference")
+                    if isinstance(served, (int, float)) and served > 0:
+                        # back to its first batch, within the stretch of lines before
+                        # (all of one phase: start-up's) and no further
+                        lo = t - served
+                        if cuts:
+                            k = len(cuts) - 1
+                            while k > 0 and cuts[k - 1][1] == cuts[-1][1]:
+                                k -= 1
+                            lo = max(lo, cuts[k][0])
+                        while cuts and cuts[-1][0] >= lo:
+                            cuts.pop()
+                        t = lo
+                    served_from = t
+            elif served_from is not None and not seconds.get("inference"):
+                # its first line since the hook counts that time as evaluation (a line
+                # while it served, a compilation's, still holds the inference seconds)
+                ev = seconds.get("eval")
+                if evaluated_first and isinstance(ev, (int, float)) and ev > 0 \
+                        and served_from + ev < t:
+                    cuts.append((served_from + ev, "startup"))
+                served_from = None
+            cuts.append((t, phase))
+        end = max(lines[-1][0], job.last_t or lines[-1][0], self.t1 or lines[-1][0]) \
+            if lines else 0.0
+        spans: list[tuple[float, float, str]] = []
+        for i, (t, phase) in enumerate(cuts):
             if evaluated_first and phase == "inference":
                 phase = "eval"
-            end = lines[i + 1][0] if i + 1 < len(lines) else max(t, job.last_t or t,
-                                                                  self.t1 or t)
+            until = cuts[i + 1][0] if i + 1 < len(cuts) else end
             if spans and spans[-1][2] == phase and abs(spans[-1][1] - (t - t0)) < 1e-9:
-                spans[-1] = (spans[-1][0], end - t0, phase)
+                spans[-1] = (spans[-1][0], until - t0, phase)
             else:
-                spans.append((t - t0, end - t0, phase))
+                spans.append((t - t0, until - t0, phase))
         return [s for s in spans if s[1] > s[0]]
 
     def phase_seconds(self, job: _Job) -> dict[str, float] | None:
