@@ -639,6 +639,26 @@ def test_an_inference_process_keeps_its_inference_in_the_picture(name):
     assert hook <= served <= hook + 2.0, (spans, hook)
 
 
+def test_serving_that_began_before_the_recording_is_pictured_from_its_start(tmp_path):
+    """A recording begun 3 s before the hook's first line, which says inference (the
+    daemon started late, or a trimmed file): the serving its seconds date 10 s earlier is
+    pictured from the recording's start, never before it."""
+    got = lines(path_of("hf_predict"))
+    first = next(d["t"] for d in got if d.get("kind") == "phase"
+                 and d.get("phase") == "inference")
+    path = tmp_path / "late.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in got
+                            if d.get("kind") == "meta" or d["t"] >= first
+                            or (d["t"] >= first - 3.0 and d.get("kind") != "phase")))
+    from gpuwatch.advisor import timeline
+    from gpuwatch.advisor.rules import load_rules
+
+    _, tl = timeline.judge_recording(str(path), load_rules([]))
+    (tjob,) = tl.jobs.values()
+    spans = tl.phase_spans(tjob)
+    assert spans[0][2] == "inference" and spans[0][0] >= 0.0, spans
+
+
 def test_what_an_evaluation_before_training_was_told_as_serving_is_withdrawn():
     """fw_hf_eval_first_cpu (hf_trainer.py --evaluate-first on the 2-core development
     machine's CPU: trainer.evaluate() at eval batch 4, then 40 steps): while it evaluated

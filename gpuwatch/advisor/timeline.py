@@ -286,7 +286,7 @@ class Timeline:
                     if isinstance(served, (int, float)) and served > 0:
                         # back to its first batch, within the stretch of lines before
                         # (all of one phase: start-up's) and no further
-                        lo = t - served
+                        lo = max(t - served, t0)  # (not before the recording began)
                         if cuts:
                             k = len(cuts) - 1
                             while k > 0 and cuts[k - 1][1] == cuts[-1][1]:
