@@ -277,26 +277,20 @@ class Timeline:
         lines = sorted(job.phases, key=lambda p: p[0])
         final = self.phase_seconds(job)
         evaluated_first = final is not None and not final.get("inference")
-        cuts: list[tuple[float, str]] = []  # (from, phase): each span until the next's from
+        # (from, phase), one per change of phase: each span until the next's from
+        cuts: list[tuple[float, str]] = []
         served_from: float | None = None  # where the newest stretch read as serving began
         for t, phase, seconds in lines:
-            if phase == "inference":
-                if served_from is None:
-                    served = seconds.get("inference")
-                    if isinstance(served, (int, float)) and served > 0:
-                        # back to its first batch, within the stretch of lines before
-                        # (all of one phase: start-up's) and no further
-                        lo = max(t - served, t0)  # (not before the recording began)
-                        if cuts:
-                            k = len(cuts) - 1
-                            while k > 0 and cuts[k - 1][1] == cuts[-1][1]:
-                                k -= 1
-                            lo = max(lo, cuts[k][0])
-                        while cuts and cuts[-1][0] >= lo:
-                            cuts.pop()
-                        t = lo
-                    served_from = t
-            elif served_from is not None and not seconds.get("inference"):
+            served = seconds.get("inference")
+            if phase == "inference" and served_from is None:
+                if isinstance(served, (int, float)) and served > 0:
+                    # back to its first batch: not before the stretch before it began (it
+                    # goes where it is overtaken whole), nor before the recording
+                    t = max(t - served, t0, cuts[-1][0] if cuts else t0)
+                    if cuts and cuts[-1][0] >= t:
+                        cuts.pop()
+                served_from = t
+            elif phase != "inference" and served_from is not None and not served:
                 # its first line since the hook counts that time as evaluation (a line
                 # while it served, a compilation's, still holds the inference seconds)
                 ev = seconds.get("eval")
@@ -304,7 +298,8 @@ class Timeline:
                         and served_from + ev < t:
                     cuts.append((served_from + ev, "startup"))
                 served_from = None
-            cuts.append((t, phase))
+            if not cuts or cuts[-1][1] != phase:
+                cuts.append((t, phase))
         end = max(lines[-1][0], job.last_t or lines[-1][0], self.t1 or lines[-1][0]) \
             if lines else 0.0
         spans: list[tuple[float, float, str]] = []
