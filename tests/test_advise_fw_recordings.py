@@ -418,6 +418,36 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_s2s_eval_first": ({"raise-batch-size"}, INFERENCE_RULES),
     "hf_s2s_on_start": ({"raise-batch-size"}, INFERENCE_RULES),
     "lightning_val_first": ({"add-dataloader-workers"}, INFERENCE_RULES),
+    # scripts in other people's styles (record.sh, 7h). Accelerate's cv_example shape:
+    # ResNet-50 in fp16 with 2 accumulation steps, ColorJitter on 4 pegged workers (data
+    # wait 49 %); its settings each told, with the hook and without only the workers
+    "accel_resnet_fp16": ({"add-dataloader-workers", "use-bf16-not-fp16",
+                           "enable-cudnn-benchmark", "enable-pin-memory"},
+                          {"raise-batch-size", "enable-mixed-precision", "gpu-underused",
+                           "reduce-gradient-accumulation"}),
+    "accel_resnet_fp16_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
+                                                            "enable-mixed-precision"}),
+    # a Trainer at micro-batch 4 with 8 accumulation steps, memory 5 % used: fewer, larger
+    # micro-batches (its evaluations, 7 % of the time, are not the lever)
+    "hf_gpt_accum": ({"reduce-gradient-accumulation"}, {"speed-up-evaluation",
+                                                        "add-dataloader-workers"}),
+    # a loop on GPU-resident tensors (no DataLoader) synchronizing every step: host 89 %,
+    # no data wait; fp32 on an idle GPU is not the lever. Without the hook the pegged main
+    # process with no workers is the suspicion its advice hedges
+    "plain_sync": ({"raise-batch-size"}, {"add-dataloader-workers", "enable-mixed-precision",
+                                          "reduce-launch-overhead"}),
+    "plain_sync_bare": ({"add-dataloader-workers"}, {"enable-mixed-precision"}),
+    # Lightning in 16-mixed saving every 40 steps (59 % of the time since the first step):
+    # the checkpoints first, and its settings still told though the training is never 60 %
+    # of a window (train_share: 0, test below)
+    "lightning_fp16_ckpt": ({"slow-checkpointing", "use-bf16-not-fp16", "use-fused-optimizer",
+                             "enable-pin-memory"},
+                            {"raise-batch-size", "speed-up-evaluation", "gpu-underused"}),
+    # a ViT-B/16 inference loop in fp32 at batch 32 (util 76 %): bf16, in inference's words
+    # with the hook; without it the mixed-precision advice with its inference form
+    "infer_vit": ({"inference-in-fp32"}, {"enable-mixed-precision", "raise-batch-size",
+                                          "batch-inference-requests"}),
+    "infer_vit_bare": ({"enable-mixed-precision"}, {"raise-batch-size"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -2315,3 +2345,31 @@ def test_a_new_process_on_the_gpu_ends_the_guess(tmp_path):
     report = advise_json(write(tmp_path / "later.jsonl", rec + extra))
     (a,) = [a for a in report["advice"] if a["id"] == "exited-with-memory-full"]
     assert not a["active"]
+
+
+def test_a_setting_is_told_however_much_of_the_window_checkpoints_take():
+    """Lightning in 16-mixed saving every 40 steps: training is about a third of any 15 s
+    window, under the 60 % a training rule's window asks. The settings rules read facts
+    that hold whatever else the job does (train_share: 0), so they are told; the same rules
+    asking the usual share are not."""
+    path = path_of("lightning_fp16_ckpt")
+    settings = {"use-bf16-not-fp16", "use-fused-optimizer", "enable-pin-memory"}
+    report = advise_json(path)
+    assert settings <= ids(report)
+    told = {a["id"]: a for a in report["advice"]}
+    assert told["use-bf16-not-fp16"]["action"].startswith(
+        'Switch to bf16 and drop the GradScaler: Trainer(precision="bf16-mixed")')
+    assert "DataLoader(pin_memory=False → True)" in told["enable-pin-memory"]["action"]
+    assert report["advice"][0]["id"] == "slow-checkpointing"
+    from gpuwatch.advisor import sources
+    from gpuwatch.advisor.rules import load_rules
+
+    files = []
+    for f in sorted((DATA.parent.parent / "rules").glob("*.yaml")):
+        text = f.read_text()
+        if f.name == "settings.yaml":
+            assert text.count("    train_share: 0\n") == 4
+            text = text.replace("    train_share: 0\n", "")
+        files.append((f.name, text))
+    got = sources.judge_recording(str(path), load_rules(builtin=False, files=files))[0]
+    assert not settings & {a["id"] for a in got["advice"]}

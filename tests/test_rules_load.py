@@ -121,6 +121,21 @@ def test_bad_values_and_structure():
     assert "suppressed_by names unknown rule 'no-such-rule'" in msg
 
 
+def test_train_share_is_a_fraction_read_with_phase_train_only():
+    rules = load_rules(builtin=False, files=[("mine.yaml", GOOD.replace(
+        "severity: info", "severity: info\n    phase: train\n    train_share: 0"))]).rules
+    assert rules[0].train_share == 0.0
+    assert load_rules(builtin=False, files=[("mine.yaml", GOOD.replace(
+        "severity: info", "severity: info\n    phase: train"))]).rules[0].train_share is None
+    msg = problems(GOOD.replace("severity: info", "severity: info\n    train_share: 0.2"))
+    assert "mine.yaml:5:" in msg and "train_share is read with phase: train only" in msg
+    for bad, said in (("1.5", "a number 1.5"), ("half", "text 'half'"), ("true", "a boolean")):
+        msg = problems(GOOD.replace(
+            "severity: info", f"severity: info\n    phase: train\n    train_share: {bad}"))
+        assert "mine.yaml:6:" in msg and "train_share must be a number from 0 to 1" in msg \
+            and said in msg, msg
+
+
 def test_host_rule_cannot_read_gpu_signals():
     msg = problems(GOOD.replace("severity: info", "severity: info\n    scope: host"))
     assert "a host rule cannot read per-GPU signals (util)" in msg

@@ -497,7 +497,11 @@ class Engine:
                     test = _holds((lambda ctx, when=when: when(ctx) is True,),  # noqa: E731
                                   tuple((lambda ctx, u=u: u(ctx) is True)
                                         for _, u in rule.unless))
-            plan.append((rule, rule.id, None if rule.phase == "any" else rule.phase, test,
+            # the phase to be in, with the training share it asks (the key of the cache of
+            # _in_phase's answers per subject and bucket)
+            phase = None if rule.phase == "any" else (
+                rule.phase, TRAIN_SHARE if rule.train_share is None else rule.train_share)
+            plan.append((rule, rule.id, phase, test,
                          rule.suppressed_by, rule.id in self._suppressors))
         self._plans[(scope, cc)] = plan
         return plan
@@ -543,7 +547,7 @@ class Engine:
             if plan is None:
                 plan = self._plan(scope, cc)
             holding: dict[str, bool] = {}
-            phase_ok: dict[str, bool] = {}
+            phase_ok: dict[tuple[str, float], bool] = {}
             live = stated.get(subj.gpu)
             if live is None:
                 live = stated[subj.gpu] = set()
@@ -551,7 +555,7 @@ class Engine:
                 if phase is not None:
                     ok = phase_ok.get(phase)
                     if ok is None:
-                        ok = phase_ok[phase] = self._in_phase(phase, subj, idx + 1)
+                        ok = phase_ok[phase] = self._in_phase(*phase, subj, idx + 1)
                     if not ok:
                         # not what the job is doing now: the rule's state stands as it is
                         if suppresses:
@@ -627,8 +631,10 @@ class Engine:
                   exc_info=(type(err), err, err.__traceback__))
         return False
 
-    def _in_phase(self, phase: str, subj: Subject, end: int) -> bool:
-        """Whether ``subj``'s job is doing ``phase`` (a rule's ``phase:``) at bucket ``end``.
+    def _in_phase(self, phase: str, share_asked: float, subj: Subject, end: int) -> bool:
+        """Whether ``subj``'s job is doing ``phase`` (a rule's ``phase:``) at bucket ``end``;
+        for ``train``, with at least ``share_asked`` of the window training (the rule's
+        ``train_share``).
 
         Without the hook's phases, training rules are judged as the data allows (NVML and
         psutil, or the hook's steps), except while a hook that reports no steps yet says
@@ -663,7 +669,7 @@ class Engine:
             if warm is not None:  # windows start at the first step: so does this share
                 n = max(1, min(n, end - warm))
             share = ring.mean(end, n) if ring is not None else None
-            return share is None or share >= TRAIN_SHARE
+            return share is None or share >= share_asked
         if phase == "inference":
             return now == "inference"
         if phase == "startup":

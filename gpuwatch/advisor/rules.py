@@ -40,6 +40,8 @@ _RULE_KEYS = {
     "scope": "gpu (default: judged per GPU) | host",
     "phase": "what the job must be doing for the rule to be judged: any (default) | train | "
              "eval | inference | startup",
+    "train_share": "with phase train: how much of the last 15 s must be training for the rule "
+                   "to be judged, 0-1 (default 0.6); 0: at any bucket the job trains (settings)",
     "arch": "compute capabilities it applies to: {min: '8.0', max: '9.0'}",
     "when": "the condition (an expression)",
     "for": "how long the condition must hold before the advice is given (default 0s)",
@@ -282,6 +284,8 @@ class Rule:
     line: int = 0
     scope: str = "gpu"
     phase: str = "any"
+    # with phase train: the share of the window that must be training (None: the default)
+    train_share: float | None = None
     arch_min: float | None = None
     arch_max: float | None = None
     for_s: float = 0.0
@@ -572,6 +576,19 @@ class _FileChecker:
             self.bad(vl.get("phase", raw.line), f"{label}: phase must be one of "
                      f"{', '.join(PHASES)}, got {_show(phase)}")
             phase = "any"
+        train_share = None
+        if "train_share" in raw:
+            got = raw["train_share"]
+            where = vl.get("train_share", raw.line)
+            if phase != "train":
+                self.bad(where, f"{label}: train_share is read with phase: train only, "
+                         f"the rule's phase is {phase}")
+            elif isinstance(got, bool) or not isinstance(got, (int, float)) \
+                    or not 0 <= got <= 1:
+                self.bad(where, f"{label}: train_share must be a number from 0 to 1, "
+                         f"got {_show(got)}")
+            else:
+                train_share = float(got)
         arch_min = arch_max = None
         if "arch" in raw:
             arch_min, arch_max = self.arch(raw["arch"], vl["arch"], f"{label}: arch")
@@ -734,7 +751,7 @@ class _FileChecker:
             when=when[1],
             when_text=str(raw["when"]),
             message=message, actions=actions, file=self.path, line=raw.line, scope=scope,
-            phase=phase,
+            phase=phase, train_share=train_share,
             arch_min=arch_min, arch_max=arch_max, for_s=for_s, keep_s=keep_s, unless=unless,
             suppressed_by=tuple(sup), values=values, evidence=evidence, confidence=confidence,
             gain=gain, gain_text=gain_text,

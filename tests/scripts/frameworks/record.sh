@@ -105,6 +105,21 @@ want infer_loop_bare && rec_bare infer_loop_bare 120 python3 infer_loop.py --bat
   --bf16 --seconds 35
 want st_encode && rec st_encode 120 python3 st_encode.py --seconds 35
 want st_encode_bare && rec_bare st_encode_bare 120 python3 st_encode.py --seconds 35
+# 7h. Scripts in other people's styles (2026-12-02, fifth session): Accelerate's
+# cv_example shape (torchvision ResNet-50, fp16, 2 accumulation steps, a ColorJitter
+# augmentation on 4 workers), with the hook and without; a Trainer at micro-batch 4 with 8
+# accumulation steps (a 6-layer GPT-2, bf16); a loop on GPU-resident tensors synchronizing
+# every step, with the hook and without; Lightning in 16-mixed validating and saving every
+# 40 steps (each save 2-3 s); a ViT-B/16 inference loop in fp32, with the hook and without
+want accel_resnet_fp16 && rec accel_resnet_fp16 150 python3 accel_resnet.py --seconds 45
+want accel_resnet_fp16_bare && rec_bare accel_resnet_fp16_bare 150 python3 accel_resnet.py \
+  --seconds 45
+want hf_gpt_accum && rec hf_gpt_accum 150 python3 hf_gpt_accum.py --seconds 50
+want plain_sync && rec plain_sync 120 python3 plain_sync.py --seconds 35
+want plain_sync_bare && rec_bare plain_sync_bare 120 python3 plain_sync.py --seconds 35
+want lightning_fp16_ckpt && rec lightning_fp16_ckpt 150 python3 lightning_fp16_ckpt.py --seconds 45
+want infer_vit && rec infer_vit 120 python3 infer_vit.py --seconds 35
+want infer_vit_bare && rec_bare infer_vit_bare 120 python3 infer_vit.py --seconds 35
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
