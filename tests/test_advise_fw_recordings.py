@@ -448,6 +448,18 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "infer_vit": ({"inference-in-fp32"}, {"enable-mixed-precision", "raise-batch-size",
                                           "batch-inference-requests"}),
     "infer_vit_bare": ({"enable-mixed-precision"}, {"raise-batch-size"}),
+    # Lightning's fit() then test() (7.9 s, 17 % of the run: evaluation, not training)
+    "lightning_fit_test": ({"raise-batch-size", "enable-cudnn-benchmark"},
+                           {"speed-up-evaluation", "add-dataloader-workers"}),
+    # the Trainer's train(), then evaluate() and predict() at eval batch 8:
+    # speed-up-evaluation comes once those begin, 34 s after the first step (tested below)
+    "hf_train_predict": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    # a model moved to the GPU, then 34 s of CPU preprocessing with the GPU idle (start-up,
+    # never gpu-idle), then a loader too slow for its steps; without the hook the
+    # catch-all, not an idle GPU
+    "plain_preprocess": ({"add-dataloader-workers"}, {"gpu-idle", "raise-batch-size",
+                                                      "gpu-underused"}),
+    "plain_preprocess_bare": (set(), {"gpu-idle", "memory-leak"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -2373,3 +2385,24 @@ def test_a_setting_is_told_however_much_of_the_window_checkpoints_take():
         files.append((f.name, text))
     got = sources.judge_recording(str(path), load_rules(builtin=False, files=files))[0]
     assert not settings & {a["id"] for a in got["advice"]}
+
+
+def test_an_evaluation_the_script_calls_after_training_is_told_its_batch_not_its_interval():
+    """train(), then evaluate() and predict() over 18,432 samples at eval batch 8 under
+    eval_strategy="no": the Trainer evaluates only when called, so there is no interval to
+    stretch and no part of a test set to leave out; the larger batch is the change, the
+    gain a shorter run. Its evidence goes on being read while it evaluates after the last
+    step (the run's evaluation seconds grow; other rules' evidence stands as trained)."""
+    report = advise_json(path_of("hf_train_predict"))
+    told = next(a for a in report["advice"] if a["id"] == "speed-up-evaluation")
+    assert told["action"].startswith("Its evaluations are the script's own calls "
+                                     '(TrainingArguments(eval_strategy="no")')
+    assert "TrainingArguments(per_device_eval_batch_size=8 → 64)" in told["action"]
+    assert "less often" not in told["action"] and "part of" not in told["action"]
+    assert "shorter run" in told["expected_gain_text"] and "training per hour" not in told["expected_gain_text"]
+    t = truth("hf_train_predict")
+    assert 0.8 * t["after_seconds"] <= told["evidence"]["eval_seconds"] <= t["after_seconds"]
+    # the periodic evaluations of a Trainer that evaluates on its own keep their interval
+    heavy = next(a for a in advise_json(path_of("hf_eval_heavy"))["advice"]
+                 if a["id"] == "speed-up-evaluation")
+    assert "eval_steps=" in heavy["action"] and "training per hour" in heavy["expected_gain_text"]

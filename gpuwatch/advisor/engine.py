@@ -707,7 +707,8 @@ class Engine:
                 # the same number. Once the job's steps have stopped (it ended; its windows
                 # now reach into the teardown), the evidence read while it trained stands
                 if t // REFRESH_SECONDS > f.detail_t // REFRESH_SECONDS \
-                        and not self.frame.steps_stopped(subj, ctx.end - 1):
+                        and (not self.frame.steps_stopped(subj, ctx.end - 1)
+                             or self._evaluating_after_steps(rule, subj)):
                     self._details(f, ctx, t)
         else:
             st.since = None
@@ -722,6 +723,17 @@ class Engine:
             elif f is None:
                 del self.states[key]
                 self._stated[subj.gpu].discard(rule.id)
+
+    def _evaluating_after_steps(self, rule: Rule, subj: Subject) -> bool:
+        """An evaluation's rule while the job evaluates after its steps stopped (the
+        Trainer's evaluate() and predict() after train(), Lightning's test() after fit()):
+        its evidence, the run's evaluation and training seconds, goes on growing, so it is
+        read again as for a job that trains; other rules' evidence stands as read while it
+        trained (its windows reach into the end)."""
+        if rule.phase != "eval":
+            return False
+        owner = self.frame.phase_owner(subj)
+        return owner is not None and owner.phase == "eval"
 
     def _details(self, f: Finding, ctx: _Ctx, t: float) -> None:
         """Evidence, numbers and text, read from the window where the rule holds now;

@@ -291,6 +291,9 @@ def _defs() -> dict[str, SignalDef]:
         ("fw_eval_every", "config", "steps", "last", ("how often the framework evaluates, in "
          "training steps (eval_steps with eval_strategy \"steps\"; Lightning: an int "
          "val_check_interval)"), False),
+        ("fw_eval_strategy", "config", "text", "last", ("TrainingArguments(eval_strategy): "
+         "'no' (the Trainer evaluates only when the script calls evaluate() or predict()), "
+         "'steps' or 'epoch'"), False),
         ("fw_eval_fraction", "config", "ratio", "last", ("Lightning: a float "
          "val_check_interval, the share of an epoch between validations (1.0: once an "
          "epoch, its default)"), False),
