@@ -460,6 +460,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "plain_preprocess": ({"add-dataloader-workers"}, {"gpu-idle", "raise-batch-size",
                                                       "gpu-underused"}),
     "plain_preprocess_bare": (set(), {"gpu-idle", "memory-leak"}),
+    # a loop that trains 20 s, computes a metric in pure Python for 70 s (GPU idle, main
+    # process busy), then trains 20 s more: host work between steps, never a stall (tested
+    # below; its advice comes 60 s into the pause)
+    "plain_cpu_pause": (set(), {"gpu-idle"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -2406,3 +2410,18 @@ def test_an_evaluation_the_script_calls_after_training_is_told_its_batch_not_its
     heavy = next(a for a in advise_json(path_of("hf_eval_heavy"))["advice"]
                  if a["id"] == "speed-up-evaluation")
     assert "eval_steps=" in heavy["action"] and "training per hour" in heavy["expected_gain_text"]
+
+
+def test_a_pause_for_host_work_between_steps_is_told_so_not_as_a_stall():
+    """No step for 70 s while the hook says the job trains and the GPU idles: with the main
+    process computing all along (a metric in pure Python) the loop works on the host, not
+    waits; training-stalled (critical) stays quiet, host-work-between-steps says it, and
+    ends once the steps come again."""
+    report = advise_json(path_of("plain_cpu_pause"))
+    assert "training-stalled" not in ids(report)
+    (told,) = [a for a in report["advice"] if a["id"] == "host-work-between-steps"]
+    t = truth("plain_cpu_pause")
+    assert 60 <= told["evidence"]["step_gap_seconds"] <= t["pause_seconds"] + 2
+    assert told["evidence"]["main_busy_ratio"] >= 0.8 and told["evidence"]["util"] < 0.05
+    assert not told["active"] and told["severity"] == "warning"
+    assert "py-spy dump --pid" in told["action"]

@@ -124,10 +124,12 @@ want infer_vit_bare && rec_bare infer_vit_bare 120 python3 infer_vit.py --second
 # test(); the Trainer's train() then evaluate() and predict() at eval batch 8; a loop that
 # moves its model to the GPU and then preprocesses on the CPU for ~30 s (with the hook and
 # without)
-want lightning_fit_test && rec lightning_fit_test 150 python3 lightning_fit_test.py --seconds 25
+want lightning_fit_test && rec lightning_fit_test 150 python3 lightning_test_after_fit.py --seconds 25
 want hf_train_predict && rec hf_train_predict 150 python3 hf_train_predict.py --seconds 25
 want plain_preprocess && rec plain_preprocess 150 python3 plain_preprocess.py
 want plain_preprocess_bare && rec_bare plain_preprocess_bare 150 python3 plain_preprocess.py
+# 7j. A loop that trains 20 s, computes a metric in pure Python for 70 s, trains 20 s more
+want plain_cpu_pause && rec plain_cpu_pause 200 python3 plain_cpu_pause.py
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
