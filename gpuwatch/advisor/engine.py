@@ -133,6 +133,8 @@ class Finding:
     # where it began in the engine's order of judging: (bucket end, the subject's place,
     # the rule's place); activations sorted by it are in the order one engine makes them
     order: tuple[float, int, int] = field(default=(0.0, 0, 0), repr=False, compare=False)
+    # last read while its job evaluated after its steps stopped (Engine._step)
+    eval_read: bool = field(default=False, repr=False, compare=False)
 
     @property
     def details(self) -> dict[str, Any]:
@@ -706,10 +708,16 @@ class Engine:
                 # their job-wide values (job_busy_in_steps) at the same moment, so they say
                 # the same number. Once the job's steps have stopped (it ended; its windows
                 # now reach into the teardown), the evidence read while it trained stands
-                if t // REFRESH_SECONDS > f.detail_t // REFRESH_SECONDS \
-                        and (not self.frame.steps_stopped(subj, ctx.end - 1)
-                             or self._evaluating_after_steps(rule, subj)):
-                    self._details(f, ctx, t)
+                stale = t // REFRESH_SECONDS > f.detail_t // REFRESH_SECONDS
+                if stale or f.eval_read:
+                    if not self.frame.steps_stopped(subj, ctx.end - 1):
+                        # (read again at once where it was last read in an evaluation
+                        # after the steps, which is over now: its closing numbers)
+                        self._details(f, ctx, t)
+                        f.eval_read = False
+                    elif stale and self._evaluating_after_steps(rule, subj):
+                        self._details(f, ctx, t)
+                        f.eval_read = True
         else:
             st.since = None
             if f is not None and f.active:
