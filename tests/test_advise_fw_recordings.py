@@ -463,7 +463,9 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # a loop that trains 20 s, computes a metric in pure Python for 70 s (GPU idle, main
     # process busy), then trains 20 s more: host work between steps, never a stall (tested
     # below; its advice comes 60 s into the pause)
-    "plain_cpu_pause": (set(), {"gpu-idle"}),
+    # 20 s of training, 70 s of host work, 20 s more: host-work-between-steps (said 60 s
+    # into the pause: its own test) and no stall
+    "plain_cpu_pause": (set(), {"gpu-idle", "training-stalled"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -665,6 +667,21 @@ def test_an_evaluation_before_training_is_evaluation_left_out_of_its_share(name)
     first_train = next(a for a, _, p in spans if p == "train")
     ahead = sum(b - a for a, b, p in spans if p == "eval" and b <= first_train)
     assert ahead == pytest.approx(t["first_eval_seconds"], rel=EVAL_TOLERANCE), spans
+
+
+def test_an_interval_the_run_never_reached_is_not_stretched():
+    """Lightning's val_check_interval=100000 in a run cut at 9,988 steps by max_time: its
+    validations were the one before fit() and one at its end, none by the interval, so
+    stretching it (to 733,080) would change nothing. The batch and the share of the set
+    are said, and the interval is said to be no lever, with the steps the run took."""
+    name = "lightning_val_first"
+    report = advise_json(path_of(name))
+    t = truth(name)
+    text = action(report, "speed-up-evaluation")
+    assert "val_check_interval" not in text and "less often" not in text
+    assert "validation DataLoader(batch_size=8 → " in text
+    assert "limit_val_batches=0.25" in text
+    assert f"every 100000 steps and the run has taken {t['steps']}" in text
 
 
 @pytest.mark.parametrize("name", ["hf_predict", "generate", "hf_pipeline", "infer_loop",
@@ -2425,3 +2442,61 @@ def test_a_pause_for_host_work_between_steps_is_told_so_not_as_a_stall():
     assert told["evidence"]["main_busy_ratio"] >= 0.8 and told["evidence"]["util"] < 0.05
     assert not told["active"] and told["severity"] == "warning"
     assert "py-spy dump --pid" in told["action"]
+    # its gain: the steps of the time since the first step (the pause's included), in that
+    # time less the pause; the pause is most of it, so it comes first
+    spent, gap = told["evidence"]["train_seconds"], told["evidence"]["step_gap_seconds"]
+    assert told["expected_gain"] == pytest.approx(spent / (spent - gap), rel=0.01)
+    assert "steps per hour over the run so far" in told["expected_gain_text"]
+    assert report["advice"][0]["id"] == "host-work-between-steps"
+    # the pause's one step (70 s) is no step's time: what any advice reads of the steps
+    # is the script's (raise-batch-size read a 46 ms mean step of 5 ms steps and the
+    # host's share of the pause before)
+    step = (t["wall_seconds"] - t["pause_seconds"]) / t["steps"]
+    read = [a["evidence"]["step_seconds"] for a in report["advice"]
+            if a["evidence"].get("step_seconds") is not None]
+    assert read and all(r <= 2 * step for r in read), (read, step)
+
+
+def summed_steps(lines: list[dict]) -> list[dict]:
+    """The recording as the daemon writes a faster job's: each job's steps of a second
+    folded into one `steps` line by the store's own sums (their count, sums and
+    percentiles)."""
+    import random
+
+    from gpuwatch.store import _Sums
+    from gpuwatch.trace.format import line_to_sample, sample_to_line
+
+    out, sums = [dict(lines[0])], {}
+    for d in lines[1:]:
+        if d["kind"] != "step":
+            out.append(d)
+            continue
+        key = (d.get("pid"), d.get("gpu"), int(d["t"]))
+        acc = sums.get(key)
+        if acc is None:
+            acc = sums[key] = _Sums(t=d["t"])
+        acc.add(line_to_sample(d), random.Random(0))
+        out.append(key)
+    # each second's line in the place of its last step (its `t`)
+    last = {d: i for i, d in enumerate(out) if isinstance(d, tuple)}
+    return [(sample_to_line(sums[d].sample()) if last[d] == i else None)
+            if isinstance(d, tuple) else d for i, d in enumerate(out)
+            if not isinstance(d, tuple) or last[d] == i]
+
+
+def test_a_pause_summed_with_other_steps_is_left_out_of_their_time(tmp_path):
+    """A faster job's steps come summed a second at a time (`steps` lines): the pause is
+    that second's longest step (step_seconds_max), left out of the sums with the others'
+    kept, and the advice is the same as from the steps one by one."""
+    lines = load("fw_plain_cpu_pause")
+    folded = summed_steps(lines)
+    assert not any(d["kind"] == "step" for d in folded)
+    assert any(d["kind"] == "steps" and d.get("step_seconds_max", 0) >= 60 for d in folded)
+    report = advise_json(write(tmp_path / "summed.jsonl", folded))
+    assert ids(report) == ids(advise_json(path_of("plain_cpu_pause")))
+    t = truth("plain_cpu_pause")
+    step = (t["wall_seconds"] - t["pause_seconds"]) / t["steps"]
+    read = [a["evidence"]["step_seconds"] for a in report["advice"]
+            if a["evidence"].get("step_seconds") is not None]
+    assert read and all(r <= 2 * step for r in read), (read, step)
+    assert steps_by_gpu(report) == [(0, t["steps"])]

@@ -188,6 +188,9 @@ class Subject:
         self.span_t0: float | None = None
         self.span = SpanTotals()  # the attribution's inputs summed since the first step
         self.steps_seen = 0.0  # every step the hook reported for this job, counted exactly
+        # the durations of its timed steps, summed, and how many (a pause left out: _pause)
+        self.timed_sum = 0.0
+        self.timed_n = 0.0
         self.span_at_last_step: JobWindow | None = None
         # phases (`phase` lines): the one in force, the seconds of each so far, what the
         # open bucket gained, the line's other counts; the problems its hook reported
@@ -715,7 +718,11 @@ class Frame:
             # compiling, DataLoader workers warming up): its time and wait are no
             # training's, and the windows after it must not read them
             ss = dw = None
+        elif ss is not None and count == 1 and self._pause(subj, float(ss)):
+            ss = dw = None
         if ss is not None:
+            subj.timed_sum += float(ss) * count
+            subj.timed_n += count
             # a line standing for ``count`` steps weighs as many: the sums of step time and
             # data wait (the attribution's) stay right, the means stay means
             acc.add_weighted("step_seconds", float(ss), count)
@@ -762,6 +769,18 @@ class Frame:
         self._activations(acc, get("batch_size"), get("mem_allocated_bytes"),
                           get("max_mem_allocated_bytes"), micro)
 
+    def _pause(self, subj: Subject, seconds: float) -> bool:
+        """Whether one step of ``seconds`` is a pause between steps rather than a step: a
+        minute or more (PAUSE_STEP_SECONDS), PAUSE_STEP_TIMES of the job's steps so far at
+        least, after PAUSE_AFTER_STEPS timed ones. The loop worked on something else
+        between two steps (metrics over a whole set, plots, host preprocessing; the rule
+        host-work-between-steps says it): no step's time, and the windows after it must not
+        read it as one (a mean step of 46 ms for steps of 5 ms; the host's share of the
+        steps). It still counts as a step."""
+        n = subj.timed_n
+        return seconds >= PAUSE_STEP_SECONDS and n >= PAUSE_AFTER_STEPS \
+            and seconds >= PAUSE_STEP_TIMES * subj.timed_sum / n
+
     def feed_steps(self, s: Any) -> None:
         """A `steps` line: a job's steps of one interval, summed (docs/trace-format.md)."""
         get = _get(s)
@@ -780,7 +799,18 @@ class Frame:
         subj.steps_seen += n
         timed = get("timed") or 0
         ss, dw = get("step_seconds"), get("data_wait_seconds")
+        longest = get("step_seconds_max")
+        if timed and ss is not None and longest is not None \
+                and self._pause(subj, float(longest)):
+            # its longest step was a pause (_pause): the others' sums stand (its own wait
+            # is not told apart: one batch's, the steps' share at most)
+            timed -= 1
+            ss = max(0.0, float(ss) - float(longest))
+            if dw is not None:
+                dw = min(float(dw), ss)
         if timed and ss is not None:
+            subj.timed_sum += float(ss)
+            subj.timed_n += timed
             acc.add_n("step_seconds", float(ss), timed)
             if dw is not None:
                 acc.add_n("data_wait_seconds", float(dw), timed)
@@ -1344,6 +1374,8 @@ class Frame:
             return
         steps = acc.s.get("_steps", 0.0)
         job.push(idx, "step_rate", steps / self.res)
+        if "steps_taken" in self.needed:
+            job.push(idx, "steps_taken", subj.steps_seen)
         if "step_gap_seconds" in self.needed:
             self._step_gap(idx, subj, steps)
         if not steps:
@@ -1901,6 +1933,11 @@ FIRST_WORK_UTIL = 0.01
 # a job's steps have stopped, for its attribution, after this long without one and
 # STEPS_GONE_STEPS of its step times (frame.job_window)
 STEPS_GONE_SECONDS = 5.0
+# one step this long, after this many timed ones, and this many times their mean, is a
+# pause between steps (Frame._pause); the same minute and 20 step times as a stall's
+PAUSE_STEP_SECONDS = 60.0
+PAUSE_STEP_TIMES = 20.0
+PAUSE_AFTER_STEPS = 20
 STEPS_GONE_STEPS = 8.0
 # a job whose steps stopped counts as stalled only while its hook was heard saying it
 # trains within this many seconds (its `phase` lines come every few seconds)

@@ -151,6 +151,8 @@ def _defs() -> dict[str, SignalDef]:
         ("data_wait_ratio", "job", "ratio", "mean", ("share of step time blocked on data "
          "(window mean: total wait / total step time)"), True),
         ("step_rate", "job", "steps/s", "mean", "steps per second", True),
+        ("steps_taken", "job", "steps", "last", ("the job's steps the hook has reported so "
+         "far (optimizer steps, counted exactly)"), True),
         ("step_gap_seconds", "job", "seconds", "last", ("seconds since the job's last step "
          "while its hook still reports it training (0 while steps come, and once the hook "
          "falls silent or another phase begins)"), True),

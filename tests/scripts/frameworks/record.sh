@@ -130,6 +130,17 @@ want plain_preprocess && rec plain_preprocess 150 python3 plain_preprocess.py
 want plain_preprocess_bare && rec_bare plain_preprocess_bare 150 python3 plain_preprocess.py
 # 7j. A loop that trains 20 s, computes a metric in pure Python for 70 s, trains 20 s more
 want plain_cpu_pause && rec plain_cpu_pause 200 python3 plain_cpu_pause.py
+# 7k. Host work every N steps in a framework's own callback (2026-12-02, sixth session):
+#     Lightning's on_train_batch_end computing a metric in pure Python every 50 batches
+#     (~1.5 s), with the hook and without it; a TrainerCallback formatting text samples
+#     every 40 steps (~1.2 s); and item 65 (epochs restarting 8 workers) without the hook
+want lightning_batch_end_metric && rec lightning_batch_end_metric 150 \
+  python3 lightning_batch_end_metric.py --seconds 45
+want lightning_batch_end_metric_bare && rec_bare lightning_batch_end_metric_bare 150 \
+  python3 lightning_batch_end_metric.py --seconds 45
+want hf_step_end_samples && rec hf_step_end_samples 150 python3 hf_step_end_samples.py --seconds 45
+want lightning_cnn_epochs_bare && rec_bare lightning_cnn_epochs_bare 120 python3 lightning_cnn.py \
+  --batch 128 --workers 8 --samples 3840 --precision bf16-mixed --no-persistent --seconds 45
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
