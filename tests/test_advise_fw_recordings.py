@@ -465,7 +465,16 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # below; its advice comes 60 s into the pause)
     # 20 s of training, 70 s of host work, 20 s more: host-work-between-steps (said 60 s
     # into the pause: its own test) and no stall
-    "plain_cpu_pause": (set(), {"gpu-idle", "training-stalled"}),
+    "plain_cpu_pause": (set(), {"gpu-idle", "training-stalled", "work-every-n-steps"}),
+    # host work every N steps in a framework's own callback: a Lightning Callback's metric in
+    # Python every 50 batches (1.5 s), a TrainerCallback's text samples every 40 steps
+    # (1.2 s); without the hook nothing can tell them from the steps
+    "lightning_batch_end_metric": ({"work-every-n-steps"}, {"gpu-underused",
+                                                            "add-dataloader-workers"}),
+    "hf_step_end_samples": ({"work-every-n-steps"}, {"gpu-underused", "add-dataloader-workers"}),
+    "lightning_batch_end_metric_bare": (set(), {"work-every-n-steps"}),
+    # item 65 without the hook: the pool of 8 workers started anew at each of ~68 epochs
+    "lightning_cnn_epochs_bare": ({"enable-persistent-workers"}, {"add-dataloader-workers"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -2455,6 +2464,41 @@ def test_a_pause_for_host_work_between_steps_is_told_so_not_as_a_stall():
     read = [a["evidence"]["step_seconds"] for a in report["advice"]
             if a["evidence"].get("step_seconds") is not None]
     assert read and all(r <= 2 * step for r in read), (read, step)
+
+
+@pytest.mark.parametrize("name,every,spent,count,words", [
+    ("lightning_batch_end_metric", 50, "metric_seconds", "metrics", "on_train_batch_end"),
+    ("hf_step_end_samples", 40, "sample_seconds", "samples", "TrainerCallback"),
+])
+def test_work_a_callback_does_every_n_steps_is_told_with_its_interval(name, every, spent, count,
+                                                                      words):
+    """A callback's host work every N steps lands in the step after it: those long steps
+    are told as such, first (their time beyond a usual step is over half the steps'), with
+    the interval in steps, each one's length and their share as the script's own clock
+    has them, in the framework's words; and no rule reads their time as a step's."""
+    report = advise_json(path_of(name))
+    t = truth(name)
+    told = report["advice"][0]
+    assert told["id"] == "work-every-n-steps", ids(report)
+    ev = told["evidence"]
+    assert ev["long_step_every"] == every
+    assert ev["long_step_seconds"] == pytest.approx(t[spent] / t[count], rel=0.05)
+    # read every 10 s while it holds: the last few may come after its last reading
+    assert t[count] - 5 <= ev["long_steps"] <= t[count]
+    (job,) = report["jobs"]
+    assert ev["long_step_share"] == pytest.approx(t[spent] / job["phases"]["train"], rel=0.15)
+    assert words in told["action"] and f"every {every} " in told["action"]
+    for a in report["advice"]:
+        if a["evidence"].get("step_seconds") is not None:
+            assert a["evidence"]["step_seconds"] <= 0.1 * ev["long_step_seconds"], a["id"]
+
+
+def test_long_steps_that_come_unevenly_or_wait_for_a_peer_are_not_work_every_n_steps():
+    """Recompiles now and then (Lightning around torch.compile on four ranks), and ranks
+    waiting in a collective while rank 0 saves every 50 steps (the Trainer under torchrun):
+    long steps, but not the loop's own work on a schedule."""
+    for name in ("lightning_cnn_compile_ddp", "hf_save_ddp"):
+        assert "work-every-n-steps" not in ids(advise_json(path_of(name))), name
 
 
 def summed_steps(lines: list[dict]) -> list[dict]:

@@ -188,9 +188,16 @@ class Subject:
         self.span_t0: float | None = None
         self.span = SpanTotals()  # the attribution's inputs summed since the first step
         self.steps_seen = 0.0  # every step the hook reported for this job, counted exactly
-        # the durations of its timed steps, summed, and how many (a pause left out: _pause)
+        # the durations of its timed steps, summed, and how many (a pause and a long step
+        # left out: _pause, _long)
         self.timed_sum = 0.0
         self.timed_n = 0.0
+        # its long steps (_long): how many, their time, their time beyond the usual step,
+        # and the step numbers of the newest (where a `step` line named them)
+        self.long_n = 0
+        self.long_sum = 0.0
+        self.long_excess = 0.0
+        self.long_at: list[int] = []
         self.span_at_last_step: JobWindow | None = None
         # phases (`phase` lines): the one in force, the seconds of each so far, what the
         # open bucket gained, the line's other counts; the problems its hook reported
@@ -720,6 +727,10 @@ class Frame:
             ss = dw = None
         elif ss is not None and count == 1 and self._pause(subj, float(ss)):
             ss = dw = None
+        elif ss is not None and count == 1 and not get("first_batch") \
+                and self._long(subj, float(ss), float(dw or 0.0), t_end):
+            self._long_step(subj, float(ss), get("step"))
+            ss = dw = None
         if ss is not None:
             subj.timed_sum += float(ss) * count
             subj.timed_n += count
@@ -781,6 +792,66 @@ class Frame:
         return seconds >= PAUSE_STEP_SECONDS and n >= PAUSE_AFTER_STEPS \
             and seconds >= PAUSE_STEP_TIMES * subj.timed_sum / n
 
+    def _long(self, subj: Subject, seconds: float, wait: float, t_end: float) -> bool:
+        """Whether one step of ``seconds`` (``wait`` of it for data), ending at ``t_end``, is
+        a long one: its
+        own time LONG_STEP_TIMES of the job's usual step at least and LONG_STEP_SECONDS
+        longer, after PAUSE_AFTER_STEPS timed ones. What a loop or a callback does every N
+        steps between two of them (a metric in Python over kept predictions, samples
+        written for a person, empty_cache()) lands in the step after it; the rule
+        work-every-n-steps reads them (long_step_share). Their time is no step's: the
+        windows read the usual steps (a first batch of an iterator, and a slow batch, are
+        the data's and stay)."""
+        n = subj.timed_n
+        if n < PAUSE_AFTER_STEPS:
+            return False
+        usual = subj.timed_sum / n
+        if seconds - wait < LONG_STEP_TIMES * usual or seconds - usual < LONG_STEP_SECONDS:
+            return False
+        # its GPU worked through it (the closed buckets wholly inside it): a rank waiting
+        # in a collective for a peer that evaluates or saves alone (its peer_away_share),
+        # or GPU work the hook does not name; that stays the step's time
+        if subj.gpu is not None and self.idx is not None:
+            res = self.res
+            busy = ring_mean(subj.gpu_table.rings.get("util"),
+                             math.ceil((t_end - seconds) / res),
+                             min(self.idx, math.floor(t_end / res)))
+            if busy is not None and busy >= LONG_STEP_GPU_BUSY:
+                return False
+        return True
+
+    def _long_step(self, subj: Subject, seconds: float, step: Any) -> None:
+        usual = subj.timed_sum / subj.timed_n
+        subj.long_n += 1
+        subj.long_sum += seconds
+        subj.long_excess += seconds - usual
+        if step is not None:
+            subj.long_at.append(int(step))
+            del subj.long_at[:-9]
+        else:
+            subj.long_at.clear()  # the newest one's number is not known: no gaps to read
+
+    def _push_long(self, idx: int, subj: Subject) -> None:
+        """The job's long steps so far (_long): long_steps, long_step_share,
+        long_step_seconds, long_step_every."""
+        n = subj.long_n
+        job = subj.job
+        job.push(idx, "long_steps", float(n))
+        if not n:
+            return
+        job.push(idx, "long_step_share", subj.long_excess / (subj.timed_sum + subj.long_sum))
+        job.push(idx, "long_step_seconds", subj.long_sum / n)
+        # steps between them, where they come on a schedule: the median gap of the newest
+        # step numbers known, two gaps at least and all within a tenth of it (2 steps at
+        # least: a `steps` line names its first step); none where they come unevenly
+        # (recompiles, a slow batch now and then)
+        at = subj.long_at
+        gaps = sorted(b - a for a, b in zip(at, at[1:], strict=False))
+        if len(gaps) >= 2 and gaps[0] > 0:
+            mid = gaps[len(gaps) // 2]
+            if gaps[-1] - gaps[0] <= max(2.0, 0.1 * mid):
+                job.push(idx, "long_step_every", float(mid))
+
     def feed_steps(self, s: Any) -> None:
         """A `steps` line: a job's steps of one interval, summed (docs/trace-format.md)."""
         get = _get(s)
@@ -804,6 +875,15 @@ class Frame:
                 and self._pause(subj, float(longest)):
             # its longest step was a pause (_pause): the others' sums stand (its own wait
             # is not told apart: one batch's, the steps' share at most)
+            timed -= 1
+            ss = max(0.0, float(ss) - float(longest))
+            if dw is not None:
+                dw = min(float(dw), ss)
+        elif timed and ss is not None and longest is not None and not get("first_batch") \
+                and self._long(subj, float(longest), float(dw or 0.0), t_end):
+            # its longest step was a long one (_long; the line's whole data wait counted
+            # against it, so a slow batch is not one)
+            self._long_step(subj, float(longest), get("first_step"))
             timed -= 1
             ss = max(0.0, float(ss) - float(longest))
             if dw is not None:
@@ -1376,6 +1456,8 @@ class Frame:
         job.push(idx, "step_rate", steps / self.res)
         if "steps_taken" in self.needed:
             job.push(idx, "steps_taken", subj.steps_seen)
+        if "long_step_share" in self.needed:
+            self._push_long(idx, subj)
         if "step_gap_seconds" in self.needed:
             self._step_gap(idx, subj, steps)
         if not steps:
@@ -1938,6 +2020,11 @@ STEPS_GONE_SECONDS = 5.0
 PAUSE_STEP_SECONDS = 60.0
 PAUSE_STEP_TIMES = 20.0
 PAUSE_AFTER_STEPS = 20
+# one step whose own time (its data wait left out) is this many of the job's usual step,
+# and this much longer, is a long step (Frame._long)
+LONG_STEP_TIMES = 10.0
+LONG_STEP_SECONDS = 0.25
+LONG_STEP_GPU_BUSY = 0.5  # NVML util over it: the GPU worked through it (Frame._long)
 STEPS_GONE_STEPS = 8.0
 # a job whose steps stopped counts as stalled only while its hook was heard saying it
 # trains within this many seconds (its `phase` lines come every few seconds)

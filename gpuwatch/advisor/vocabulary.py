@@ -153,6 +153,17 @@ def _defs() -> dict[str, SignalDef]:
         ("step_rate", "job", "steps/s", "mean", "steps per second", True),
         ("steps_taken", "job", "steps", "last", ("the job's steps the hook has reported so "
          "far (optimizer steps, counted exactly)"), True),
+        ("long_steps", "job", "count", "last", ("the job's long steps so far: a step whose "
+         "own time (its data wait left out) is 10 of its usual step and 0.25 s longer at "
+         "least, after 20 timed ones (what the loop does every N steps between two; their "
+         "time is no step's)"), True),
+        ("long_step_share", "job", "ratio", "last", ("the long steps' time beyond the usual "
+         "step, as a share of all the steps' time so far"), True),
+        ("long_step_seconds", "job", "seconds", "last", "the long steps' mean duration so far",
+         True),
+        ("long_step_every", "job", "steps", "last", ("steps from one long step to the next "
+         "(the median gap of the newest step numbers known, else the steps per long step)"),
+         True),
         ("step_gap_seconds", "job", "seconds", "last", ("seconds since the job's last step "
          "while its hook still reports it training (0 while steps come, and once the hook "
          "falls silent or another phase begins)"), True),
