@@ -315,6 +315,7 @@ def test_the_attribution_gives_the_numbers_it_gave_before(windows, ranks):
     attrs = attribute_group(group)
     got = {k: a._asdict() for k, a in attrs.items()}
     job_busy = {k: d.pop("job_busy") for k, d in got.items()}  # new since: checked below
+    over = {k: d.pop("over_peers") for k, d in got.items()}  # new since: checked below
     for d in got.values():  # new since: no window here is away from training
         assert (d.pop("away_wait"), d.pop("away_rank")) == (0.0, None)
     assert got == _group_before(group)
@@ -323,6 +324,16 @@ def test_the_attribution_gives_the_numbers_it_gave_before(windows, ranks):
     for k, a in attrs.items():
         if a.ranks > 1:
             assert job_busy[k] == (max(own) if own else None)
+    # what the slowest rank does more of than the others: its slices over its own time
+    # less the others' median; the other ranks (and a job of one process) have none
+    slow = [k for k, a in attrs.items() if a.ranks > 1 and a.rank == a.slowest_rank]
+    for k, a in attrs.items():
+        if not over[k]:
+            continue
+        assert k in slow and set(over[k]) == {"data", "host", "gpu"}
+        own_k = 1.0 - a.shares["sync"]
+        for c in ("data", "host", "gpu"):
+            assert over[k][c] <= a.shares[c] / max(own_k, 1e-6) + 1e-9
         assert a.value("job_busy_in_steps") == (job_busy[k] if a.ranks > 1
                                                 else a.value("busy_in_steps"))
     for w in windows:

@@ -187,7 +187,7 @@ def test_compiling_is_named(tmp_path):
     a = advice(report, "long-compile")
     assert a["severity"] == "info"
     assert a["evidence"]["compile_seconds"] == pytest.approx(50.0, abs=1.0)
-    assert "TORCHINDUCTOR_CACHE_DIR" in a["action"] and "layer.compile()" in a["action"]
+    assert "TORCHINDUCTOR_CACHE_DIR" in a["action"] and "block.compile()" in a["action"]
     assert job(report)["phases"]["compile"] == pytest.approx(50.0, abs=1.0)
     assert not {"raise-batch-size", "gpu-underused"} & ids(report)
 

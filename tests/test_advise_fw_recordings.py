@@ -1387,6 +1387,14 @@ def test_the_slow_rank_of_a_lightning_ddp_job_is_named_with_its_own_fix():
         assert jobs[g]["time_share"]["sync"] >= 0.2, jobs[g]["time_share"]
         assert jobs[g]["time_share"]["data"] < 0.05
     assert jobs[3]["time_share"]["data"] >= 0.2 and jobs[3]["time_share"]["sync"] < 0.05
+    # its cause is what it does more of than the others (data wait, 26 % against 1 %),
+    # not its largest slice (host, 64 %, near theirs once their waits are left out)
+    (told,) = [a for a in report["advice"] if a["id"] == "straggler-rank"]
+    ev = told["evidence"]
+    assert ev["share_host"] > ev["share_data"] and ev["data_over_peers"] >= 0.2
+    assert ev["host_over_peers"] < ev["data_over_peers"]
+    assert "does more of than the others: waiting for its own data" in told["message"]
+    assert told["action"].startswith("Speed up rank 3's input pipeline")
 
 
 def test_lightnings_ranks_are_one_launch_without_the_hook(tmp_path):
@@ -1513,6 +1521,14 @@ def test_ranks_waiting_while_rank_zero_evaluates_alone_are_told_so():
         assert "eval" not in jobs[g]["phases"]
         assert jobs[g]["time_share"]["sync"] == pytest.approx(share, abs=0.05)
     assert [a["gpu"] for a in rep["advice"] if a["id"] == "speed-up-evaluation"] == [0]
+    # rank 0's own advice names the sharding that ends the others' wait, in Accelerate's
+    # calls, and its gain is the evaluation shared by the 4 ranks
+    (told,) = [a for a in rep["advice"] if a["id"] == "speed-up-evaluation"]
+    assert told["action"].startswith("Rank 0 evaluates alone (")
+    assert "accelerator.gather_for_metrics()" in told["action"]
+    assert "about 1/4 of the time" in told["action"]
+    ev = told["evidence"]["eval_time_ratio"]
+    assert told["expected_gain"] == pytest.approx(1 / (1 - ev + ev / 4), rel=0.01)
     waits = [a for a in rep["advice"] if a["id"] == "gpu-underused"]
     assert sorted(a["gpu"] for a in waits) == [1, 2, 3]
     for a in waits:
@@ -1567,6 +1583,17 @@ def test_a_jobs_exit_after_its_last_step_is_not_read_as_training():
     for j in report["jobs"]:
         assert j["steps"] == truth("dp_loop_ddp")["steps"]
         assert j["time_share"]["other"] < 0.05 and j["time_share"]["gpu"] > 0.7
+        # nor by phase: the hook counts training until its last line, the report's
+        # phases end training at the last step (by the step lines' own clock)
+        tail = min(e["t"] for e in ends) - max(d["t"] for d in steps)
+        assert j["phases"]["after_steps"] == pytest.approx(tail, abs=1.5), j["phases"]
+    text = advise_text(path)
+    assert "after its last step" in text
+    # the DataParallel loop of one process: 16 steps of 1.8 s, then 40 s to its exit
+    (job,) = [j for j in advise_json(path_of("dp_loop"))["jobs"] if j["source"] == "hook"]
+    t = truth("dp_loop")
+    assert job["phases"]["train"] <= t["steps"] * job["step_seconds"] + 2
+    assert job["phases"]["after_steps"] >= 30
 
 
 def test_fsdp_offload_is_named_where_memory_is_free():
@@ -1822,6 +1849,14 @@ def test_lightnings_language_model_demos_and_fabric_in_their_own_words():
             assert "DataLoader(batch_size=8 → 64) and no gradient accumulation " \
                 "(micro-batches per optimizer.step(): 8 → 1; one fabric.backward() each, " \
                 "without fabric.no_backward_sync)" in text
+            # the effective batch each rank's and the optimizer's: 8 x 8 on each of 4 ranks
+            assert "an effective batch of 64 a rank, 256 across its 4 ranks" \
+                in got[0]["message"]
+            assert "Keep the effective batch of 64 a rank (256 across the 4 ranks)" in text
+    # one process: no ranks named
+    one = next(a for a in advise_json(path_of("hf_accum"))["advice"]
+               if a["id"] == "reduce-gradient-accumulation")
+    assert "(an effective batch of 64)" in one["message"] and "ranks" not in one["action"]
 
 
 def test_the_ranks_of_one_job_are_one_block_whatever_their_memory_reads():
@@ -1949,6 +1984,16 @@ def test_the_trainer_compiling_under_torchrun_is_told_of_both():
     t = truth("hf_compile_ddp")
     assert sorted(j["steps"] for j in report["jobs"]) == [t["steps"]] * 4
     assert all(j["phases"]["compile"] > 40 for j in report["jobs"])
+    # in the Trainer's words: its torch_compile=True compiles the whole model, under DDP
+    # one graph per gradient bucket; the repeated block instead, before the Trainer
+    text = action(report, "long-compile")
+    assert "TrainingArguments(torch_compile=True) compiles the whole model, and under DDP " \
+        "in one graph per gradient bucket on each of its 4 ranks" in text
+    assert "with torch_compile left False" in text and "model.layers" not in text
+    # a loop of one process compiling its model: no Trainer, no ranks
+    plain = action(advise_json(path_of("lightning_cnn_compile")), "long-compile")
+    assert "TrainingArguments" not in plain and "DDP" not in plain
+    assert "block.compile() on each of its layers" in plain
 
 
 def test_a_job_dead_of_cuda_oom_on_its_first_steps_is_told_how_to_fit():
@@ -2204,7 +2249,9 @@ def test_evaluations_whose_time_is_their_batches_are_not_told_of_a_tail(name):
         assert "eval_idle_seconds" not in a["evidence"], a["evidence"]
         assert "no evaluation batch came" not in a["message"]
         assert "preprocess_logits_for_metrics" not in a["action"]
-        assert "less often" in a["action"] or "part of the set" in a["action"]
+        # (a rank evaluating alone is told to share it over the ranks: its own test)
+        assert "less often" in a["action"] or "part of the set" in a["action"] \
+            or "each on its shard" in a["action"]
 
 
 def test_tokenizing_after_the_model_is_on_the_gpu_is_start_up():
@@ -2415,6 +2462,32 @@ def test_a_setting_is_told_however_much_of_the_window_checkpoints_take():
         files.append((f.name, text))
     got = sources.judge_recording(str(path), load_rules(builtin=False, files=files))[0]
     assert not settings & {a["id"] for a in got["advice"]}
+
+
+@pytest.mark.parametrize("name,ranks", [("lightning_cnn_ckpt_ddp", [0, 1, 2, 3]),
+                                        ("accelerate_save", [0]), ("hf_save", [0])])
+def test_the_runs_counts_are_told_as_they_closed(name, ranks):
+    """slow-checkpointing's evidence is the run's so far (whole_run: true): read once more
+    at the job's last step, it says the saves the script counted, on every rank. Read only
+    every 10 s of the clock (the same rules with whole_run taken out), the saves of the run's
+    last seconds are missing."""
+    path = path_of(name)
+    t = truth(name)
+    told = [a for a in advise_json(path)["advice"] if a["id"] == "slow-checkpointing"]
+    assert sorted(a["gpu"] for a in told) == ranks
+    for a in told:
+        assert t["saves"] - 1 <= a["evidence"]["checkpoints"] <= t["saves"], a["evidence"]
+        assert f"({int(a['evidence']['checkpoints'])} saves of " in a["message"]
+    from gpuwatch.advisor import sources
+    from gpuwatch.advisor.rules import load_rules
+
+    files = []
+    for f in sorted((DATA.parent.parent / "rules").glob("*.yaml")):
+        files.append((f.name, f.read_text().replace("    whole_run: true\n", "")))
+    got = sources.judge_recording(str(path), load_rules(builtin=False, files=files))[0]
+    stale = [a for a in got["advice"] if a["id"] == "slow-checkpointing"]
+    closed = min(a["evidence"]["checkpoints"] for a in told)
+    assert stale and all(a["evidence"]["checkpoints"] < closed for a in stale)
 
 
 def test_an_evaluation_the_script_calls_after_training_is_told_its_batch_not_its_interval():

@@ -136,6 +136,17 @@ def test_train_share_is_a_fraction_read_with_phase_train_only():
             and said in msg, msg
 
 
+def test_whole_run_is_true_or_false():
+    rules = load_rules(builtin=False, files=[("mine.yaml", GOOD.replace(
+        "severity: info", "severity: info\n    whole_run: true"))]).rules
+    assert rules[0].whole_run is True
+    assert load_rules(builtin=False, files=[("mine.yaml", GOOD)]).rules[0].whole_run is False
+    for bad, said in (("yes please", "text 'yes please'"), ("1", "a number 1")):
+        msg = problems(GOOD.replace("severity: info", f"severity: info\n    whole_run: {bad}"))
+        assert "mine.yaml:5:" in msg and "whole_run must be true or false" in msg \
+            and said in msg, msg
+
+
 def test_host_rule_cannot_read_gpu_signals():
     msg = problems(GOOD.replace("severity: info", "severity: info\n    scope: host"))
     assert "a host rule cannot read per-GPU signals (util)" in msg

@@ -10,9 +10,11 @@ from typing import Any, NamedTuple
 # plugin's priority-claim design)
 SHARE_CATEGORIES = ("data", "sync", "gpu", "host", "other")
 SHARE_SIGNALS = {f"share_{c}": c for c in SHARE_CATEGORIES}
+_OVER_PEERS = {"data_over_peers": "data", "host_over_peers": "host", "gpu_over_peers": "gpu"}
 RANK_SIGNALS = frozenset({"gpu_busy", "job_rank", "job_ranks", "rank_score", "slowest_rank",
                           "peer_straggler", "straggler_gain", "busy_in_steps",
-                          "job_busy_in_steps", "peer_away_share", "away_rank"})
+                          "job_busy_in_steps", "peer_away_share", "away_rank",
+                          "data_over_peers", "host_over_peers", "gpu_over_peers"})
 ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
 # nvidia-resiliency-ext flags a rank whose score (best rank's time / its own) is below this
 STRAGGLER_SCORE = 0.75
@@ -122,6 +124,10 @@ class Attribution(NamedTuple):
     # than itself (a phase: evaluating, saving, compiling alone), and which rank that was
     away_wait: float = 0.0
     away_rank: int | None = None
+    # the slowest rank's: each slice's share of its own time (the time it does not wait
+    # for a peer) above the other ranks' median share of theirs ({} on other ranks): what
+    # it does more of than they do (data wait, host time, GPU work)
+    over_peers: dict[str, float] = {}
 
     def value(self, name: str) -> float | None:
         if name in SHARE_SIGNALS:
@@ -148,6 +154,8 @@ class Attribution(NamedTuple):
             return self.away_wait if self.window.hook else None
         if name == "away_rank":
             return float(self.away_rank) if self.away_rank is not None else None
+        if name in _OVER_PEERS:
+            return self.over_peers.get(_OVER_PEERS[name])
         return None
 
     def top(self) -> str:
@@ -249,6 +257,17 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
             pace = max(pace, own[slowest] * (1.0 - max(sh["data"], sh["host"])))
         gain = own[slowest] / pace
     slow_score = best / own[slowest] if slowest is not None else 1.0
+    over: dict[str, float] = {}
+    if others and slowest is not None and shares_of[slowest] is not None:
+        mine = shares_of[slowest]
+        theirs = [(shares_of[k], own[k]) for k in own if k != slowest
+                  and shares_of[k] is not None]
+        if theirs:
+            for c in _OVER_PEERS.values():
+                peers = sorted(sh[c] / o for sh, o in theirs)
+                mid = len(peers) // 2
+                median = peers[mid] if len(peers) % 2 else (peers[mid - 1] + peers[mid]) / 2
+                over[c] = mine[c] / own[slowest] - median
     busies = [b for k, (w, _) in windows.items() if shares_of[k] is not None
               and (b := busy_in_steps(shares_of[k], w)) is not None]
     job_busy = max(busies) if busies else None
@@ -263,5 +282,6 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
                                              and slow_score < STRAGGLER_SCORE),
                              straggler_gain=max(1.0, gain) if multi else 1.0,
                              job_busy=job_busy, away_wait=away_waits.get(k, 0.0),
-                             away_rank=away_rank if k in away_waits else None)
+                             away_rank=away_rank if k in away_waits else None,
+                             over_peers=over if k == slowest else {})
     return out

@@ -206,6 +206,7 @@ class Engine:
         # each subject is judged by the rules of its scope, in the rule set's order
         self._gpu_rules = [r for r in self.rules if r.scope != "host"]
         self._rule_pos = {r.id: i for i, r in enumerate(self.rules)}
+        self._whole_run = frozenset(r.id for r in self.rules if r.whole_run)
         # which subjects this engine judges, by GPU index (None: the host); None: all.
         # A recording split over processes (split.py) gives each its share: the frame is
         # fed and bucketed whole in each, so every rule reads what it would read alone
@@ -224,6 +225,9 @@ class Engine:
         self._readers: list[Leaf] = []  # what a condition calls to read each slot
         self._blank: list[Any] = []
         self._ctxs: dict[int | None, _Ctx] = {}
+        # per subject, the bucket of the newest step whose stop its findings were read at
+        # (_closing_read)
+        self._closed_at: dict[int | None, int] = {}
         # this bucket's memory fits, by ring and window: a ring may serve several subjects
         self._fits: dict[tuple[Any, int], Any] = {}
         # each rule's when and unless as one function reading the slots directly
@@ -542,6 +546,9 @@ class Engine:
                          and (subj.job.ever or subj.hook_seen) else "host")
             else:
                 scope = "gpu"
+            live = stated.get(subj.gpu)
+            if live and not live.isdisjoint(self._whole_run):
+                self._closing_read(subj, live, idx, t)
             ctx = self._context(subj, idx + 1)
             ctx.pos = pos
             cc = frame.fact(subj, "compute_capability")
@@ -731,6 +738,39 @@ class Engine:
             elif f is None:
                 del self.states[key]
                 self._stated[subj.gpu].discard(rule.id)
+
+    def _closing_read(self, subj: Subject, live: set[str], idx: int, t: float) -> None:
+        """Once ``subj``'s job's steps have stopped (it ended, or went on to evaluate or
+        to wait), its active findings of rules whose evidence is the run's so far
+        (``whole_run: true``: seconds and counts since the first step) read it once more
+        as it stood at its last step: the windows end with that step's bucket (not in the
+        teardown after it), and the counts are the run's closing ones (read every
+        REFRESH_SECONDS of the clock, the last ten seconds' saves were missed:
+        `fw_lightning_cnn_ckpt_ddp` said 34 of its 40). Other rules' evidence (windows of
+        the last seconds) stands as read while it trained; so does one read at or after
+        that bucket, and an evaluation's rule read while the job evaluates after its
+        steps (_evaluating_after_steps)."""
+        frame = self.frame
+        if not frame.steps_stopped(subj, idx):
+            return
+        owner = frame._job_table(subj)[1]
+        last = owner.job_last
+        if last is None or self._closed_at.get(subj.gpu) == last:
+            return
+        self._closed_at[subj.gpu] = last
+        end = last + 1
+        ctx = None
+        for rid in list(live & self._whole_run):
+            st = self.states.get((rid, subj.gpu))
+            f = st.finding if st is not None else None
+            if f is None or not f.active or not f.rule.whole_run \
+                    or f.detail_t >= end * self.res \
+                    or self._evaluating_after_steps(f.rule, subj):
+                continue
+            if ctx is None:
+                ctx = _Ctx(self, subj)
+                ctx.at(end)
+            self._details(f, ctx, t)
 
     def _evaluating_after_steps(self, rule: Rule, subj: Subject) -> bool:
         """An evaluation's rule while the job evaluates after its steps stopped (the

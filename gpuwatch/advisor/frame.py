@@ -1245,6 +1245,8 @@ class Frame:
             tab.push(idx, f"{name}_seconds", sec.get(name, 0.0))
         ev = max(0.0, sec.get("eval", 0.0) - subj.eval_before)  # since the first step
         tab.push(idx, "eval_seconds", ev)
+        if ev and "peer_eval_seconds" in self.needed:
+            self._peer_eval(idx, subj, tab)
         since_first = sec.get("train", 0.0) + ev + sec.get("checkpoint", 0.0)
         if since_first > 0:
             tab.push(idx, "eval_time_ratio", ev / since_first)
@@ -1666,6 +1668,18 @@ class Frame:
         first = subj.first_busy if subj.proc_pids else subj.first_util
         return first is not None and end - first >= buckets
 
+    def _peer_eval(self, idx: int, subj: Subject, tab: Table) -> None:
+        """peer_eval_seconds: the most any other rank of ``subj``'s job evaluated since
+        its first step (the ranks of _group_key); none for a job of one process."""
+        mine = self._group_key(subj)
+        if mine[0] == "alone":
+            return
+        peers = [max(0.0, s.phase_seconds.get("eval", 0.0) - s.eval_before)
+                 for s in self.subjects.values()
+                 if s is not subj and s.phase is not None and self._group_key(s) == mine]
+        if peers:
+            tab.push(idx, "peer_eval_seconds", max(peers))
+
     def _group_key(self, subj: Subject) -> Any:
         """Which ranks are one job: one process per GPU with a rank and the same world
         size (torchrun on one host); anything else stands alone."""
@@ -1807,6 +1821,19 @@ class Frame:
             if (owner.phase == "train" and owner.phase_t is not None and t1 is not None
                     and t1 > owner.phase_t):
                 seconds["train"] = seconds.get("train", 0.0) + (t1 - owner.phase_t)
+            elif owner.phase == "train" and owner.phase_t is not None and t1 is not None:
+                # the hook counts training until another phase begins: where its newest
+                # line came long after the newest step (the steps stopped: STEPS_GONE_*),
+                # that time is the job's after its last step (a slow exit, work at the end
+                # the hook does not name), not training
+                after = owner.phase_t - t1
+                n = max(owner.timed_n, subj.timed_n)
+                step = (owner.timed_sum if owner.timed_n >= subj.timed_n
+                        else subj.timed_sum) / n if n else 0.0
+                if after >= max(STEPS_GONE_SECONDS, STEPS_GONE_STEPS * step):
+                    after = min(after, seconds.get("train", 0.0))
+                    seconds["train"] = seconds.get("train", 0.0) - after
+                    seconds["after_steps"] = after
             out["phases"] = {k: round(v, 1) for k, v in seconds.items() if v > 0}
             info = owner.phase_info
             if info.get("compiles"):

@@ -251,7 +251,7 @@ def _breakdown_table(rep: dict[str, Any]) -> str:
                  if j.get("steps") is not None else "<td>?</td>")
         phases = ""
         if j.get("phases"):
-            phases = ", ".join(f"{escape(p)} {escape(duration(s))}" for p, s in sorted(
+            phases = ", ".join(f"{escape(p.replace('_', ' '))} {escape(duration(s))}" for p, s in sorted(
                 j["phases"].items(), key=lambda kv: PHASES.index(kv[0])
                 if kv[0] in PHASES else 99))
         where = f"{j['instance']} " if j.get("instance") else ""

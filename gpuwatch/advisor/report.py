@@ -367,6 +367,9 @@ _LABELS = {
     "share_other": "other share", "gpu_busy": "GPU busy", "job_rank": "rank",
     "job_ranks": "ranks", "slowest_rank": "slowest rank", "rank_score": "rank score",
     "straggler_gain": "job speed-up at the median rank's pace",
+    "data_over_peers": "data wait over the other ranks' median",
+    "host_over_peers": "host over the other ranks' median",
+    "gpu_over_peers": "GPU work over the other ranks' median",
     "peer_straggler": "waits on a slower peer", "sm_clock_mhz": "SM clock",
     "mem_clock_mhz": "memory clock", "power_watts": "power", "temp_celsius": "temperature",
     "power_limit_watts": "power limit", "clock_power_capped": "power-capped",
@@ -640,7 +643,8 @@ _CATEGORY_NAMES = {"data": "data wait", "sync": "waiting on peers", "gpu": "GPU 
 
 
 _PHASE_NAMES = {"startup": "start-up", "compile": "compiling", "train": "training",
-                "eval": "evaluation", "checkpoint": "checkpoints", "inference": "inference"}
+                "eval": "evaluation", "checkpoint": "checkpoints", "inference": "inference",
+                "after_steps": "after its last step"}
 
 
 def job_where(j: dict[str, Any]) -> str:
@@ -690,7 +694,7 @@ def phases_line(j: dict[str, Any]) -> str | None:
     total = sum(phases.values())
     if not total:
         return None
-    order = ("startup", "compile", "train", "eval", "checkpoint", "inference")
+    order = ("startup", "compile", "train", "eval", "checkpoint", "inference", "after_steps")
     parts = [f"{_PHASE_NAMES[p]} {duration(phases[p])} ({percent(phases[p] / total)})"
              for p in order if phases.get(p)]
     return f"    by phase: {', '.join(parts)}"

@@ -42,6 +42,9 @@ _RULE_KEYS = {
              "eval | inference | startup",
     "train_share": "with phase train: how much of the last 15 s must be training for the rule "
                    "to be judged, 0-1 (default 0.6); 0: at any bucket the job trains (settings)",
+    "whole_run": "true: its evidence is the run's so far (seconds and counts since the first "
+                 "step), read once more at the job's last step when its steps stop "
+                 "(default false)",
     "arch": "compute capabilities it applies to: {min: '8.0', max: '9.0'}",
     "when": "the condition (an expression)",
     "for": "how long the condition must hold before the advice is given (default 0s)",
@@ -286,6 +289,8 @@ class Rule:
     phase: str = "any"
     # with phase train: the share of the window that must be training (None: the default)
     train_share: float | None = None
+    # its evidence is the run's so far: read once more at the job's last step (engine)
+    whole_run: bool = False
     arch_min: float | None = None
     arch_max: float | None = None
     for_s: float = 0.0
@@ -589,6 +594,11 @@ class _FileChecker:
                          f"got {_show(got)}")
             else:
                 train_share = float(got)
+        whole_run = raw.get("whole_run", False)
+        if not isinstance(whole_run, bool):
+            self.bad(vl.get("whole_run", raw.line), f"{label}: whole_run must be true or "
+                     f"false, got {_show(whole_run)}")
+            whole_run = False
         arch_min = arch_max = None
         if "arch" in raw:
             arch_min, arch_max = self.arch(raw["arch"], vl["arch"], f"{label}: arch")
@@ -751,7 +761,7 @@ class _FileChecker:
             when=when[1],
             when_text=str(raw["when"]),
             message=message, actions=actions, file=self.path, line=raw.line, scope=scope,
-            phase=phase, train_share=train_share,
+            phase=phase, train_share=train_share, whole_run=whole_run,
             arch_min=arch_min, arch_max=arch_max, for_s=for_s, keep_s=keep_s, unless=unless,
             suppressed_by=tuple(sup), values=values, evidence=evidence, confidence=confidence,
             gain=gain, gain_text=gain_text,

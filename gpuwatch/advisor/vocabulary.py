@@ -212,6 +212,9 @@ def _defs() -> dict[str, SignalDef]:
         ("train_seconds", "phase", "seconds", "last", "seconds in training steps so far", True),
         ("eval_seconds", "phase", "seconds", "last", ("seconds evaluating since the first "
          "step (an evaluation before it, ahead of training, left out)"), True),
+        ("peer_eval_seconds", "phase", "seconds", "last", ("the most seconds any other rank "
+         "of this job evaluated since its first step (none for a single process): a rank "
+         "that evaluates alone while the others wait"), True),
         ("eval_idle_seconds", "phase", "seconds", "last", ("seconds of evaluation so far in "
          "which no evaluation batch came or was waited for and the GPU idled (NVML util under "
          "15 %, between two of the hook's phase lines): the host at work on what the "
@@ -376,6 +379,13 @@ def _defs() -> dict[str, SignalDef]:
          "longest, where this rank waited for it"), True),
         ("peer_straggler", "job", "0/1", "last", ("another rank of this job is a straggler "
          "(rank_score < 0.75) that this rank waits for"), True),
+        ("data_over_peers", "job", "ratio", "mean", ("the slowest rank's: its data wait as a "
+         "share of its own time (the time it does not wait for a peer), less the other "
+         "ranks' median share of theirs (none on other ranks): what it does more of than "
+         "they do"), True),
+        ("host_over_peers", "job", "ratio", "mean", ("the same, of its main process's time "
+         "while its GPU idles (host)"), True),
+        ("gpu_over_peers", "job", "ratio", "mean", "the same, of its GPU work", True),
         ("straggler_gain", "job", "ratio", "last", ("step time now over step time once the "
          "slowest rank's own bottleneck is gone: the other ranks' median pace, or its own GPU "
          "work where that is slower (how much faster the job would go)"), True),
