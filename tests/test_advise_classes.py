@@ -265,3 +265,34 @@ def test_gpu_underused_names_time_outside_steps(tmp_path):
     assert "outside training steps" in a["message"] and "checkpoint" in a["action"]
     assert job(report)["bottleneck"] == "other"
     assert onset(report, run, "gpu-underused") <= WARNING_ONSET
+
+
+def test_debugging_left_on_names_each_mode_on_and_holds_the_batch_advice(tmp_path):
+    """Host-bound BERT (raise-batch-size) with anomaly detection and CUDA_LAUNCH_BLOCKING=1
+    both on: one piece of advice naming both, in torch's words for a plain loop and in
+    Lightning's for Lightning, and the larger batch waits until they are off; off again
+    (the hook's settings sent once training ended, or never on), the batch as before."""
+    def run(**config):
+        r = synthetic.host_bound_bert()
+        for d in r.lines:
+            if d["kind"] == "config":
+                d.update(config)
+        return r
+    assert "raise-batch-size" in ids(judge(tmp_path, run(anomaly_detection=False,
+                                                         launch_blocking=False), "off.jsonl"))
+    both = judge(tmp_path, run(anomaly_detection=True, launch_blocking=True,
+                               framework=None), "both.jsonl")
+    assert "raise-batch-size" not in ids(both) and "gpu-underused" not in ids(both)
+    a = advice(both, "disable-debug-modes")
+    assert a["severity"] == "warning" and a["confidence"] == 0.9
+    assert "autograd's anomaly detection" in a["message"]
+    assert "CUDA_LAUNCH_BLOCKING=1 in its environment" in a["message"]
+    assert "underflow_overflow" not in a["message"]
+    assert "take torch.autograd.set_detect_anomaly(True)" in a["action"]
+    assert "unset CUDA_LAUNCH_BLOCKING" in a["action"]
+    lit = advice(judge(tmp_path, run(anomaly_detection=True, framework="lightning"),
+                       "lit.jsonl"), "disable-debug-modes")
+    assert lit["action"].startswith("Take the debugging out of the training run (keep it "
+                                    "for a run that hunts a bug): Trainer(detect_anomaly="
+                                    "False) (its default) (in torch: take ")
+    assert "CUDA_LAUNCH_BLOCKING" not in lit["message"] + lit["action"]

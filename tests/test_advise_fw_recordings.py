@@ -475,6 +475,18 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "lightning_batch_end_metric_bare": (set(), {"work-every-n-steps"}),
     # item 65 without the hook: the pool of 8 workers started anew at each of ~68 epochs
     "lightning_cnn_epochs_bare": ({"enable-persistent-workers"}, {"add-dataloader-workers"}),
+    # debugging left on while training (its steps 3.3x, 4.8x and 1.45x as long as the same
+    # run's without it, on one H200): told first, and the advice that reads the host's
+    # share of the steps (a larger batch, the catch-all) waits until it is off
+    "lightning_cnn_anomaly": ({"disable-debug-modes"}, {"raise-batch-size", "gpu-underused",
+                                                        "reduce-launch-overhead"}),
+    "hf_debug_overflow": ({"disable-debug-modes"}, {"raise-batch-size", "gpu-underused",
+                                                    "reduce-launch-overhead"}),
+    "accel_clm_launch_blocking": ({"disable-debug-modes"}, {"raise-batch-size",
+                                                            "gpu-underused"}),
+    # the same two runs without it: host-bound, told to raise the batch, nothing of debugging
+    "lightning_cnn_bf16": ({"raise-batch-size"}, {"disable-debug-modes"}),
+    "hf_bert_bf16": ({"raise-batch-size"}, {"disable-debug-modes"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -2200,6 +2212,53 @@ def test_epochs_restarting_their_workers_are_told_both_changes():
     assert "enable-persistent-workers on GPUs 0, 1, 2, 3" in text
 
 
+@pytest.mark.parametrize("name, on, words", [
+    ("lightning_cnn_anomaly", "anomaly_detection",
+     "Trainer(detect_anomaly=False) (its default) (in torch: take "
+     "torch.autograd.set_detect_anomaly(True)"),
+    ("hf_debug_overflow", "fw_debug_overflow",
+     'TrainingArguments(debug="") (without "underflow_overflow") (in torch: drop '
+     "DebugUnderflowOverflow(model))"),
+    ("accel_clm_launch_blocking", "launch_blocking",
+     "unset CUDA_LAUNCH_BLOCKING in the job's environment"),
+])
+def test_debugging_left_on_is_told_first_in_the_frameworks_words(name, on, words):
+    """Lightning's Trainer(detect_anomaly=True), the Trainer's debug="underflow_overflow"
+    and CUDA_LAUNCH_BLOCKING=1, each read by the hook in a real run on an H200: told before
+    anything else, naming the one that is on (the evidence's others read "no"), with the
+    change in the framework's words; the steps the hook counted are the script's."""
+    report = advise_json(path_of(name))
+    first = report["advice"][0]
+    assert first["id"] == "disable-debug-modes", [a["id"] for a in report["advice"]]
+    assert words in first["action"]
+    modes = ("anomaly_detection", "fw_debug_overflow", "launch_blocking")
+    # (a setting's evidence is its signal's value: 1 for on, 0 for off)
+    assert {k: first["evidence"][k] for k in modes if k in first["evidence"]} == {
+        k: float(k == on) for k in modes if k in first["evidence"]}
+    assert first["evidence"][on] == 1
+    # the message names the mode on and only it
+    names = {"anomaly_detection": "anomaly detection",
+             "fw_debug_overflow": 'debug="underflow_overflow"',
+             "launch_blocking": "CUDA_LAUNCH_BLOCKING=1"}
+    assert [m for m in modes if names[m] in first["message"]] == [on]
+    assert steps_by_gpu(report) == [(0, truth(name)["steps"])]
+
+
+def test_the_same_runs_without_debugging_are_told_their_batch():
+    """The runs beside two of those, the same script and settings without the debugging:
+    their steps are a third and a fifth as long (2,694 steps against 821 and 933 against
+    193 in the same 40 s), and what is left is the host-bound batch, told as it would
+    have been; with the debugging on that advice waits (the EXPECTED table)."""
+    for off, on in (("lightning_cnn_bf16", "lightning_cnn_anomaly"),
+                    ("hf_bert_bf16", "hf_debug_overflow")):
+        assert truth(off)["steps"] > 3 * truth(on)["steps"]
+        report = advise_json(path_of(off))
+        assert "raise-batch-size" in ids(report)
+        assert "disable-debug-modes" not in ids(report)
+        cfg = last_config_of(path_of(off))
+        assert cfg["anomaly_detection"] is False and cfg["launch_blocking"] is False
+
+
 def test_lightning_compiling_its_model_is_told_of_the_compile_and_the_batch():
     """torch.compile(model) inside a LightningModule: the hook's compile phase (each rank
     of the DDP run compiling) and, once it trains, the host-bound batch; the steps the hook
@@ -2457,7 +2516,7 @@ def test_a_setting_is_told_however_much_of_the_window_checkpoints_take():
     for f in sorted((DATA.parent.parent / "rules").glob("*.yaml")):
         text = f.read_text()
         if f.name == "settings.yaml":
-            assert text.count("    train_share: 0\n") == 4
+            assert text.count("    train_share: 0\n") == 5
             text = text.replace("    train_share: 0\n", "")
         files.append((f.name, text))
     got = sources.judge_recording(str(path), load_rules(builtin=False, files=files))[0]

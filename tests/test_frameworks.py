@@ -35,10 +35,11 @@ RUN = [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0
 EVAL_TOLERANCE = 0.15
 
 
-def record(tmp_path: Path, script: str, *args: str, timeout: float = 300) -> tuple[Path, dict]:
+def record(tmp_path: Path, script: str, *args: str, timeout: float = 300,
+           env: dict[str, str] | None = None) -> tuple[Path, dict]:
     rec, truth = tmp_path / f"{script}.jsonl", tmp_path / f"{script}.truth.json"
     env = clean_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-                    TMPDIR=str(tmp_path))
+                    TMPDIR=str(tmp_path), **(env or {}))
     run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable,
                           str(SCRIPTS / f"{script}.py"), *args, "--out", str(truth)],
                          check=False, env=env, cwd=tmp_path, capture_output=True, text=True,
@@ -220,6 +221,31 @@ def test_lightning_validation_is_a_phase(tmp_path: Path) -> None:
     assert cfg["fw_eval_batch_size"] == 8 and cfg["fw_precision"] == "32-true"
     phase = lines(rec, "phase")[-1]
     assert phase["eval_batch_size"] == 8 and phase["eval_batches"] >= 4 * 64
+
+
+def test_debugging_left_on_in_a_framework_is_reported_while_it_trains(tmp_path: Path) -> None:
+    """Lightning's Trainer(detect_anomaly=True) turns autograd's anomaly detection on
+    around its loop, and off after: the hook reads it on while the job trains (the
+    settings sent after fit() returned read it off). CUDA_LAUNCH_BLOCKING=1 in the job's
+    environment; the Trainer's debug="underflow_overflow"."""
+    rec, _ = record(tmp_path, "lightning_val", "--steps", "30", "--val-every", "100",
+                    "--detect-anomaly", env={"CUDA_LAUNCH_BLOCKING": "1"})
+    training = [c for c in lines(rec, "config") if c.get("in_training")]
+    assert any(c["anomaly_detection"] is True for c in training)
+    assert all(c["launch_blocking"] is True for c in lines(rec, "config"))
+    assert "fw_debug_overflow" not in training[-1]  # a Trainer's setting, not Lightning's
+    assert not lines(rec, "hook_problem")
+    rec, truth = record(tmp_path, "hf_trainer", "--steps", "12", "--eval-every", "1000",
+                        "--debug-overflow")
+    cfg = last_config(rec)
+    assert cfg["fw_debug_overflow"] is True and cfg["anomaly_detection"] is False
+    assert cfg["launch_blocking"] is False
+    assert truth["steps"] == 12
+    assert not lines(rec, "hook_problem")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    rec, _ = record(plain, "hf_trainer", "--steps", "4", "--eval-every", "1000")
+    assert last_config(rec)["fw_debug_overflow"] is False
 
 
 def test_lightning_reloading_its_training_loader_each_epoch_is_still_training(

@@ -179,6 +179,27 @@ def test_deterministic_kernels_asked_for_are_reported(attached: hook._Hook) -> N
         torch.backends.cudnn.deterministic = was
 
 
+def test_debugging_left_on_is_reported(attached: hook._Hook,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autograd's anomaly detection (process-wide: read by the reporting thread while the
+    training thread set it, as Lightning's Trainer(detect_anomaly=True) sets it around its
+    loop) and CUDA_LAUNCH_BLOCKING=1 in the environment, each as it is when read."""
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
+    cfg = attached._config()
+    assert cfg["anomaly_detection"] is False and cfg["launch_blocking"] is False
+    read: list[dict] = []
+    with torch.autograd.detect_anomaly(check_nan=True):
+        thread = threading.Thread(target=lambda: read.append(attached._config()))
+        thread.start()
+        thread.join(timeout=30)
+    assert read and read[0]["anomaly_detection"] is True
+    assert attached._config()["anomaly_detection"] is False  # the block's end turns it off
+    for value, on in (("1", True), (" 1 ", True), ("0", False), ("", False)):
+        monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", value)
+        assert attached._config()["launch_blocking"] is on, value
+    assert not attached.problems.seen
+
+
 def test_a_patch_embedding_alone_is_no_conv_net(attached: hook._Hook) -> None:
     """A ViT's one convolution cuts the image into patches (kernel = stride, no padding):
     the model is a transformer, and the advice for conv nets (channels_last, cuDNN's

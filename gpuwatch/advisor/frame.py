@@ -2034,7 +2034,7 @@ GONE_FULL_FACTS = ("gone_full", "gone_full_pid", "gone_full_idx", "gone_full_rat
 # had finished an iteration (a config line's ``in_training``), never from start-up's
 _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused_optimizer",
                       "optimizer", "grad_scaler", "gradient_checkpointing", "cudnn_benchmark",
-                      "deterministic",
+                      "deterministic", "anomaly_detection",
                       "channels_last", "param_dtype"})
 # without the hook, a GPU whose process has run any kernel (NVML util at least this) has
 # begun its work; before that, its job is starting up

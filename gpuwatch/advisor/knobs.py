@@ -196,6 +196,20 @@ KNOBS: dict[str, dict[str, str]] = {
         "accelerate": "accelerator.save_model(model, …) instead of save_state()",
         "fabric": 'fabric.save(path, {{"model": model}}), without the optimizer',
     },
+    # debugging modes left on: Lightning turns torch's anomaly detection on around fit()'s
+    # loop for Trainer(detect_anomaly=True), and off around it otherwise
+    "anomaly_off": {
+        TORCH: "take torch.autograd.set_detect_anomaly(True) (or the "
+               "torch.autograd.detect_anomaly() block) out of the training run",
+        "lightning": "Trainer(detect_anomaly=False) (its default)",
+    },
+    "launch_blocking_off": {
+        TORCH: "unset CUDA_LAUNCH_BLOCKING in the job's environment (or set it to 0)",
+    },
+    "debug_overflow_off": {
+        TORCH: "drop DebugUnderflowOverflow(model)",
+        "transformers": 'TrainingArguments(debug="") (without "underflow_overflow")',
+    },
     # "": the framework has no such form (the torch one would not fit its loop)
     "async_save": {
         TORCH: "torch.distributed.checkpoint.async_save(state_dict, checkpoint_id=…), "

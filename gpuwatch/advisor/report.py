@@ -346,6 +346,8 @@ _LABELS = {
     "mem_allocated_bytes": "allocated by torch",
     "max_mem_allocated_bytes": "peak allocated by torch",
     "act_mem_per_sample_bytes": "activations per sample",
+    "anomaly_detection": "anomaly detection", "launch_blocking": "CUDA_LAUNCH_BLOCKING=1",
+    "fw_debug_overflow": 'debug="underflow_overflow"',
     "data_wait_ratio": "data wait", "step_seconds": "step", "data_wait_seconds": "data wait",
     "batch_size": "batch", "job_workers": "loader workers",
     "job_main_processes": "training processes", "main_busy_ratio": "main process busy",

@@ -262,6 +262,11 @@ def _defs() -> dict[str, SignalDef]:
         ("deterministic", "config", "bool", "last", ("the job asked for reproducible "
          "kernels: torch.use_deterministic_algorithms (Lightning's "
          "Trainer(deterministic=True)) or torch.backends.cudnn.deterministic"), False),
+        ("anomaly_detection", "config", "bool", "last", ("autograd's anomaly detection is on "
+         "(torch.autograd.set_detect_anomaly(True), Lightning's Trainer(detect_anomaly=True))"),
+         False),
+        ("launch_blocking", "config", "bool", "last", ("the job's environment has "
+         "CUDA_LAUNCH_BLOCKING=1 (each kernel launch waits for the kernel)"), False),
         ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),
         ("gradient_checkpointing", "config", "bool", "last", "activation checkpointing on",
          False),
@@ -337,6 +342,9 @@ def _defs() -> dict[str, SignalDef]:
         ("fw_best_metric", "config", "text", "last", ("the metric that picks the best "
          "checkpoint (TrainingArguments(metric_for_best_model))"), False),
         ("fw_compile", "config", "bool", "last", "TrainingArguments(torch_compile)", False),
+        ("fw_debug_overflow", "config", "bool", "last", ("TrainingArguments(debug="
+         "\"underflow_overflow\"): a forward hook on every module checking its tensors for "
+         "inf and nan"), False),
         ("fw_save_strategy", "config", "text", "last", "TrainingArguments(save_strategy)", False),
         ("fw_save_every", "config", "steps", "last", ("how often the framework saves a "
          "checkpoint (save_steps; Lightning: ModelCheckpoint's every_n_train_steps, 0 when it "

@@ -1068,6 +1068,8 @@ class _Hook:
         read(cfg, "float32_matmul_precision", facts.float32_matmul_precision, p)
         read(cfg, "cudnn_benchmark", lambda: bool(torch.backends.cudnn.benchmark), p)
         read(cfg, "deterministic", facts.deterministic, p)
+        read(cfg, "anomaly_detection", facts.anomaly_detection, p)
+        read(cfg, "launch_blocking", facts.launch_blocking, p)
         ref = self.primary
         opt = ref() if ref is not None else None
         if opt is not None:

@@ -15,6 +15,7 @@ through them), the legacy ``allow_tf32`` flags only on an older torch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +108,23 @@ def deterministic() -> bool:
     torch.backends.cudnn.deterministic."""
     return bool(torch.are_deterministic_algorithms_enabled()
                 or torch.backends.cudnn.deterministic)
+
+
+# -- debugging modes ---------------------------------------------------------------------------
+def anomaly_detection() -> bool:
+    """Whether autograd's anomaly detection is on (torch.autograd.set_detect_anomaly(True),
+    the torch.autograd.detect_anomaly() block, Lightning's Trainer(detect_anomaly=True),
+    which turns it on around fit()'s loop). A process-wide flag: the reporting thread reads
+    what the training thread set."""
+    return bool(torch.is_anomaly_enabled())
+
+
+def launch_blocking() -> bool:
+    """Whether the job's environment has CUDA_LAUNCH_BLOCKING=1: every kernel launch
+    waits for the kernel to finish. CUDA reads it once, when the process first uses the
+    GPU; the environment the hook reads is the one the process started with unless the
+    job changed it."""
+    return os.environ.get("CUDA_LAUNCH_BLOCKING", "").strip() == "1"
 
 
 _MATMUL_PRECISION = {"tf32": "high", "ieee": "highest", "bf16": "medium"}

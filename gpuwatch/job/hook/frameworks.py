@@ -190,6 +190,10 @@ def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None
     # the metric that picks the best checkpoint (load_best_model_at_end, early stopping)
     read_known(cfg, "fw_best_metric", lambda: args.metric_for_best_model, problems)
     read(cfg, "fw_compile", lambda: bool(args.torch_compile), problems)
+    # TrainingArguments(debug="underflow_overflow"): DebugUnderflowOverflow's forward hooks
+    # on every module, each checking its tensors for inf and nan with .item()
+    read(cfg, "fw_debug_overflow", lambda: any(
+        _enum_value(d) == "underflow_overflow" for d in (args.debug or ())), problems)
     read(cfg, "fw_save_strategy", lambda: _enum_value(args.save_strategy), problems)
     read(cfg, "fw_save_every", lambda: args.save_steps, problems)
     # save_only_model is newer than the rest (transformers 4.36): absent is no problem

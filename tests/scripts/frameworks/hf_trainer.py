@@ -42,6 +42,8 @@ p.add_argument("--seconds", type=float, default=None,
                help="stop training after this long (the Trainer stops at a step's end)")
 p.add_argument("--evaluate-first", action="store_true",
                help="trainer.evaluate() before trainer.train() (a baseline's metrics)")
+p.add_argument("--debug-overflow", action="store_true",
+               help='TrainingArguments(debug="underflow_overflow")')
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -95,7 +97,8 @@ args = TrainingArguments(
     report_to=[], learning_rate=1e-4, dataloader_num_workers=a.workers,
     use_cpu=not torch.cuda.is_available(), bf16=a.bf16, torch_compile=a.compile,
     tf32=True if a.tf32_arg else None,
-    gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0)
+    gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0,
+    debug="underflow_overflow" if a.debug_overflow else "")
 trainer = Trainer(model=model, args=args,
                   train_dataset=Tokens(a.train_samples or a.steps * a.batch * a.accum),
                   eval_dataset=Tokens(a.eval_samples), callbacks=[Clock()])

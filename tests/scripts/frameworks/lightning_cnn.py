@@ -58,6 +58,7 @@ p.add_argument("--reload", action="store_true",
 p.add_argument("--find-batch", type=int, default=0,
                help="BatchSizeFinder(mode='power', max_trials=N) among the callbacks (0: none)")
 p.add_argument("--seconds", type=float, default=45.0)
+p.add_argument("--detect-anomaly", action="store_true", help="Trainer(detect_anomaly=True)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -167,7 +168,8 @@ trainer = pl.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu",
                      reload_dataloaders_every_n_epochs=1 if a.reload else 0,
                      max_time={"seconds": a.seconds}, logger=False,
                      enable_checkpointing=a.ckpt_every > 0, enable_progress_bar=False,
-                     enable_model_summary=False, callbacks=[Count(), *saving, *finder])
+                     enable_model_summary=False, callbacks=[Count(), *saving, *finder],
+                     detect_anomaly=a.detect_anomaly)
 if a.reload:
     trainer.fit(Reloading())
 elif a.find_batch:

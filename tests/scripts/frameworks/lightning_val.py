@@ -39,6 +39,7 @@ p.add_argument("--warm-seconds", type=float, default=0.0,
 p.add_argument("--seconds", type=float, default=None, help="stop training after this long")
 p.add_argument("--validate-first", action="store_true",
                help="trainer.validate() before trainer.fit() (a baseline's metrics)")
+p.add_argument("--detect-anomaly", action="store_true", help="Trainer(detect_anomaly=True)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -105,7 +106,8 @@ trainer = pl.Trainer(max_steps=a.steps, strategy=strategy,
                      accelerator="gpu" if torch.cuda.is_available() else "cpu",
                      devices=a.devices, precision=a.precision, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, num_sanity_val_steps=2, callbacks=[Clock()])
+                     enable_model_summary=False, num_sanity_val_steps=2, callbacks=[Clock()],
+                     detect_anomaly=a.detect_anomaly)
 net = Net()
 if a.validate_first:
     t = time.perf_counter()

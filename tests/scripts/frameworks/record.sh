@@ -141,6 +141,24 @@ want lightning_batch_end_metric_bare && rec_bare lightning_batch_end_metric_bare
 want hf_step_end_samples && rec hf_step_end_samples 150 python3 hf_step_end_samples.py --seconds 45
 want lightning_cnn_epochs_bare && rec_bare lightning_cnn_epochs_bare 120 python3 lightning_cnn.py \
   --batch 128 --workers 8 --samples 3840 --precision bf16-mixed --no-persistent --seconds 45
+# 7l. Debugging modes left on while training (2026-12-03, seventh session), each beside the
+#     same run without it: Lightning's Trainer(detect_anomaly=True) on ResNet-18 (bf16-mixed,
+#     batch 256, 12 workers); the Trainer's debug="underflow_overflow" on BERT-base (bf16,
+#     batch 32); Accelerate's GPT-2 (bf16, batch 32) with CUDA_LAUNCH_BLOCKING=1
+want lightning_cnn_anomaly && rec lightning_cnn_anomaly 150 python3 lightning_cnn.py --batch 256 \
+  --workers 12 --precision bf16-mixed --detect-anomaly --seconds 40
+want lightning_cnn_bf16 && rec lightning_cnn_bf16 150 python3 lightning_cnn.py --batch 256 \
+  --workers 12 --precision bf16-mixed --seconds 40
+want hf_debug_overflow && rec hf_debug_overflow 150 python3 hf_trainer.py $bert --steps 100000 \
+  --seconds 40 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 2 \
+  --debug-overflow
+want hf_bert_bf16 && rec hf_bert_bf16 150 python3 hf_trainer.py $bert --steps 100000 \
+  --seconds 40 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 2
+want accel_clm_launch_blocking && rec accel_clm_launch_blocking 150 env CUDA_LAUNCH_BLOCKING=1 \
+  python3 accel_clm.py --per_device_train_batch_size 32 --mixed_precision bf16 --tf32 \
+  --num_workers 2 --seconds 40
+want accel_clm_bf16_again && rec accel_clm_bf16_again 150 python3 accel_clm.py \
+  --per_device_train_batch_size 32 --mixed_precision bf16 --tf32 --num_workers 2 --seconds 40
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
