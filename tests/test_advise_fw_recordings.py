@@ -2244,6 +2244,53 @@ def test_debugging_left_on_is_told_first_in_the_frameworks_words(name, on, words
     assert steps_by_gpu(report) == [(0, truth(name)["steps"])]
 
 
+def test_the_ranks_of_one_job_are_told_the_gain_of_the_rank_that_gains_least():
+    """Four FSDP ranks with their parameters offloaded, told as one block: each rank's
+    gain is its own (the JSON keeps them), but the ranks step together, so the job goes
+    as fast as the rank that gains least; the block quotes that one, in text, Markdown
+    and HTML, and names whose it is. A block whose figures read the same is left as it
+    was."""
+    path = path_of("accel_clm_fsdp_offload4")
+    report = advise_json(path)
+    gains = {a["gpu"]: a["expected_gain"] for a in report["advice"]
+             if a["id"] == "disable-fsdp-cpu-offload"}
+    assert sorted(gains) == [0, 1, 2, 3] and max(gains.values()) > 1.2 * min(gains.values())
+    least = min(gains, key=gains.__getitem__)
+    lead = report["advice"][0]
+    assert lead["gpu"] != least  # the block's lead (the JSON's first) gains most
+
+    def block(text: str) -> str:
+        """The block's expected gain, up to the next blank line."""
+        after = text.split("disable-fsdp-cpu-offload", 1)[1]
+        part = after.split("Expected gain:", 1)[1].split("\n\n", 1)[0]
+        return " ".join(part.split())
+    told = f"up to {gains[least]:.1f}x steps per second"
+    for fmt in ("text", "markdown"):
+        got = block(advise_text(path, "--format", fmt))
+        assert told in got and f"(GPU {least}'s, the least of its ranks'" in got, fmt
+        assert f"up to {gains[lead['gpu']]:.1f}x steps" not in got, fmt
+    html = advise_text(path, "--format", "html")
+    i = next(i for i, a in enumerate(report["advice"])
+             if a["id"] == "disable-fsdp-cpu-offload" and a["gpu"] == least)
+    assert f'data-key="advice.{i}.expected_gain"' in html
+    assert told in html
+    # every rank's gain of the same figure: nothing added (a DDP job's larger batch)
+    text = advise_text(path_of("lightning_cnn_ckpt_ddp"))
+    assert "the least of its ranks'" not in text
+
+
+def test_ranks_of_two_jobs_of_one_size_are_not_taken_for_one():
+    """Two jobs of two ranks each on one host: their entries cannot be told apart by rank
+    count, so no block is read as one job's lockstep; one job of four ranks is."""
+    from gpuwatch.advisor.report import lockstep_gpus
+
+    two = {"jobs": [{"gpu": g, "rank": g % 2, "ranks": 2} for g in range(4)]}
+    assert lockstep_gpus(two) == []
+    one = {"jobs": [{"gpu": g, "rank": g, "ranks": 4} for g in range(4)]
+           + [{"gpu": 4, "rank": None}]}
+    assert lockstep_gpus(one) == [(None, frozenset({0, 1, 2, 3}))]
+
+
 def test_the_same_runs_without_debugging_are_told_their_batch():
     """The runs beside two of those, the same script and settings without the debugging:
     their steps are a third and a fifth as long (2,694 steps against 821 and 933 against

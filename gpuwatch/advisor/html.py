@@ -30,6 +30,7 @@ from gpuwatch.advisor.report import (
     evidence_items,
     evidence_value,
     hook_text,
+    lockstep_gpus,
     no_advice_text,
     not_judged_text,
     percent,
@@ -115,7 +116,7 @@ def render(report: dict[str, Any], timeline: Timeline | None = None, *,
     advice = sorted(report.get("advice", []), key=advice_order)
     # the numbering of the advice: the text report's blocks (the same piece on several GPUs
     # is one card), in the JSON's order (advice_order); each piece carries its block's number
-    blocks = blocks_of(advice)
+    blocks = blocks_of(advice, lockstep_gpus(report))
     numbers = {id(a): n for n, (_, _, group) in enumerate(blocks, 1) for a in group}
     body: list[str] = []
     body.append("<h1>gpuwatch report</h1>")
@@ -456,8 +457,11 @@ def _advice_cards(rep: dict[str, Any], tl: Timeline | None, blocks: list[Any],
         parts.append(f"<p><b>Change:</b> {escape(a.get('action', ''))}</p>")
         if a.get("expected_gain_text"):
             gain = a.get("expected_gain")
+            # a lockstep block quotes its least-gaining piece's gain (report._lockstep_gain)
+            gi = next((index.get(id(m), i) for m in group
+                       if m.get("expected_gain") == gain), i)
             parts.append(f"<p><b>Expected gain</b> (<span"
-                         f"{_key(f'advice.{i}.expected_gain', gain)}>"
+                         f"{_key(f'advice.{gi}.expected_gain', gain)}>"
                          f"{escape(evidence_value('expected_gain', gain))}</span>): "
                          f"{escape(a['expected_gain_text'])}</p>")
         if a.get("hook_would_add"):

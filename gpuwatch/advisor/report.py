@@ -726,15 +726,54 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _ACTION_FIGURE = re.compile(r"~\d+(?:\.\d+)?|\d+(?:\.\d+)?(?= ?(?:[KMGT]i?B|%))")
 
 
-def grouped(advice: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[int | None]]]:
+def grouped(advice: list[dict[str, Any]], lockstep: list[tuple[Any, frozenset[int]]] = ()
+            ) -> list[tuple[dict[str, Any], list[int | None]]]:
     """``advice`` in its order, each piece with the GPUs it reads the same on: a piece
     whose every shown field equals an earlier one's joins that one's block; so does one
     that asks for the same change on the same evidence with other figures, and the block's
-    piece then carries ``spread``: each evidence entry that differs, as its range."""
-    return [(lead, gpus) for lead, gpus, _ in blocks_of(advice)]
+    piece then carries ``spread``: each evidence entry that differs, as its range.
+    ``lockstep``: the GPUs of each job whose ranks step together (``lockstep_gpus``); a
+    block within one of them quotes the least of its pieces' gains, not its lead's."""
+    return [(lead, gpus) for lead, gpus, _ in blocks_of(advice, lockstep)]
 
 
-def blocks_of(advice: list[dict[str, Any]]
+def lockstep_gpus(report: dict[str, Any]) -> list[tuple[Any, frozenset[int]]]:
+    """(instance, GPUs) of each job whose ranks step together: the report's jobs of one
+    rank count N > 1 that are exactly N entries with N distinct ranks (two jobs of the same
+    size on one host cannot be told apart here, and are left out)."""
+    by: dict[tuple[Any, int], list[dict[str, Any]]] = {}
+    for j in report.get("jobs", []):
+        n = j.get("ranks") or 1
+        if n > 1 and j.get("gpu") is not None and j.get("rank") is not None:
+            by.setdefault((j.get("instance"), n), []).append(j)
+    return [(inst, frozenset(j["gpu"] for j in js)) for (inst, n), js in by.items()
+            if len(js) == n and len({j["rank"] for j in js}) == n]
+
+
+def _lockstep_gain(lead: dict[str, Any], group: list[dict[str, Any]],
+                   lockstep: list[tuple[Any, frozenset[int]]]) -> dict[str, Any]:
+    """The block's lead with the gain of its least-gaining piece where the block's GPUs
+    are ranks of one job: they step together, so the job goes as fast as the rank that
+    gains least (each piece's gain is its own GPU's)."""
+    gains = [a.get("expected_gain") for a in group]
+    if len(group) < 2 or not all(isinstance(g, (int, float)) for g in gains) \
+            or len(set(gains)) == 1:
+        return lead
+    gpus = {a.get("gpu") for a in group}
+    inst = lead.get("instance")
+    if not any(i == inst and gpus <= ranks for i, ranks in lockstep):
+        return lead
+    least = min(group, key=lambda a: a["expected_gain"])
+    text = least.get("expected_gain_text")
+    if not text or text == lead.get("expected_gain_text"):
+        return lead  # the same figure once shown
+    return dict(lead, expected_gain=least["expected_gain"],
+                expected_gain_text=f"{text} (GPU {least.get('gpu')}'s, the least of its "
+                                   f"ranks': they step together, so the job goes no faster "
+                                   f"than the rank that gains least)")
+
+
+def blocks_of(advice: list[dict[str, Any]], lockstep: list[tuple[Any, frozenset[int]]] = ()
               ) -> list[tuple[dict[str, Any], list[int | None], list[dict[str, Any]]]]:
     """As ``grouped``, with each block's pieces (``advice``'s own dicts, in its order)."""
     blocks: list[tuple[dict[str, Any], list[int | None]]] = []
@@ -762,6 +801,7 @@ def blocks_of(advice: list[dict[str, Any]]
     for (lead, gpus), group in zip(blocks, members, strict=True):
         spread = _spread(group)
         shown = sorted(gpus) if None not in gpus else gpus  # named in order; led by its first
+        lead = _lockstep_gain(lead, group, lockstep)
         out.append((dict(lead, spread=spread) if spread else lead, shown, group))
     return out
 
@@ -849,7 +889,7 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
     else:
         if report.get("judged", {}).get("gpu") is False:
             lines += textwrap.wrap(not_judged_text(report), width=width) + [""]
-    blocks = grouped(advice)
+    blocks = grouped(advice, lockstep_gpus(report))
     if advice:
         lines += textwrap.wrap(f"{_pieces(len(advice))}{same_on(len(advice), len(blocks))}"
                                f", {_order_text(advice)}:", width=width)
@@ -936,7 +976,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(no_advice_text(report))
     elif report.get("judged", {}).get("gpu") is False:
         lines += [not_judged_text(report), ""]
-    blocks = grouped(advice)
+    blocks = grouped(advice, lockstep_gpus(report))
     if len(blocks) < len(advice):
         lines += [f"{_pieces(len(advice))}{same_on(len(advice), len(blocks))}.", ""]
     for i, (a, gpus) in enumerate(blocks, 1):
