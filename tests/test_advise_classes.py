@@ -296,3 +296,36 @@ def test_debugging_left_on_names_each_mode_on_and_holds_the_batch_advice(tmp_pat
                                     "for a run that hunts a bug): Trainer(detect_anomaly="
                                     "False) (its default) (in torch: take ")
     assert "CUDA_LAUNCH_BLOCKING" not in lit["message"] + lit["action"]
+
+
+def test_ddp_searching_for_unused_parameters_it_never_finds_is_told_in_the_trainers_words(
+        tmp_path):
+    """The Trainer's DDP default (find_unused_parameters=True for a model without gradient
+    checkpointing) where DDP's sampled iterations found nothing unused: told, in the
+    Trainer's words and torch's. Silent where it found some (turning it off would stop the
+    job), under static_graph, with the search off, and before DDP sampled an iteration."""
+    def run(**config):
+        r = synthetic.host_bound_bert()
+        for d in r.lines:
+            if d["kind"] == "config":
+                d.update(config)
+        return r
+    a = advice(judge(tmp_path, run(ddp_find_unused=True, ddp_static_graph=False,
+                                   ddp_unused_bytes=0), "t.jsonl"),
+               "disable-find-unused-parameters")
+    assert a["severity"] == "info" and a["evidence"]["ddp_unused_bytes"] == 0
+    assert a["action"].startswith("TrainingArguments(ddp_find_unused_parameters=False) (in "
+                                  "torch: DistributedDataParallel(model, ..., "
+                                  "find_unused_parameters=False)): DDP then expects")
+    lit = advice(judge(tmp_path, run(ddp_find_unused=True, ddp_unused_bytes=0,
+                                     framework="lightning"), "l.jsonl"),
+                 "disable-find-unused-parameters")
+    assert lit["action"].startswith('Trainer(strategy="ddp") (not '
+                                    '"ddp_find_unused_parameters_true")')
+    for name, config in [("found", {"ddp_find_unused": True, "ddp_unused_bytes": 80}),
+                         ("static", {"ddp_find_unused": True, "ddp_unused_bytes": 0,
+                                     "ddp_static_graph": True}),
+                         ("off", {"ddp_find_unused": False}),
+                         ("unsampled", {"ddp_find_unused": True})]:
+        got = ids(judge(tmp_path, run(**config), f"{name}.jsonl"))
+        assert "disable-find-unused-parameters" not in got, name

@@ -2563,7 +2563,7 @@ def test_a_setting_is_told_however_much_of_the_window_checkpoints_take():
     for f in sorted((DATA.parent.parent / "rules").glob("*.yaml")):
         text = f.read_text()
         if f.name == "settings.yaml":
-            assert text.count("    train_share: 0\n") == 5
+            assert text.count("    train_share: 0\n") == 6
             text = text.replace("    train_share: 0\n", "")
         files.append((f.name, text))
     got = sources.judge_recording(str(path), load_rules(builtin=False, files=files))[0]

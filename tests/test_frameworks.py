@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -36,16 +37,26 @@ EVAL_TOLERANCE = 0.15
 
 
 def record(tmp_path: Path, script: str, *args: str, timeout: float = 300,
-           env: dict[str, str] | None = None) -> tuple[Path, dict]:
+           env: dict[str, str] | None = None, ranks: int = 0) -> tuple[Path, dict]:
+    """``script`` run under ``gpuwatch run --record``: (the recording, the script's truth);
+    ``ranks``: under torchrun with that many processes (gloo on the CPU)."""
     rec, truth = tmp_path / f"{script}.jsonl", tmp_path / f"{script}.truth.json"
     env = clean_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                     TMPDIR=str(tmp_path), **(env or {}))
-    run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable,
+    launch = ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
+              "127.0.0.1", "--master-port", str(free_port())] if ranks else []
+    run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable, *launch,
                           str(SCRIPTS / f"{script}.py"), *args, "--out", str(truth)],
                          check=False, env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=timeout)
     assert run.returncode == 0, run.stderr[-3000:]
     return rec, json.loads(truth.read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def lines(path: Path, kind: str) -> list[dict]:
@@ -246,6 +257,31 @@ def test_debugging_left_on_in_a_framework_is_reported_while_it_trains(tmp_path: 
     plain.mkdir()
     rec, _ = record(plain, "hf_trainer", "--steps", "4", "--eval-every", "1000")
     assert last_config(rec)["fw_debug_overflow"] is False
+
+
+def test_the_trainers_ddp_default_search_for_unused_parameters_is_reported(
+        tmp_path: Path) -> None:
+    """The Trainer under torchrun (two processes, gloo): its DDP wrapper built with
+    find_unused_parameters=True (its default for a model without gradient
+    checkpointing), and DDP's own statistics finding nothing unused; with
+    ddp_find_unused_parameters=False, off. Every rank reports it, and the hook loses no
+    fact (DDP's statistics are read once its constructor finished)."""
+    rec, truth = record(tmp_path, "hf_trainer", "--steps", "24", "--eval-every", "1000",
+                        ranks=2)
+    configs = [c for c in lines(rec, "config") if c.get("in_training")]
+    final = {c["rank"]: c for c in configs}
+    assert sorted(final) == [0, 1]
+    for c in final.values():
+        assert c["ddp_find_unused"] is True and c["ddp_unused_bytes"] == 0
+        assert c["ddp_static_graph"] is False
+    assert not lines(rec, "hook_problem")
+    off = tmp_path / "off"
+    off.mkdir()
+    rec, _ = record(off, "hf_trainer", "--steps", "8", "--eval-every", "1000",
+                    "--no-find-unused", ranks=2)
+    for c in lines(rec, "config"):
+        assert c.get("ddp_find_unused") in (None, False)
+        assert "ddp_unused_bytes" not in c
 
 
 def test_lightning_reloading_its_training_loader_each_epoch_is_still_training(

@@ -222,3 +222,28 @@ def test_two_rank_torchrun_job_reports_every_rank(system: SystemDaemon, tmp_path
         assert jobs[pid].rank == rank
         assert jobs[pid].steps_total == 20
         assert not jobs[pid].alive and jobs[pid].exit_reason == "exited"
+
+
+@pytest.mark.parametrize("unused", [False, True])
+def test_ddp_reports_whether_its_search_found_unused_parameters(tmp_path: Path,
+                                                                unused: bool) -> None:
+    """DistributedDataParallel(find_unused_parameters=True) under torchrun (gloo): the
+    hook reports the setting and what DDP's own statistics found unused, on every rank: a
+    model that uses every parameter, nothing; one with a layer its forward pass never
+    calls (Linear(4, 4): 20 float32 values), its 80 bytes."""
+    rec = tmp_path / "rec.jsonl"
+    run = subprocess.run([*RUN, "--quiet", "--web.listen-address", "127.0.0.1:0", "--record",
+                          str(rec), "--", sys.executable, "-m", "torch.distributed.run",
+                          "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                          "--master-port", str(free_port()), TRAIN, "--dist", "--steps", "30",
+                          "--workers", "0", "--find-unused", *(["--unused"] if unused else [])],
+                         check=False, env=clean_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 0, run.stderr
+    got = [json.loads(x) for x in rec.read_text().splitlines() if x.strip()]
+    final = {d["rank"]: d for d in got if d.get("kind") == "config" and d.get("in_training")}
+    assert sorted(final) == [0, 1]
+    for c in final.values():
+        assert c["ddp_find_unused"] is True and c["ddp_static_graph"] is False
+        assert c["ddp_unused_bytes"] == (80 if unused else 0)
+    assert not [d for d in got if d.get("kind") == "hook_problem"]

@@ -203,6 +203,17 @@ KNOBS: dict[str, dict[str, str]] = {
                "torch.autograd.detect_anomaly() block) out of the training run",
         "lightning": "Trainer(detect_anomaly=False) (its default)",
     },
+    # DDP's search for unused parameters: the Trainer's default (True) for a model without
+    # gradient checkpointing; Lightning's and Accelerate's is False
+    "find_unused_off": {
+        TORCH: "DistributedDataParallel(model, ..., find_unused_parameters=False)",
+        "transformers": "TrainingArguments(ddp_find_unused_parameters=False)",
+        "lightning": 'Trainer(strategy="ddp") (not "ddp_find_unused_parameters_true"), or '
+                     "DDPStrategy(find_unused_parameters=False)",
+        "accelerate": "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+                      "find_unused_parameters=False)])",
+        "fabric": 'Fabric(strategy="ddp") (not "ddp_find_unused_parameters_true")',
+    },
     "launch_blocking_off": {
         TORCH: "unset CUDA_LAUNCH_BLOCKING in the job's environment (or set it to 0)",
     },

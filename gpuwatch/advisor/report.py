@@ -348,6 +348,7 @@ _LABELS = {
     "act_mem_per_sample_bytes": "activations per sample",
     "anomaly_detection": "anomaly detection", "launch_blocking": "CUDA_LAUNCH_BLOCKING=1",
     "fw_debug_overflow": 'debug="underflow_overflow"',
+    "ddp_find_unused": "find_unused_parameters", "ddp_unused_bytes": "unused parameters found",
     "data_wait_ratio": "data wait", "step_seconds": "step", "data_wait_seconds": "data wait",
     "batch_size": "batch", "job_workers": "loader workers",
     "job_main_processes": "training processes", "main_busy_ratio": "main process busy",

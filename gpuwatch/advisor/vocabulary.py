@@ -267,6 +267,14 @@ def _defs() -> dict[str, SignalDef]:
          False),
         ("launch_blocking", "config", "bool", "last", ("the job's environment has "
          "CUDA_LAUNCH_BLOCKING=1 (each kernel launch waits for the kernel)"), False),
+        ("ddp_find_unused", "config", "bool", "last", ("the job's DistributedDataParallel "
+         "has find_unused_parameters=True (absent without DDP)"), False),
+        ("ddp_static_graph", "config", "bool", "last", ("the job's DistributedDataParallel "
+         "has static_graph=True (absent without DDP)"), False),
+        ("ddp_unused_bytes", "config", "bytes", "last", ("bytes of the parameters the "
+         "forward pass left unused, as DDP's own statistics recorded them at the iterations "
+         "it samples (1 to 10, then every 100th); absent before the first, and where "
+         "find_unused_parameters is off"), False),
         ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),
         ("gradient_checkpointing", "config", "bool", "last", "activation checkpointing on",
          False),

@@ -34,6 +34,9 @@ p.add_argument("--checkpoint", action="store_true", help="use torch.utils.checkp
 p.add_argument("--params", choices=["fp32", "bf16"], default="fp32",
                help="bf16: model.to(torch.bfloat16), the inputs cast with it (no autocast)")
 p.add_argument("--dist", action="store_true", help="DDP from torchrun's environment")
+p.add_argument("--find-unused", action="store_true",
+               help="DistributedDataParallel(find_unused_parameters=True)")
+p.add_argument("--unused", action="store_true", help="a layer the forward pass never uses")
 p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                help="cuda: the model on cuda:LOCAL_RANK, NCCL for --dist")
 p.add_argument("--crash", choices=["none", "exception", "exit3", "sigkill", "sigterm", "oom"],
@@ -84,6 +87,7 @@ class Net(nn.Module):
         super().__init__()
         self.a = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
         self.b = nn.Linear(32, 1)
+        self.spare = nn.Linear(4, 4) if a.unused else None
 
     def forward(self, x):
         h = torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=False) \
@@ -94,7 +98,7 @@ class Net(nn.Module):
 param_dtype = torch.bfloat16 if a.params == "bf16" else torch.float32
 model = Net().to(dev, dtype=param_dtype)
 if a.dist:
-    model = nn.parallel.DistributedDataParallel(model)
+    model = nn.parallel.DistributedDataParallel(model, find_unused_parameters=a.find_unused)
 if a.scaler == "fused":
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
 else:

@@ -83,6 +83,9 @@ CHECKPOINT = "checkpoint"
 COMPILE = "compile"
 INFERENCE = "inference"
 PHASES = (STARTUP, COMPILE, TRAIN, EVAL, CHECKPOINT, INFERENCE)
+# DistributedDataParallel's class (an empty tuple, which nothing is an instance of, on a
+# torch built without it)
+_DDP: Any = getattr(torch.nn.parallel, "DistributedDataParallel", ())
 # a module switched to eval() starts an evaluation only if it holds at least this share of
 # the parameter tensors the optimizer trains (a frozen BatchNorm's eval() in every step is
 # not an evaluation)
@@ -156,7 +159,7 @@ class _Hook:
     __slots__ = ("paths", "pid", "off", "n", "skipped_known", "iter_start", "wait",
                  "samples", "first", "loader", "loader_seen", "loader_made", "train_info",
                  "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
-                 "uses_conv", "data_parallel", "fsdp", "fsdp_version", "compute_device",
+                 "uses_conv", "data_parallel", "fsdp", "fsdp_version", "compute_device", "ddp",
                  "scaler_mode", "in_scaler_step", "opt_stepped", "found_inf",
                  "primary", "clock", "scaler", "stream", "amp_iter", "amp_n",
                  "autocast_seen", "checkpointing", "backwards", "bw_plain", "phase",
@@ -221,6 +224,10 @@ class _Hook:
         # wraps), for its CPU offload setting, read by the reporting thread
         self.fsdp: weakref.ref | None = None
         self.fsdp_version: int | None = None  # 1 or 2, as _fsdp_cpu_offload found it
+        # the first DistributedDataParallel built (it registers the module it wraps), for
+        # find_unused_parameters and whether DDP found any unused, read by the reporting
+        # thread
+        self.ddp: weakref.ref | None = None
         self.scaler_mode = False  # an enabled GradScaler clocks iterations (at update())
         self.in_scaler_step = 0
         self.opt_stepped = False
@@ -1087,6 +1094,11 @@ class _Hook:
             cfg["step_source"] = self.source
         if self.data_parallel is not None:
             facts.read_known(cfg, "data_parallel_gpus", self._data_parallel_gpus, p)
+        if self.ddp is not None:
+            facts.read_known(cfg, "ddp_find_unused", self._ddp_find_unused, p)
+            facts.read_known(cfg, "ddp_static_graph", self._ddp_static_graph, p)
+            if cfg.get("ddp_find_unused"):
+                facts.read_known(cfg, "ddp_unused_bytes", self._ddp_unused_bytes, p)
         facts.read_known(cfg, "fsdp_cpu_offload", self._fsdp_cpu_offload, p)
         if cfg.get("fsdp_cpu_offload") is not None and self.fsdp_version is not None:
             cfg["fsdp_version"] = self.fsdp_version
@@ -1105,6 +1117,34 @@ class _Hook:
         dp = ref() if ref is not None else None
         ids = getattr(dp, "device_ids", None)  # set by __init__ after the module
         return None if ids is None else len(ids)
+
+    def _ddp_find_unused(self) -> bool | None:
+        """The job's DistributedDataParallel's ``find_unused_parameters`` (None once it is
+        gone)."""
+        ref = self.ddp
+        ddp = ref() if ref is not None else None
+        value = getattr(ddp, "find_unused_parameters", None)
+        return None if value is None else bool(value)
+
+    def _ddp_static_graph(self) -> bool | None:
+        ref = self.ddp
+        ddp = ref() if ref is not None else None
+        value = getattr(ddp, "static_graph", None)
+        return None if value is None else bool(value)
+
+    def _ddp_unused_bytes(self) -> int | None:
+        """Bytes of the parameters the forward pass left unused, as DDP's own statistics
+        recorded them at the iterations it samples (1 to 10, then every 100th: torch's DDP
+        logger, which copies them out under the reducer's lock); None before it sampled
+        one. Only where find_unused_parameters is on: otherwise DDP does not look."""
+        ref = self.ddp
+        ddp = ref() if ref is not None else None
+        if ddp is None or getattr(ddp, "logger", None) is None:
+            return None  # (its __init__ makes the logger last: it may be under way)
+        data = ddp._get_ddp_logging_data()
+        if not data.get("iteration") or "unused_parameter_size" not in data:
+            return None
+        return int(data["unused_parameter_size"])
 
     def _fsdp_cpu_offload(self) -> bool | None:
         """Whether the job's FSDP units keep their parameters on the CPU (FSDP1's
@@ -1738,6 +1778,8 @@ def _on_submodule(_parent: Any, _name: str, module: Any) -> None:
             if isinstance(_parent, torch.nn.DataParallel) and (
                     h.data_parallel is None or h.data_parallel() is None):
                 h.data_parallel = weakref.ref(_parent)
+            elif isinstance(_parent, _DDP) and (h.ddp is None or h.ddp() is None):
+                h.ddp = weakref.ref(_parent)
         elif _name == "_fsdp_wrapped_module" and (h.fsdp is None or h.fsdp() is None) \
                 and type(_parent).__name__ == "FullyShardedDataParallel":
             h.fsdp = weakref.ref(_parent)

@@ -44,6 +44,8 @@ p.add_argument("--evaluate-first", action="store_true",
                help="trainer.evaluate() before trainer.train() (a baseline's metrics)")
 p.add_argument("--debug-overflow", action="store_true",
                help='TrainingArguments(debug="underflow_overflow")')
+p.add_argument("--no-find-unused", action="store_true",
+               help="TrainingArguments(ddp_find_unused_parameters=False) (under torchrun)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -98,7 +100,8 @@ args = TrainingArguments(
     use_cpu=not torch.cuda.is_available(), bf16=a.bf16, torch_compile=a.compile,
     tf32=True if a.tf32_arg else None,
     gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0,
-    debug="underflow_overflow" if a.debug_overflow else "")
+    debug="underflow_overflow" if a.debug_overflow else "",
+    ddp_find_unused_parameters=False if a.no_find_unused else None)
 trainer = Trainer(model=model, args=args,
                   train_dataset=Tokens(a.train_samples or a.steps * a.batch * a.accum),
                   eval_dataset=Tokens(a.eval_samples), callbacks=[Clock()])

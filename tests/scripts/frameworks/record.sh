@@ -159,6 +159,15 @@ want accel_clm_launch_blocking && rec accel_clm_launch_blocking 150 env CUDA_LAU
   --num_workers 2 --seconds 40
 want accel_clm_bf16_again && rec accel_clm_bf16_again 150 python3 accel_clm.py \
   --per_device_train_batch_size 32 --mixed_precision bf16 --tf32 --num_workers 2 --seconds 40
+# 7m. The Trainer under torchrun on one GPU (DDP, world size 1): BERT-base in bf16 at batch
+#     32 with its default find_unused_parameters=True, and with
+#     ddp_find_unused_parameters=False
+want hf_ddp1_find_unused && rec hf_ddp1_find_unused 150 torchrun --standalone --nproc_per_node 1 \
+  hf_trainer.py $bert --steps 100000 --seconds 40 --batch 32 --accum 1 --eval-every 100000 \
+  --eval-samples 64 --bf16 --workers 2
+want hf_ddp1_no_find_unused && rec hf_ddp1_no_find_unused 150 torchrun --standalone \
+  --nproc_per_node 1 hf_trainer.py $bert --steps 100000 --seconds 40 --batch 32 --accum 1 \
+  --eval-every 100000 --eval-samples 64 --bf16 --workers 2 --no-find-unused
 # 8. Lightning DDP on every GPU, workers prefetching for a while before the first step
 if want lightning_ddp; then
   n=$(python3 -c "import torch; print(torch.cuda.device_count())")
