@@ -159,9 +159,10 @@ want accel_clm_launch_blocking && rec accel_clm_launch_blocking 150 env CUDA_LAU
   --num_workers 2 --seconds 40
 want accel_clm_bf16_again && rec accel_clm_bf16_again 150 python3 accel_clm.py \
   --per_device_train_batch_size 32 --mixed_precision bf16 --tf32 --num_workers 2 --seconds 40
-# 7m. The Trainer under torchrun on one GPU (DDP, world size 1): BERT-base in bf16 at batch
-#     32 with its default find_unused_parameters=True, and with
-#     ddp_find_unused_parameters=False
+# 7m. The Trainer under torchrun with one process on one GPU: BERT-base in bf16 at batch 32,
+#     with ddp_find_unused_parameters left to its default and set False. (2026-12-03 on an
+#     H200: accelerate does not wrap one process's model in DDP there, so the hook saw no
+#     DDP and neither run was kept; with several GPUs, run it with --nproc_per_node N)
 want hf_ddp1_find_unused && rec hf_ddp1_find_unused 150 torchrun --standalone --nproc_per_node 1 \
   hf_trainer.py $bert --steps 100000 --seconds 40 --batch 32 --accum 1 --eval-every 100000 \
   --eval-samples 64 --bf16 --workers 2
