@@ -267,20 +267,24 @@ def test_gpu_underused_names_time_outside_steps(tmp_path):
     assert onset(report, run, "gpu-underused") <= WARNING_ONSET
 
 
+def bert_with(**config) -> synthetic.Run:
+    """Host-bound BERT (synthetic.host_bound_bert) with ``config`` on its hook's config
+    lines."""
+    r = synthetic.host_bound_bert()
+    for d in r.lines:
+        if d["kind"] == "config":
+            d.update(config)
+    return r
+
+
 def test_debugging_left_on_names_each_mode_on_and_holds_the_batch_advice(tmp_path):
     """Host-bound BERT (raise-batch-size) with anomaly detection and CUDA_LAUNCH_BLOCKING=1
     both on: one piece of advice naming both, in torch's words for a plain loop and in
     Lightning's for Lightning, and the larger batch waits until they are off; off again
     (the hook's settings sent once training ended, or never on), the batch as before."""
-    def run(**config):
-        r = synthetic.host_bound_bert()
-        for d in r.lines:
-            if d["kind"] == "config":
-                d.update(config)
-        return r
-    assert "raise-batch-size" in ids(judge(tmp_path, run(anomaly_detection=False,
+    assert "raise-batch-size" in ids(judge(tmp_path, bert_with(anomaly_detection=False,
                                                          launch_blocking=False), "off.jsonl"))
-    both = judge(tmp_path, run(anomaly_detection=True, launch_blocking=True,
+    both = judge(tmp_path, bert_with(anomaly_detection=True, launch_blocking=True,
                                framework=None), "both.jsonl")
     assert "raise-batch-size" not in ids(both) and "gpu-underused" not in ids(both)
     a = advice(both, "disable-debug-modes")
@@ -290,7 +294,7 @@ def test_debugging_left_on_names_each_mode_on_and_holds_the_batch_advice(tmp_pat
     assert "underflow_overflow" not in a["message"]
     assert "take torch.autograd.set_detect_anomaly(True)" in a["action"]
     assert "unset CUDA_LAUNCH_BLOCKING" in a["action"]
-    lit = advice(judge(tmp_path, run(anomaly_detection=True, framework="lightning"),
+    lit = advice(judge(tmp_path, bert_with(anomaly_detection=True, framework="lightning"),
                        "lit.jsonl"), "disable-debug-modes")
     assert lit["action"].startswith("Take the debugging out of the training run (keep it "
                                     "for a run that hunts a bug): Trainer(detect_anomaly="
@@ -304,20 +308,14 @@ def test_ddp_searching_for_unused_parameters_it_never_finds_is_told_in_the_train
     checkpointing) where DDP's sampled iterations found nothing unused: told, in the
     Trainer's words and torch's. Silent where it found some (turning it off would stop the
     job), under static_graph, with the search off, and before DDP sampled an iteration."""
-    def run(**config):
-        r = synthetic.host_bound_bert()
-        for d in r.lines:
-            if d["kind"] == "config":
-                d.update(config)
-        return r
-    a = advice(judge(tmp_path, run(ddp_find_unused=True, ddp_static_graph=False,
+    a = advice(judge(tmp_path, bert_with(ddp_find_unused=True, ddp_static_graph=False,
                                    ddp_unused_bytes=0), "t.jsonl"),
                "disable-find-unused-parameters")
     assert a["severity"] == "info" and a["evidence"]["ddp_unused_bytes"] == 0
     assert a["action"].startswith("TrainingArguments(ddp_find_unused_parameters=False) (in "
                                   "torch: DistributedDataParallel(model, ..., "
                                   "find_unused_parameters=False)): DDP then expects")
-    lit = advice(judge(tmp_path, run(ddp_find_unused=True, ddp_unused_bytes=0,
+    lit = advice(judge(tmp_path, bert_with(ddp_find_unused=True, ddp_unused_bytes=0,
                                      framework="lightning"), "l.jsonl"),
                  "disable-find-unused-parameters")
     assert lit["action"].startswith('Trainer(strategy="ddp") (not '
@@ -327,5 +325,5 @@ def test_ddp_searching_for_unused_parameters_it_never_finds_is_told_in_the_train
                                      "ddp_static_graph": True}),
                          ("off", {"ddp_find_unused": False}),
                          ("unsampled", {"ddp_find_unused": True})]:
-        got = ids(judge(tmp_path, run(**config), f"{name}.jsonl"))
+        got = ids(judge(tmp_path, bert_with(**config), f"{name}.jsonl"))
         assert "disable-find-unused-parameters" not in got, name
