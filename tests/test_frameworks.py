@@ -239,7 +239,7 @@ def test_debugging_left_on_in_a_framework_is_reported_while_it_trains(tmp_path: 
     around its loop, and off after: the hook reads it on while the job trains (the
     settings sent after fit() returned read it off). CUDA_LAUNCH_BLOCKING=1 in the job's
     environment; the Trainer's debug="underflow_overflow"."""
-    rec, _ = record(tmp_path, "lightning_val", "--steps", "30", "--val-every", "100",
+    rec, _ = record(tmp_path, "lightning_val", "--steps", "1000", "--val-every", "2000",
                     "--detect-anomaly", env={"CUDA_LAUNCH_BLOCKING": "1"})
     training = [c for c in lines(rec, "config") if c.get("in_training")]
     assert any(c["anomaly_detection"] is True for c in training)

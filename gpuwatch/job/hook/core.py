@@ -1095,8 +1095,9 @@ class _Hook:
         if self.data_parallel is not None:
             facts.read_known(cfg, "data_parallel_gpus", self._data_parallel_gpus, p)
         if self.ddp is not None:
-            facts.read_known(cfg, "ddp_find_unused", self._ddp_find_unused, p)
-            facts.read_known(cfg, "ddp_static_graph", self._ddp_static_graph, p)
+            facts.read_known(cfg, "ddp_find_unused",
+                             lambda: self._ddp_flag("find_unused_parameters"), p)
+            facts.read_known(cfg, "ddp_static_graph", lambda: self._ddp_flag("static_graph"), p)
             if cfg.get("ddp_find_unused"):
                 facts.read_known(cfg, "ddp_unused_bytes", self._ddp_unused_bytes, p)
         facts.read_known(cfg, "fsdp_cpu_offload", self._fsdp_cpu_offload, p)
@@ -1118,18 +1119,11 @@ class _Hook:
         ids = getattr(dp, "device_ids", None)  # set by __init__ after the module
         return None if ids is None else len(ids)
 
-    def _ddp_find_unused(self) -> bool | None:
-        """The job's DistributedDataParallel's ``find_unused_parameters`` (None once it is
-        gone)."""
+    def _ddp_flag(self, name: str) -> bool | None:
+        """The job's DistributedDataParallel's boolean setting ``name`` (None once it is
+        gone, or before its __init__ set it)."""
         ref = self.ddp
-        ddp = ref() if ref is not None else None
-        value = getattr(ddp, "find_unused_parameters", None)
-        return None if value is None else bool(value)
-
-    def _ddp_static_graph(self) -> bool | None:
-        ref = self.ddp
-        ddp = ref() if ref is not None else None
-        value = getattr(ddp, "static_graph", None)
+        value = getattr(ref() if ref is not None else None, name, None)
         return None if value is None else bool(value)
 
     def _ddp_unused_bytes(self) -> int | None:
