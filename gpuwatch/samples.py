@@ -119,6 +119,10 @@ class JobTree:
     rank: int | None = None
     world_size: int | None = None
     dist_job: str | None = None
+    # the debugging switches the root's environment turns on (host.DEBUG_ENV: e.g.
+    # CUDA_LAUNCH_BLOCKING for "=1"), by name only; () for none, None where it cannot be
+    # read (another user's process) or from an older gpuwatch
+    debug_env: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

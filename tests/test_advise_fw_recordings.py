@@ -487,6 +487,20 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # the same two runs without it: host-bound, told to raise the batch, nothing of debugging
     "lightning_cnn_bf16": ({"raise-batch-size"}, {"disable-debug-modes"}),
     "hf_bert_bf16": ({"raise-batch-size"}, {"disable-debug-modes"}),
+    # debugging switches in the environment, read by the daemon from /proc/PID/environ
+    # (and by the hook where it runs): CUDA_LAUNCH_BLOCKING=1 without the hook (236 steps
+    # in 40 s), PYTORCH_NO_CUDA_MEMORY_CACHING=1 with and without it (110 and 119 steps);
+    # the same run with neither, on the same card, 347 steps: nothing of debugging
+    "accel_clm_launch_blocking_bare": ({"disable-debug-modes"}, {"raise-batch-size",
+                                                                 "gpu-underused"}),
+    "accel_clm_no_alloc_cache": ({"disable-debug-modes"}, {"raise-batch-size",
+                                                           "gpu-underused",
+                                                           "reduce-launch-overhead"}),
+    "accel_clm_no_alloc_cache_bare": ({"disable-debug-modes"}, {"raise-batch-size",
+                                                                "gpu-underused",
+                                                                "reduce-launch-overhead"}),
+    "accel_clm_bf16_again": (set(), {"disable-debug-modes", "raise-batch-size",
+                                     "gpu-underused"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -555,6 +569,9 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "lightning_cnn_find": ({"add-dataloader-workers"}, {"raise-batch-size"}),
     "infer_loop": ({"add-dataloader-workers"}, {"raise-batch-size", "batch-inference-requests"}),
     "st_encode": ({"add-dataloader-workers"}, {"raise-batch-size", "batch-inference-requests"}),
+    # the switch in the job's environment, as the daemon read it
+    "accel_clm_no_alloc_cache": ({"disable-debug-modes"}, {"raise-batch-size",
+                                                           "gpu-underused"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -2242,6 +2259,64 @@ def test_debugging_left_on_is_told_first_in_the_frameworks_words(name, on, words
              "launch_blocking": "CUDA_LAUNCH_BLOCKING=1"}
     assert [m for m in modes if names[m] in first["message"]] == [on]
     assert steps_by_gpu(report) == [(0, truth(name)["steps"])]
+
+
+@pytest.mark.parametrize("name, var, hooked", [
+    ("accel_clm_launch_blocking_bare", "CUDA_LAUNCH_BLOCKING", False),
+    ("accel_clm_no_alloc_cache_bare", "PYTORCH_NO_CUDA_MEMORY_CACHING", False),
+    ("accel_clm_no_alloc_cache", "PYTORCH_NO_CUDA_MEMORY_CACHING", True),
+])
+def test_a_debugging_switch_in_the_jobs_environment_is_told_with_or_without_the_hook(
+        name, var, hooked):
+    """Accelerate's GPT-2 on an H200 started with a debugging switch in its environment:
+    the daemon's trees name it (its value never written), and the switch is told first,
+    with the change; without the hook it says what it checked (the GPU at work, the host's
+    share), not a step time it never read. The runs were a third (no allocator cache) and
+    two thirds (blocking launches) as fast as the same run without them on the same card."""
+    path = path_of(name)
+    trees = [j for d in lines(path) if d.get("kind") == "host" for j in d.get("jobs", ())]
+    assert trees and all(j["debug_env"] == [var] for j in trees if j.get("gpus") == [0])
+    report = advise_json(path)
+    first = report["advice"][0]
+    assert first["id"] == "disable-debug-modes", ids(report)
+    assert f"{var}=1 in its environment" in first["message"]
+    assert f"unset {var} in the job's environment" in first["action"]
+    assert ("a step takes" in first["message"]) is hooked
+    assert ("while the job trains" in first["message"]) is hooked
+    assert ("util" in first["message"]) is not hooked
+    clean = truth("accel_clm_bf16_again")["steps"]
+    assert truth(name)["steps"] < 0.75 * clean
+    report = advise_json(path_of("accel_clm_bf16_again"))
+    assert "disable-debug-modes" not in ids(report)
+    assert all(j["debug_env"] == [] for d in lines(path_of("accel_clm_bf16_again"))
+               if d.get("kind") == "host" for j in d.get("jobs", ()) if j.get("gpus") == [0])
+
+
+def test_the_hooks_word_on_a_switch_stands_over_the_environment_the_daemon_read(tmp_path):
+    """The environment the daemon reads is the one the process started with; the hook
+    reads the one it runs with (a job may set or clear a variable before CUDA starts).
+    Where the hook said a switch is off, the environment's word is not taken; where it
+    said nothing of it (an older hook), it is."""
+    src = lines(path_of("accel_clm_bf16_again"))
+    assert last_config_of(path_of("accel_clm_bf16_again"))["launch_blocking"] is False
+
+    def with_env(names: list[str], drop_config: tuple[str, ...] = ()) -> Path:
+        out = []
+        for d in src:
+            if d.get("kind") == "host":
+                d = dict(d, jobs=[dict(j, debug_env=names) for j in d.get("jobs", ())])
+            elif d.get("kind") == "config":
+                d = {k: v for k, v in d.items() if k not in drop_config}
+            out.append(d)
+        return write(tmp_path / f"env{len(list(tmp_path.iterdir()))}.jsonl", out)
+
+    said_off = advise_json(with_env(["CUDA_LAUNCH_BLOCKING"]))
+    assert "disable-debug-modes" not in ids(said_off)
+    unsaid = advise_json(with_env(["CUDA_LAUNCH_BLOCKING"], ("launch_blocking",)))
+    assert "disable-debug-modes" in ids(unsaid)
+    told = next(a for a in unsaid["advice"] if a["id"] == "disable-debug-modes")
+    assert "CUDA_LAUNCH_BLOCKING=1 in its environment" in told["message"]
+    assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in told["message"]
 
 
 def test_the_ranks_of_one_job_are_told_the_gain_of_the_rank_that_gains_least():

@@ -197,6 +197,17 @@ def test_debugging_left_on_is_reported(attached: hook._Hook,
     for value, on in (("1", True), (" 1 ", True), ("0", False), ("", False)):
         monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", value)
         assert attached._config()["launch_blocking"] is on, value
+    # torch's allocator reads its switch as 0 or 1; c10d its level in any case
+    for value, on in (("1", True), ("0", False), ("true", False)):
+        monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", value)
+        assert attached._config()["no_alloc_cache"] is on, value
+    for value, on in (("DETAIL", True), ("detail", True), ("INFO", False), ("OFF", False)):
+        monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", value)
+        assert attached._config()["dist_debug_detail"] is on, value
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG")
+    monkeypatch.delenv("PYTORCH_NO_CUDA_MEMORY_CACHING")
+    cfg = attached._config()
+    assert cfg["no_alloc_cache"] is False and cfg["dist_debug_detail"] is False
     assert not attached.problems.seen
 
 

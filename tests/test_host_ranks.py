@@ -291,3 +291,68 @@ def test_a_local_rank_is_the_rank_on_the_first_node_only() -> None:
     # another node's local rank is not its rank: without RANK it is not read
     other = env.replace(b"NODE_RANK=0", b"NODE_RANK=1")
     assert parse_dist(other) == (None, None, None)
+
+
+def test_debugging_switches_in_a_jobs_environment_are_recorded_by_name(tmp_path: Path
+                                                                       ) -> None:
+    """Two jobs on two GPUs, one started with CUDA_LAUNCH_BLOCKING=1,
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 and TORCH_DISTRIBUTED_DEBUG=detail (c10d reads it in
+    any case), the other with the same variables set to what leaves them off: the real
+    host layer reads each root's /proc/PID/environ once, and the recording's trees name
+    the first one's switches and nothing of the second's (an empty list: read, none on);
+    no variable's value is written."""
+    on = dict(os.environ, CUDA_LAUNCH_BLOCKING="1", PYTORCH_NO_CUDA_MEMORY_CACHING=" 1",
+              TORCH_DISTRIBUTED_DEBUG="detail", SECRET_TOKEN="hunter2")
+    off = dict(os.environ, CUDA_LAUNCH_BLOCKING="0", PYTORCH_NO_CUDA_MEMORY_CACHING="0",
+               TORCH_DISTRIBUTED_DEBUG="INFO")
+    kids = [subprocess.Popen([sys.executable, "-c", LOOP, "idle"], env=env)
+            for env in (on, off)]
+    stub = NvmlStub([StubGpu(0, processes=[(kids[0].pid, 20 * GiB)]),
+                     StubGpu(1, processes=[(kids[1].pid, 20 * GiB)])])
+    store = Store()
+    sampler = Sampler(store, nvml_module=stub, host=HostSampler())
+    rec = tmp_path / "debug-env.jsonl"
+    recorder = Recorder(store, str(rec), make_meta(infos=sampler.infos, host_cpus=2,
+                                                   sample_hz=4), reorder_seconds=0.0)
+    recorder.start()
+    try:
+        def both_seen() -> bool:
+            time.sleep(0.25)
+            return {k.pid for k in kids} <= {j.pid for j in sampler.tick().host.jobs}
+        wait_for(both_seen, "both jobs seen", timeout=30)
+        sampler.tick()
+    finally:
+        recorder.stop()
+        sampler.stop()
+        for k in kids:
+            k.kill()
+            k.wait()
+    text = rec.read_text()
+    trees = {j["pid"]: j for d in map(json.loads, text.splitlines()) if d["kind"] == "host"
+             for j in d.get("jobs", ())}
+    assert trees[kids[0].pid]["debug_env"] == ["CUDA_LAUNCH_BLOCKING",
+                                               "PYTORCH_NO_CUDA_MEMORY_CACHING",
+                                               "TORCH_DISTRIBUTED_DEBUG"]
+    assert trees[kids[1].pid]["debug_env"] == []
+    assert "hunter2" not in text and "detail" not in text and "INFO" not in text
+
+
+def test_a_debugging_switch_is_read_as_the_library_reading_it_parses_it() -> None:
+    """CUDA's and torch's allocator's switches are on at "1" only (torch reads its flag as
+    0 or 1); c10d's level at DETAIL in any case, not at INFO or OFF; an environment that
+    cannot be read says nothing (None), one with none on says so (an empty tuple)."""
+    from gpuwatch.collect.host import parse_debug, read_debug
+
+    def env(**kw: str) -> bytes:
+        return b"\0".join(f"{k}={v}".encode() for k, v in kw.items()) + b"\0"
+
+    assert parse_debug(env(CUDA_LAUNCH_BLOCKING="1")) == ("CUDA_LAUNCH_BLOCKING",)
+    for off in ("0", "", "true", "yes"):
+        assert parse_debug(env(CUDA_LAUNCH_BLOCKING=off,
+                               PYTORCH_NO_CUDA_MEMORY_CACHING=off)) == (), off
+    assert parse_debug(env(TORCH_DISTRIBUTED_DEBUG="Detail")) == ("TORCH_DISTRIBUTED_DEBUG",)
+    assert parse_debug(env(TORCH_DISTRIBUTED_DEBUG="INFO", XCUDA_LAUNCH_BLOCKING="1")) == ()
+    # a name inside another variable's value is no switch
+    assert parse_debug(env(NOTE="CUDA_LAUNCH_BLOCKING=1")) == ()
+    assert read_debug(os.getpid()) is not None
+    assert read_debug(2**22 + 12345) is None  # no such process

@@ -177,6 +177,9 @@ class Subject:
         # without the hook: (launch digest, rank, world size) of this GPU's main process,
         # from its environment (host.py); the ranks of one launch are one job
         self.dist: tuple[str, int, int] | None = None
+        # the debugging switches the environment of the jobs on this GPU turns on, by name
+        # (host.py's debug_env, as the newest host line says); None where no tree says
+        self.debug_env: frozenset[str] | None = None
         self.iterators_seen = 0  # DataLoader iterators whose first batch the hook marked
         self.job_last: int | None = None  # the bucket of its newest step
         # the bucket after its first step ended: GPU and host windows of a job the hook
@@ -307,6 +310,7 @@ class Frame:
         self.t_last: float | None = None
         self.hook_steps = False
         self.hook_config = False
+        self.debug_envs = False  # some GPU's debug_env is known (Subject.debug_env)
         self.hook_phases = False
         # the subjects whose process, read as serving a model, trained after all (its hook
         # counts that time as an evaluation now): the engine withdraws what it read there
@@ -579,17 +583,24 @@ class Frame:
         jobs = get("jobs")
         if jobs:
             self._feed_jobs(jobs)
+        elif self.debug_envs:
+            self._set_debug_envs({})  # no job on any GPU now
 
     def _feed_jobs(self, jobs: Iterable[Any]) -> None:
         """Each job tree's CPU, summed per GPU its root is on (``gpus`` in the tree, or
         the GPUs whose latest gpu line lists its pid: older recordings)."""
         per: dict[int, list[float]] = {}
         dists: dict[int, tuple[str, int, int] | None] = {}
+        envs: dict[int, frozenset[str]] = {}
         for j in jobs:
             jg = _get(j)
             pid = jg("pid")
             gpus = jg("gpus") or [g for g, sj in self.subjects.items()
                                   if g is not None and pid in sj.proc_pids]
+            debug = jg("debug_env")
+            if debug is not None:  # every GPU the process is on runs as its switches say
+                for g in gpus:
+                    envs[int(g)] = envs.get(int(g), frozenset()) | frozenset(map(str, debug))
             if len(gpus) == 1:  # a rank's tree: its launch (a launcher's own has none)
                 dist_job, rank, world = jg("dist_job"), jg("rank"), jg("world_size")
                 g = int(gpus[0])
@@ -625,6 +636,8 @@ class Frame:
             subj = self.subjects.get(g)
             if subj is not None:
                 subj.dist = dist
+        if envs or self.debug_envs:
+            self._set_debug_envs(envs)
         for g, (mains, main, workers, nworkers, busy, write, started) in per.items():
             subj = self.subjects.get(g)
             if subj is None:  # a GPU no gpu line described: nothing to judge it by
@@ -1944,13 +1957,28 @@ class Frame:
             return None
         return None
 
+    def _set_debug_envs(self, envs: dict[int, frozenset[str]]) -> None:
+        """Each GPU's debugging switches as this host line's job trees say (``envs``; a
+        GPU with no tree that read them has none known)."""
+        for g, subj in self.subjects.items():
+            if g is not None:
+                subj.debug_env = envs.get(g)
+        self.debug_envs = bool(envs)
+
     def config_value(self, subj: Subject, name: str) -> Any:
         if name in subj.config:
             return subj.config[name]
         via = subj.job_via
         if via is not None and name in via.config:
             return via.config[name]
-        return self.host.config.get(name)
+        value = self.host.config.get(name)
+        if value is None and subj.debug_env is not None:
+            # a switch the hook did not say (no hook, an older one): as the daemon read the
+            # job's environment (host.py)
+            var = ENV_CONFIG.get(name)
+            if var is not None:
+                return 1.0 if var in subj.debug_env else 0.0
+        return value
 
     def phase_owner(self, subj: Subject) -> Subject | None:
         """The subject whose `phase` lines speak for ``subj``'s job (None: no phases)."""
@@ -2036,6 +2064,12 @@ _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused
                       "optimizer", "grad_scaler", "gradient_checkpointing", "cudnn_benchmark",
                       "deterministic", "anomaly_detection",
                       "channels_last", "param_dtype"})
+# the hook's settings that the daemon also reads of a job's environment (host.DEBUG_ENV),
+# and the variable each is read from: where the hook said nothing of one, the environment
+# answers (frame.config_value)
+ENV_CONFIG = {"launch_blocking": "CUDA_LAUNCH_BLOCKING",
+              "no_alloc_cache": "PYTORCH_NO_CUDA_MEMORY_CACHING",
+              "dist_debug_detail": "TORCH_DISTRIBUTED_DEBUG"}
 # without the hook, a GPU whose process has run any kernel (NVML util at least this) has
 # begun its work; before that, its job is starting up
 FIRST_WORK_UTIL = 0.01

@@ -217,6 +217,14 @@ KNOBS: dict[str, dict[str, str]] = {
     "launch_blocking_off": {
         TORCH: "unset CUDA_LAUNCH_BLOCKING in the job's environment (or set it to 0)",
     },
+    "alloc_cache_on": {
+        TORCH: "unset PYTORCH_NO_CUDA_MEMORY_CACHING in the job's environment (or set it "
+               "to 0)",
+    },
+    "dist_debug_off": {
+        TORCH: "unset TORCH_DISTRIBUTED_DEBUG in the job's environment (or set it to OFF; "
+               "INFO keeps DDP's usage logs without the per-collective checks)",
+    },
     "debug_overflow_off": {
         TORCH: "drop DebugUnderflowOverflow(model)",
         "transformers": 'TrainingArguments(debug="") (without "underflow_overflow")',

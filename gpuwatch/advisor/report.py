@@ -347,6 +347,8 @@ _LABELS = {
     "max_mem_allocated_bytes": "peak allocated by torch",
     "act_mem_per_sample_bytes": "activations per sample",
     "anomaly_detection": "anomaly detection", "launch_blocking": "CUDA_LAUNCH_BLOCKING=1",
+    "no_alloc_cache": "PYTORCH_NO_CUDA_MEMORY_CACHING=1",
+    "dist_debug_detail": "TORCH_DISTRIBUTED_DEBUG=DETAIL",
     "fw_debug_overflow": 'debug="underflow_overflow"',
     "ddp_find_unused": "find_unused_parameters", "ddp_unused_bytes": "unused parameters found",
     "data_wait_ratio": "data wait", "step_seconds": "step", "data_wait_seconds": "data wait",

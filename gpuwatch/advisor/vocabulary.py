@@ -266,7 +266,14 @@ def _defs() -> dict[str, SignalDef]:
          "(torch.autograd.set_detect_anomaly(True), Lightning's Trainer(detect_anomaly=True))"),
          False),
         ("launch_blocking", "config", "bool", "last", ("the job's environment has "
-         "CUDA_LAUNCH_BLOCKING=1 (each kernel launch waits for the kernel)"), False),
+         "CUDA_LAUNCH_BLOCKING=1 (each kernel launch waits for the kernel); as the hook "
+         "reads it, else as the daemon read the process's environment as it started"), False),
+        ("no_alloc_cache", "config", "bool", "last", ("the job's environment has "
+         "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (torch's caching allocator off: each tensor's "
+         "memory is a cudaMalloc and a cudaFree); read as launch_blocking is"), False),
+        ("dist_debug_detail", "config", "bool", "last", ("the job's environment has "
+         "TORCH_DISTRIBUTED_DEBUG=DETAIL (each collective checked against the other ranks' "
+         "first); read as launch_blocking is"), False),
         ("ddp_find_unused", "config", "bool", "last", ("the job's DistributedDataParallel "
          "has find_unused_parameters=True (absent without DDP)"), False),
         ("ddp_static_graph", "config", "bool", "last", ("the job's DistributedDataParallel "

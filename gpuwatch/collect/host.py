@@ -50,8 +50,12 @@ gives each rank ``RANK``, ``WORLD_SIZE`` and the launch's rendezvous (``MASTER_A
 ``MASTER_PORT``, torchrun's ``TORCHELASTIC_RUN_ID``) in its environment. A root's
 ``/proc/PID/environ`` is read once in its life, only those keys are kept, and the
 rendezvous only as a digest (``dist_job``), so that the advisor can tell, without the
-hook, that a rank's GPU waits for a slower peer. The file is readable only by the
-process's own user (or root): another user's job simply has no rank here.
+hook, that a rank's GPU waits for a slower peer. The same read notes which of a few
+debugging switches the environment turns on (``DEBUG_ENV``: ``CUDA_LAUNCH_BLOCKING=1``,
+``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), by name only
+(``debug_env``), so that the advisor can say, without the hook, that every step pays for
+one. The file is readable only by the process's own user (or root): another user's job
+simply has no rank, and no switches, here.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ class _Tracked:
     seen: int  # the tick it was last used in
     fresh: bool = True  # no CPU reading yet (psutil's first cpu_percent is meaningless)
     dist: tuple[int | None, int | None, str | None] | None = None  # read_dist, once
+    debug: tuple[str, ...] | None = None  # parse_debug of the same read (None: unreadable)
     # /proc/PID/io write_bytes at the last reading, and when (seconds since boot); None
     # until read. io_denied: it cannot be read (another user's process, no such file)
     written: int | None = None
@@ -168,15 +173,50 @@ def _launching_rank(jobs: list[JobTree], whole: dict[int, list[int]]) -> list[Jo
     return out
 
 
+# debugging switches a job's environment can turn on, each costing every step something,
+# and the value that turns it on as the library reading it parses it (no other is kept, and
+# of the environment nothing else: the name stands for "set to that value"):
+# - CUDA_LAUNCH_BLOCKING: the CUDA runtime's "1" makes every kernel launch wait for it;
+# - PYTORCH_NO_CUDA_MEMORY_CACHING: torch's allocator reads it as a 0/1 flag
+#   (c10::utils::check_env); on, every tensor's memory is a cudaMalloc and a cudaFree;
+# - TORCH_DISTRIBUTED_DEBUG: c10d's level, read without regard to case; DETAIL checks
+#   every collective against the other ranks' before it runs (INFO only logs).
+DEBUG_ENV = {b"CUDA_LAUNCH_BLOCKING": b"1", b"PYTORCH_NO_CUDA_MEMORY_CACHING": b"1",
+             b"TORCH_DISTRIBUTED_DEBUG": b"DETAIL"}
+
+
+def parse_debug(environ: bytes) -> tuple[str, ...]:
+    """The names in ``DEBUG_ENV`` that a NUL-separated environment block sets to the value
+    that turns them on, in DEBUG_ENV's order."""
+    on = set()
+    for item in environ.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        want = DEBUG_ENV.get(key) if eq else None
+        if want is not None and value.strip().upper() == want:
+            on.add(key)
+    return tuple(k.decode() for k in DEBUG_ENV if k in on)
+
+
+def _read_environ(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read(1 << 20)  # an environment is far smaller; never read without end
+    except OSError:
+        return None
+
+
 def read_dist(pid: int) -> tuple[int | None, int | None, str | None]:
     """What ``pid``'s environment says of its distributed launch (parse_dist); all None
     where it cannot be read (another user's process, another OS, a process gone)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            block = f.read(1 << 20)  # an environment is far smaller; never read without end
-    except OSError:
-        return None, None, None
-    return parse_dist(block)
+    block = _read_environ(pid)
+    return (None, None, None) if block is None else parse_dist(block)
+
+
+def read_debug(pid: int) -> tuple[str, ...] | None:
+    """The debugging switches ``pid``'s environment turns on (parse_debug); None where it
+    cannot be read."""
+    block = _read_environ(pid)
+    return None if block is None else parse_debug(block)
 
 
 def _since_boot() -> float | None:
@@ -619,7 +659,11 @@ class HostSampler:
         tracked = self._procs[root]
         tracked.started_total += started
         if tracked.dist is None:
-            tracked.dist = read_dist(root)
+            block = _read_environ(root)
+            if block is None:
+                tracked.dist = (None, None, None)
+            else:
+                tracked.dist, tracked.debug = parse_dist(block), parse_debug(block)
         write_rate = self._write_rate(tracked)
         rank, world, dist_job = tracked.dist
         return JobTree(
@@ -629,6 +673,7 @@ class HostSampler:
             rank=rank,
             world_size=world,
             dist_job=dist_job,
+            debug_env=tracked.debug,
             cpu_cores=round(main[0] + workers_cpu, 3),
             main_cpu_cores=round(main[0], 3),
             workers_cpu_cores=round(workers_cpu, 3),

@@ -75,6 +75,10 @@ def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names}
 
 
+def _tuple_or_none(v: Any) -> tuple[Any, ...] | None:
+    return None if v is None else tuple(v)
+
+
 def snapshot_from_dict(data: Mapping[str, Any]) -> Snapshot:
     """Inverse of :func:`snapshot_to_dict` (for clients of /api/snapshot)."""
     def info(d: Mapping[str, Any]) -> GpuInfo:
@@ -90,7 +94,8 @@ def snapshot_from_dict(data: Mapping[str, Any]) -> Snapshot:
 
     def host(d: Mapping[str, Any]) -> HostSample:
         d = _known(HostSample, d)
-        jobs = tuple(JobTree(**{**_known(JobTree, j), "gpus": tuple(j.get("gpus") or ())})
+        jobs = tuple(JobTree(**{**_known(JobTree, j), "gpus": tuple(j.get("gpus") or ()),
+                                "debug_env": _tuple_or_none(j.get("debug_env"))})
                      for j in d.get("jobs") or ())
         return HostSample(**{**d, "cpu_util_per_core": tuple(d.get("cpu_util_per_core") or ()),
                              "jobs": jobs})

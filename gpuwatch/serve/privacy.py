@@ -2,8 +2,9 @@
 
 /metrics and /api/snapshot name the processes on each GPU and their users (psutil's
 ``name()`` and ``username()``); command lines are never read, so never published. Of
-each GPU job's environment only ``RANK``, ``WORLD_SIZE`` and a digest of its rendezvous
-are kept (host.py), for the advisor, never a variable's text. Clusters
+each GPU job's environment only ``RANK``, ``WORLD_SIZE``, a digest of its rendezvous and
+the names of the debugging switches it turns on (host.DEBUG_ENV) are kept (host.py), for
+the advisor, never a variable's text. Clusters
 that must not publish names or users set, in the configuration file::
 
     privacy:

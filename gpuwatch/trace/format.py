@@ -227,6 +227,12 @@ def _indices(name: str, v: Any) -> Any:
     return tuple(_count(f"{name}[{i}]", x) for i, x in enumerate(v))
 
 
+def _names(name: str, v: Any) -> Any:
+    if not isinstance(v, list):
+        raise _Bad(f"field '{name}' must be a list of names, got {_show(v)}")
+    return tuple(_string(f"{name}[{i}]", x) for i, x in enumerate(v))
+
+
 def _seconds_by_name(name: str, v: Any) -> Any:
     if not isinstance(v, dict):
         raise _Bad(f"field '{name}' must be an object of seconds by phase, got {_show(v)}")
@@ -242,7 +248,8 @@ _JOB: dict[str, Check] = {"pid": _count, "name": _string, "user": _string,
                           "cpu_cores": _nonneg, "main_cpu_cores": _nonneg,
                           "workers_cpu_cores": _nonneg, "processes": _count, "rss_bytes": _count,
                           "gpus": _indices, "rank": _count, "world_size": _count,
-                          "dist_job": _string, "loader_workers": _count,
+                          "dist_job": _string, "debug_env": _names,
+                          "loader_workers": _count,
                           "loader_cpu_cores": _nonneg,
                           "main_write_bytes_per_second": _nonneg,
                           "loader_workers_started": _count, "loader_workers_started_total": _count}

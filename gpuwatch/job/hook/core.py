@@ -1077,6 +1077,8 @@ class _Hook:
         read(cfg, "deterministic", facts.deterministic, p)
         read(cfg, "anomaly_detection", facts.anomaly_detection, p)
         read(cfg, "launch_blocking", facts.launch_blocking, p)
+        read(cfg, "no_alloc_cache", facts.no_alloc_cache, p)
+        read(cfg, "dist_debug_detail", facts.dist_debug_detail, p)
         ref = self.primary
         opt = ref() if ref is not None else None
         if opt is not None:

@@ -127,6 +127,19 @@ def launch_blocking() -> bool:
     return os.environ.get("CUDA_LAUNCH_BLOCKING", "").strip() == "1"
 
 
+def no_alloc_cache() -> bool:
+    """Whether the job's environment has PYTORCH_NO_CUDA_MEMORY_CACHING=1: torch's CUDA
+    allocator then caches nothing, and each tensor's memory is a cudaMalloc and a cudaFree
+    (which waits for the GPU). torch reads it as a 0/1 flag when it first allocates."""
+    return os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "").strip() == "1"
+
+
+def dist_debug_detail() -> bool:
+    """Whether the job's environment has TORCH_DISTRIBUTED_DEBUG=DETAIL (in any case, as
+    c10d reads it): each collective is checked against the other ranks' before it runs."""
+    return os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL"
+
+
 _MATMUL_PRECISION = {"tf32": "high", "ieee": "highest", "bf16": "medium"}
 
 

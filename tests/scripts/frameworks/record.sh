@@ -159,6 +159,19 @@ want accel_clm_launch_blocking && rec accel_clm_launch_blocking 150 env CUDA_LAU
   --num_workers 2 --seconds 40
 want accel_clm_bf16_again && rec accel_clm_bf16_again 150 python3 accel_clm.py \
   --per_device_train_batch_size 32 --mixed_precision bf16 --tf32 --num_workers 2 --seconds 40
+# 7n. Debugging switches in the environment seen without the hook (2026-12-03, eighth
+#     session): 7l's CUDA_LAUNCH_BLOCKING=1 run with the daemon on its own (its trees name
+#     the switch), and the same Accelerate GPT-2 with PYTORCH_NO_CUDA_MEMORY_CACHING=1, with
+#     and without the hook
+want accel_clm_launch_blocking_bare && rec_bare accel_clm_launch_blocking_bare 150 \
+  env CUDA_LAUNCH_BLOCKING=1 python3 accel_clm.py --per_device_train_batch_size 32 \
+  --mixed_precision bf16 --tf32 --num_workers 2 --seconds 40
+want accel_clm_no_alloc_cache && rec accel_clm_no_alloc_cache 150 \
+  env PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 accel_clm.py --per_device_train_batch_size 32 \
+  --mixed_precision bf16 --tf32 --num_workers 2 --seconds 40
+want accel_clm_no_alloc_cache_bare && rec_bare accel_clm_no_alloc_cache_bare 150 \
+  env PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 accel_clm.py --per_device_train_batch_size 32 \
+  --mixed_precision bf16 --tf32 --num_workers 2 --seconds 40
 # 7m. The Trainer under torchrun with one process on one GPU: BERT-base in bf16 at batch 32,
 #     with ddp_find_unused_parameters left to its default and set False. (2026-12-03 on an
 #     H200: accelerate does not wrap one process's model in DDP there, so the hook saw no
