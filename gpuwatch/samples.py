@@ -242,6 +242,10 @@ class PhaseSample:
     inference_wait_seconds: float | None = None  # its DataLoader's wait for those batches
     generate_calls: int | None = None
     hook_state: str | None = None  # "off": the hook stopped measuring
+    # gc.collect() / torch.cuda.empty_cache() called while training so far: calls and the
+    # seconds inside them, by name (protocol.CLEANUPS); empty until one was
+    calls: Mapping[str, int] = field(default_factory=dict)
+    call_seconds: Mapping[str, float] = field(default_factory=dict)
     pid: int | None = None
     rank: int | None = None
     gpu: int | None = None

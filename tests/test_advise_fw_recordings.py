@@ -2319,6 +2319,59 @@ def test_the_hooks_word_on_a_switch_stands_over_the_environment_the_daemon_read(
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in told["message"]
 
 
+def freeing(tmp_path: Path, every: dict[str, tuple[int, float]], full: bool = False) -> Path:
+    """fw_hf_bert_bf16 (the Trainer's BERT-base on an H200, 43 ms steps) as its hook would
+    have reported it had the job called gc.collect() or torch.cuda.empty_cache() every N
+    of its steps (``every``: name -> (N, seconds inside each call)), counted from its
+    steps so far at each `phase` line; ``full``: the GPU's memory 90 % used throughout."""
+    steps = 0
+    out = []
+    for d in lines(path_of("hf_bert_bf16")):
+        kind = d.get("kind")
+        if kind == "step":
+            steps = max(steps, d["step"] + 1)
+        elif kind == "steps":
+            steps = max(steps, d["last_step"] + 1)
+        elif kind == "phase" and steps:
+            calls = {k: steps // n for k, (n, _) in every.items()}
+            d = dict(d, calls=calls,
+                     call_seconds={k: calls[k] * each for k, (_, each) in every.items()})
+        elif kind == "gpu" and full:
+            d = dict(d, mem_used_bytes=int(0.9 * d["mem_total_bytes"]))
+        out.append(d)
+    return write(tmp_path / f"freeing{len(list(tmp_path.iterdir()))}.jsonl", out)
+
+
+def test_memory_freed_at_every_step_is_told_with_what_it_costs(tmp_path):
+    """A collection at every step of 43 ms steps, 20 ms of each, is told with its share of
+    the time and the change in the Trainer's words (a callback of the job's own); every
+    50th step is not. An emptied cache at every step is told where the GPU's memory has
+    room, not where it is nearly full (there it may be what keeps the job running); at
+    every 10th step it is not."""
+    report = advise_json(freeing(tmp_path, {"gc_collect": (1, 0.02)}))
+    (told,) = [a for a in report["advice"] if a["id"] == "stop-freeing-memory-every-step"]
+    assert "gc.collect() ran" in told["message"] and "empty_cache" not in told["message"]
+    assert "about one call every 1.0 steps" in told["message"]
+    assert "TrainerCallback" in told["action"]
+    share = told["evidence"]["gc_collect_seconds"] / told["evidence"]["train_seconds"]
+    assert told["expected_gain"] == pytest.approx(1 / (1 - share), rel=0.01)
+    assert told["expected_gain"] > 1.5
+    # the host's share of the steps holds the collections: the larger batch waits
+    assert "raise-batch-size" not in ids(report) and "gpu-underused" not in ids(report)
+    rare = advise_json(freeing(tmp_path, {"gc_collect": (50, 0.02)}))
+    assert "stop-freeing-memory-every-step" not in ids(rare)
+    cache = advise_json(freeing(tmp_path, {"empty_cache": (1, 0.0005)}))
+    (told,) = [a for a in cache["advice"] if a["id"] == "stop-freeing-memory-every-step"]
+    assert "torch.cuda.empty_cache() ran" in told["message"]
+    assert "gc.collect" not in told["message"]
+    assert "torch_empty_cache_steps=None" in told["action"]
+    assert told["expected_gain"] is None  # its cost lands in the steps after it: unmeasured
+    assert "stop-freeing-memory-every-step" not in ids(
+        advise_json(freeing(tmp_path, {"empty_cache": (1, 0.0005)}, full=True)))
+    assert "stop-freeing-memory-every-step" not in ids(
+        advise_json(freeing(tmp_path, {"empty_cache": (10, 0.0005)})))
+
+
 def test_the_ranks_of_one_job_are_told_the_gain_of_the_rank_that_gains_least():
     """Four FSDP ranks with their parameters offloaded, told as one block: each rank's
     gain is its own (the JSON keeps them), but the ranks step together, so the job goes

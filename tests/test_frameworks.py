@@ -259,6 +259,37 @@ def test_debugging_left_on_in_a_framework_is_reported_while_it_trains(tmp_path: 
     assert last_config(rec)["fw_debug_overflow"] is False
 
 
+def test_memory_freed_by_hand_while_training_is_counted_and_timed(tmp_path: Path) -> None:
+    """gc.collect() from a TrainerCallback at every step of the real Trainer, and
+    gc.collect() / torch.cuda.empty_cache() in a plain loop every 5th and 2nd step: each
+    call made while training is counted (none of start-up's or evaluation's), with the
+    seconds spent inside; the job's own calls reach it through torch's and gc's names."""
+    rec, truth = record(tmp_path, "hf_trainer", "--steps", "12", "--eval-every", "6",
+                        "--gc-every", "1")
+    final = lines(rec, "phase")[-1]
+    assert truth["steps"] == 12
+    assert final["calls"] == {"gc_collect": 12}
+    assert final["call_seconds"]["gc_collect"] > 0
+    assert not lines(rec, "hook_problem")
+    loop = tmp_path / "loop"
+    loop.mkdir()
+    rec = loop / "loop.jsonl"
+    run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable,
+                          str(REPO / "tests" / "scripts" / "train_cpu.py"), "--steps", "20",
+                          "--workers", "0", "--gc-every", "5", "--empty-cache-every", "2"],
+                         check=False, env=clean_env(), cwd=loop, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    final = lines(rec, "phase")[-1]
+    assert final["calls"] == {"gc_collect": 4, "empty_cache": 10}
+    assert set(final["call_seconds"]) == {"gc_collect", "empty_cache"}
+    # a job that frees nothing by hand says nothing of it
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    rec, _ = record(plain, "hf_trainer", "--steps", "4", "--eval-every", "1000")
+    assert all("calls" not in p for p in lines(rec, "phase"))
+
+
 def test_the_trainers_ddp_default_search_for_unused_parameters_is_reported(
         tmp_path: Path) -> None:
     """The Trainer under torchrun (two processes, gloo): its DDP wrapper built with

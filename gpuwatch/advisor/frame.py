@@ -1090,6 +1090,12 @@ class Frame:
                 info[f] = v
         if get("hook_state") == "off":
             subj.hook_off = True
+        calls, secs = get("calls"), get("call_seconds")
+        if calls:
+            for name in CLEANUP_NAMES:
+                if name in calls:
+                    info[f"{name}_calls"] = calls[name]
+                    info[f"{name}_seconds"] = (secs or {}).get(name, 0.0)
 
     def _eval_idle(self, subj: Subject, info: dict[str, Any], gained: float, batches: Any,
                    waited: Any, t: float) -> None:
@@ -1266,6 +1272,10 @@ class Frame:
             tab.push(idx, "checkpoint_time_ratio", sec.get("checkpoint", 0.0) / since_first)
         info = subj.phase_info
         tab.push(idx, "compiles", info.get("compiles"))
+        if "gc_collect_calls" in info or "empty_cache_calls" in info:
+            for name in CLEANUP_NAMES:
+                tab.push(idx, f"{name}_calls", info.get(f"{name}_calls", 0))
+                tab.push(idx, f"{name}_seconds", info.get(f"{name}_seconds", 0.0))
         tab.push(idx, "checkpoints", info.get("checkpoints"))
         tab.push(idx, "eval_batch_size", info.get("eval_batch_size"))
         if ev:
@@ -2064,6 +2074,9 @@ _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused
                       "optimizer", "grad_scaler", "gradient_checkpointing", "cudnn_benchmark",
                       "deterministic", "anomaly_detection",
                       "channels_last", "param_dtype"})
+# the cleanups the hook counts while a job trains (protocol.CLEANUPS): each gives the phase
+# signals NAME_calls and NAME_seconds (cumulative)
+CLEANUP_NAMES = ("gc_collect", "empty_cache")
 # the hook's settings that the daemon also reads of a job's environment (host.DEBUG_ENV),
 # and the variable each is read from: where the hook said nothing of one, the environment
 # answers (frame.config_value)

@@ -225,6 +225,26 @@ KNOBS: dict[str, dict[str, str]] = {
         TORCH: "unset TORCH_DISTRIBUTED_DEBUG in the job's environment (or set it to OFF; "
                "INFO keeps DDP's usage logs without the per-collective checks)",
     },
+    # memory freed by hand inside the training loop: the call to take out (the Trainer
+    # makes the cache one itself, torch_empty_cache_steps)
+    "gc_in_loop_off": {
+        TORCH: "take gc.collect() out of the training step (if it is ever needed, run it "
+               "between epochs or after an evaluation)",
+        "transformers": "take gc.collect() out of the TrainerCallback that runs it at each "
+                        "step (on_step_end)",
+        "lightning": "take gc.collect() out of the hook that runs it at each batch "
+                     "(on_train_batch_end)",
+    },
+    "empty_cache_in_loop_off": {
+        TORCH: "take torch.cuda.empty_cache() out of the training step (torch reuses the "
+               "blocks it caches; emptying the cache frees nothing the job still holds)",
+        "transformers": "TrainingArguments(torch_empty_cache_steps=None) (its default), or "
+                        "take torch.cuda.empty_cache() out of your callback",
+        "accelerate": "take accelerator.free_memory() / clear_device_cache() out of the "
+                      "training step",
+        "lightning": "take torch.cuda.empty_cache() out of the hook that runs it at each "
+                     "batch",
+    },
     "debug_overflow_off": {
         TORCH: "drop DebugUnderflowOverflow(model)",
         "transformers": 'TrainingArguments(debug="") (without "underflow_overflow")',

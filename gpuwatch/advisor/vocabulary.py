@@ -228,6 +228,17 @@ def _defs() -> dict[str, SignalDef]:
         ("checkpoint_time_ratio", "phase", "ratio", "last", ("checkpoints' share of the time "
          "since the first step (whole run)"), True),
         ("compiles", "phase", "count", "last", "torch.compile compilations so far", True),
+        ("gc_collect_calls", "phase", "count", "last", ("gc.collect() calls while the job "
+         "trained, so far (the hook's; absent until the job made one, or any empty_cache())"),
+         True),
+        ("gc_collect_seconds", "phase", "seconds", "last", ("seconds spent inside those "
+         "gc.collect() calls, so far"), True),
+        ("empty_cache_calls", "phase", "count", "last", ("torch.cuda.empty_cache() calls "
+         "while the job trained, so far (the Trainer's torch_empty_cache_steps, Accelerate's "
+         "clear_device_cache; absent as gc_collect_calls is)"), True),
+        ("empty_cache_seconds", "phase", "seconds", "last", ("seconds spent inside those "
+         "empty_cache() calls, so far (what the next step's allocations pay again is not in "
+         "it)"), True),
         ("checkpoints", "phase", "count", "last", ("checkpoint saves during training so far "
          "(torch.save, the framework's own save method; a save within a save counts once)"),
          True),

@@ -24,7 +24,8 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
      "compiles": 2, "checkpoints": 3, "eval": {"batches": 40, "samples": 320, "batch_size": 8,
      "wait_seconds": 0.4}, "inference": {"batches": 0, …, "generate_calls": 0,
      "wait_seconds": 0.0},
-     "problems": [{"what": "config.tf32", "error": "RuntimeError: …"}], "hook_state": "on"}
+     "problems": [{"what": "config.tf32", "error": "RuntimeError: …"}], "hook_state": "on",
+     "calls": {"gc_collect": 140}, "call_seconds": {"gc_collect": 6.3}}
 
 - ``kind`` is ``report`` (periodic, also as a heartbeat with no steps) or ``exit`` (the
   last one: the process is exiting; ``exit_reason`` says why).
@@ -40,6 +41,9 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
 - ``problems`` lists what the hook could not read or do (each once, all of them in every
   report, at most :data:`MAX_PROBLEMS`); ``hook_state`` is ``off`` once it stopped
   measuring after too many errors of its own.
+- ``calls`` and ``call_seconds`` (absent until one was made): how often the job called
+  ``gc.collect()`` and ``torch.cuda.empty_cache()`` while it trained (:data:`CLEANUPS`),
+  and the seconds spent inside them; cumulative.
 - Readers ignore unknown fields, so fields can be added within version 1; anything else
   is a new version, which a version-1 receiver drops (and counts) as ``version``.
 """
@@ -178,6 +182,9 @@ class Report:
     inference: Work = field(default_factory=Work)
     problems: tuple[Problem, ...] = ()
     hook_state: str = "on"
+    # gc.collect() / torch.cuda.empty_cache() while training: calls and seconds, by name
+    calls: Mapping[str, int] = field(default_factory=dict)
+    call_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 # -- encoding (the hook's side) ------------------------------------------------------------
@@ -544,7 +551,25 @@ def decode(data: bytes) -> Report:
         inference=_work(msg.get("inference"), "inference"),
         problems=_problems(msg.get("problems")),
         hook_state=_hook_state(msg.get("hook_state")),
+        calls=_cleanups(_counts(msg.get("calls"), "calls")),
+        call_seconds=_cleanups(_seconds(msg.get("call_seconds"), "call_seconds")),
     )
+
+
+# the cleanups a hook times (its _wrap_cleanup); other names are ignored, as unknown fields
+CLEANUPS = ("gc_collect", "empty_cache")
+
+
+def _cleanups(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if k in CLEANUPS}
+
+
+def _seconds(value: Any, key: str) -> dict[str, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 16:
+        raise ProtocolError(MALFORMED, f"{key} must be a small object of seconds")
+    return {str(k)[:32]: _num(v, f"{key}.{k}") or 0.0 for k, v in value.items()}
 
 
 def _phase(value: Any) -> str | None:

@@ -493,6 +493,7 @@ class HookReceiver:
             inference_batch_size=r.inference.batch_size,
             inference_wait_seconds=r.inference.wait_seconds if r.inference.batches else None,
             generate_calls=r.inference.generate_calls, hook_state=r.hook_state,
+            calls=dict(r.calls), call_seconds=dict(r.call_seconds),
             pid=pid, rank=r.rank, gpu=gpu))
         return out
 

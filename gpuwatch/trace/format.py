@@ -227,6 +227,12 @@ def _indices(name: str, v: Any) -> Any:
     return tuple(_count(f"{name}[{i}]", x) for i, x in enumerate(v))
 
 
+def _counts_by_name(name: str, v: Any) -> Any:
+    if not isinstance(v, dict):
+        raise _Bad(f"field '{name}' must be an object of counts by name, got {_show(v)}")
+    return {str(k): _count(f"{name}.{k}", n) for k, n in v.items()}
+
+
 def _names(name: str, v: Any) -> Any:
     if not isinstance(v, list):
         raise _Bad(f"field '{name}' must be a list of names, got {_show(v)}")
@@ -307,7 +313,7 @@ _PHASE: dict[str, Check] = {
     "eval_samples": _count, "eval_batch_size": _count, "eval_wait_seconds": _nonneg,
     "inference_batches": _count, "inference_samples": _count, "inference_batch_size": _count,
     "inference_wait_seconds": _nonneg, "generate_calls": _count, "hook_state": _string, "pid": _count, "rank": _count,
-    "gpu": _count,
+    "gpu": _count, "calls": _counts_by_name, "call_seconds": _seconds_by_name,
 }
 _HOOK_PROBLEM: dict[str, Check] = {"what": _string, "error": _string, "pid": _count,
                                    "rank": _count, "gpu": _count}
@@ -539,7 +545,8 @@ def sample_to_line(sample: Sample) -> dict[str, Any]:
         v = getattr(sample, f.name)
         if f.name == "lost" and not v:
             continue  # the usual case says nothing
-        if f.name in ("xid_total", "jobs", "cpu_util_per_core") and not v:
+        if f.name in ("xid_total", "jobs", "cpu_util_per_core", "calls", "call_seconds") \
+                and not v:
             continue
         if f.name == "xid_total":
             line[f.name] = {str(code): n for code, n in sorted(v.items())}

@@ -10,6 +10,7 @@ unless --attach is given.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -44,6 +45,9 @@ p.add_argument("--crash", choices=["none", "exception", "exit3", "sigkill", "sig
 p.add_argument("--crash-at", type=int, default=5)
 p.add_argument("--print-every", type=int, default=0, help="print a line every N steps")
 p.add_argument("--attach", action="store_true", help="call gpuwatch.torch.attach()")
+p.add_argument("--gc-every", type=int, default=0, help="gc.collect() every N steps")
+p.add_argument("--empty-cache-every", type=int, default=0,
+               help="torch.cuda.empty_cache() every N steps")
 p.add_argument("--out", default=None, help="ground truth: one JSON line per iteration")
 p.add_argument("--result", default=None, help="the final parameters, to compare runs")
 p.add_argument("--count-sigint", default=None,
@@ -149,6 +153,10 @@ for step in range(a.steps):
     scaler.scale(loss).backward()
     scaler.step(opt)
     scaler.update()
+    if a.gc_every and step % a.gc_every == 0:
+        gc.collect()
+    if a.empty_cache_every and step % a.empty_cache_every == 0:
+        torch.cuda.empty_cache()
     skipped = scaler.is_enabled() and scaler.get_scale() < scale_before
     if a.step_ms:
         time.sleep(a.step_ms / 1000.0)

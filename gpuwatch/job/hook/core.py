@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import gc
 import inspect
 import multiprocessing.process
 import os
@@ -170,7 +171,7 @@ class _Hook:
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
-                 "compiles", "saving", "saves", "framework", "framework_patched", "problems",
+                 "compiles", "saving", "saves", "cleanups", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
                  "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
                  "last_config", "last_config_time", "last_status", "dropped", "errors",
@@ -299,6 +300,9 @@ class _Hook:
         self.compiles = 0
         self.saving = False
         self.saves = 0  # checkpoint saves during training (a nested save counts once)
+        # gc.collect() and torch.cuda.empty_cache() called while training: {name: [calls,
+        # seconds inside]} (_wrap_cleanup); reported once one was
+        self.cleanups: dict[str, list[float]] = {}
         self.framework = Framework()
         self.framework_patched = False
         self.problems = facts.Problems()
@@ -842,7 +846,17 @@ class _Hook:
                 "wait_seconds": round(self.infer_wait, 3)},
             "problems": self.problems.as_list(),
             "hook_state": "off" if self.off else "on",
+            **self._cleanup_status(),
         }
+
+    def _cleanup_status(self) -> dict[str, Any]:
+        """The cleanups called while training (``calls``, and the seconds spent inside
+        them, ``call_seconds``, by name), once any was."""
+        got = dict(self.cleanups)  # another thread may add a name meanwhile
+        if not got:
+            return {}
+        return {"calls": {k: int(v[0]) for k, v in got.items()},
+                "call_seconds": {k: round(v[1], 4) for k, v in got.items()}}
 
     def _phase_seconds(self) -> dict[str, float]:
         """Seconds in each phase so far, the one in force included (but not an
@@ -1384,6 +1398,33 @@ def _wrap_scaler_update(orig: Callable[..., Any]) -> Callable[..., Any]:
                 h.fault()
         return result
     return update
+
+
+def _wrap_cleanup(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``gc.collect`` or ``torch.cuda.empty_cache``: counted and timed while the job trains
+    (a loop that frees memory at every step pays for it at every step: a collection walks
+    every Python object; an emptied cache makes the next step's tensors cudaMalloc calls).
+    Outside training they pass straight through."""
+    def factory(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def cleanup(*args: Any, **kwargs: Any) -> Any:
+            h = _hook
+            if h is None or h.phase is not TRAIN or h.off:
+                return orig(*args, **kwargs)
+            t0 = _perf()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                try:
+                    got = h.cleanups.get(name)
+                    if got is None:
+                        got = h.cleanups[name] = [0, 0.0]
+                    got[0] += 1
+                    got[1] += _perf() - t0
+                except Exception:
+                    h.fault()
+        return cleanup
+    return factory
 
 
 def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -2494,6 +2535,11 @@ def _attach(socket_path: str | None) -> bool:
             if callable(getattr(torch, "compile", None)):
                 _patch(torch, "compile", _wrap_compile)
             _patch(os, "_exit", _wrap_os_exit)
+            _patch(gc, "collect", _wrap_cleanup("gc_collect"))
+            cuda_memory = sys.modules.get("torch.cuda.memory")
+            for owner in (torch.cuda, cuda_memory):
+                if owner is not None and callable(getattr(owner, "empty_cache", None)):
+                    _patch(owner, "empty_cache", _wrap_cleanup("empty_cache"))
             _patch(multiprocessing.process.BaseProcess, "run", _wrap_process_run)
             spawn = sys.modules.get("torch.multiprocessing.spawn")
             if spawn is not None and callable(getattr(spawn, "_wrap", None)):

@@ -10,6 +10,7 @@ for tf32=True); ``before`` attaches explicitly (run it without ``gpuwatch run``)
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -46,6 +47,10 @@ p.add_argument("--debug-overflow", action="store_true",
                help='TrainingArguments(debug="underflow_overflow")')
 p.add_argument("--no-find-unused", action="store_true",
                help="TrainingArguments(ddp_find_unused_parameters=False) (under torchrun)")
+p.add_argument("--empty-cache-steps", type=int, default=None,
+               help="TrainingArguments(torch_empty_cache_steps=N)")
+p.add_argument("--gc-every", type=int, default=0,
+               help="a TrainerCallback that calls gc.collect() every N steps")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -60,6 +65,7 @@ from transformers import (  # noqa: E402
     BertConfig,
     BertForSequenceClassification,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
 )
 
@@ -87,6 +93,14 @@ class Tokens(torch.utils.data.Dataset):
 Clock = trainer_clock(truth, a.seconds)
 
 
+class Collect(TrainerCallback):
+    """What a loop "freeing memory" does: a full collection every N steps."""
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        if state.global_step % a.gc_every == 0:
+            gc.collect()
+
+
 config = BertConfig(vocab_size=1000, hidden_size=a.hidden, num_hidden_layers=a.layers,
                     num_attention_heads=2, intermediate_size=2 * a.hidden,
                     max_position_embeddings=a.seq)
@@ -101,10 +115,12 @@ args = TrainingArguments(
     tf32=True if a.tf32_arg else None,
     gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0,
     debug="underflow_overflow" if a.debug_overflow else "",
-    ddp_find_unused_parameters=False if a.no_find_unused else None)
+    ddp_find_unused_parameters=False if a.no_find_unused else None,
+    torch_empty_cache_steps=a.empty_cache_steps)
 trainer = Trainer(model=model, args=args,
                   train_dataset=Tokens(a.train_samples or a.steps * a.batch * a.accum),
-                  eval_dataset=Tokens(a.eval_samples), callbacks=[Clock()])
+                  eval_dataset=Tokens(a.eval_samples),
+                  callbacks=[Clock()] + ([Collect()] if a.gc_every else []))
 if a.evaluate_first:
     t = time.perf_counter()
     trainer.evaluate()

@@ -172,6 +172,16 @@ want accel_clm_no_alloc_cache && rec accel_clm_no_alloc_cache 150 \
 want accel_clm_no_alloc_cache_bare && rec_bare accel_clm_no_alloc_cache_bare 150 \
   env PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 accel_clm.py --per_device_train_batch_size 32 \
   --mixed_precision bf16 --tf32 --num_workers 2 --seconds 40
+# 7o. Memory "freed" as it trains (2026-12-03, eighth session): the Trainer's BERT-base in
+#     bf16 at batch 32 (7l's hf_bert_bf16, 933 steps in 40 s on an H200) with a
+#     TrainerCallback calling gc.collect() at every step and every 50th, and with
+#     TrainingArguments(torch_empty_cache_steps=1) and =10
+for v in "gc_every1 --gc-every 1" "gc_every50 --gc-every 50" "empty_cache1 --empty-cache-steps 1" \
+         "empty_cache10 --empty-cache-steps 10"; do
+  set -- $v; name=hf_bert_$1; shift
+  want $name && rec $name 150 python3 hf_trainer.py $bert --steps 100000 --seconds 40 \
+    --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 2 "$@"
+done
 # 7m. The Trainer under torchrun with one process on one GPU: BERT-base in bf16 at batch 32,
 #     with ddp_find_unused_parameters left to its default and set False. (2026-12-03 on an
 #     H200: accelerate does not wrap one process's model in DDP there, so the hook saw no
