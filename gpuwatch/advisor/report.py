@@ -724,11 +724,12 @@ _SHOWN = ("id", "severity", "active", "instance", "title", "message", "action",
 # figures and the evidence's range over all of them
 _SAME_CHANGE = ("id", "severity", "active", "instance", "title", "hook_would_add")
 # the figures of a message, left out where two messages are compared for their words
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")  # "65,771" is one
 # the figures of an action that describe the GPU rather than the change (its memory per
 # sample, how many would fit: "~816", "66.5 MiB", "85 %"); the change itself ("=1 → 8",
 # "x8") must be the same for pieces to join
-_ACTION_FIGURE = re.compile(r"~\d+(?:\.\d+)?|\d+(?:\.\d+)?(?= ?(?:[KMGT]i?B|%))")
+_ACTION_FIGURE = re.compile(r"~\d{1,3}(?:,\d{3})+(?:\.\d+)?|~\d+(?:\.\d+)?"
+                            r"|\d+(?:\.\d+)?(?= ?(?:[KMGT]i?B|%))")
 
 
 def grouped(advice: list[dict[str, Any]], lockstep: list[tuple[Any, frozenset[int]]] = ()
