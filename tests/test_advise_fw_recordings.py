@@ -501,6 +501,13 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                                                 "reduce-launch-overhead"}),
     "accel_clm_bf16_again": (set(), {"disable-debug-modes", "raise-batch-size",
                                      "gpu-underused"}),
+    # the Trainer's BERT-base with gc.collect() at every step (111 steps in 40 s against
+    # 933): told, and the host-bound batch waits; with torch_empty_cache_steps=1 or 10 (no
+    # cost beyond the run-to-run spread): the host-bound batch, nothing of the cache
+    "hf_bert_gc_every1": ({"stop-freeing-memory-every-step"}, {"raise-batch-size",
+                                                               "gpu-underused"}),
+    "hf_bert_empty_cache1": ({"raise-batch-size"}, {"stop-freeing-memory-every-step"}),
+    "hf_bert_empty_cache10": ({"raise-batch-size"}, {"stop-freeing-memory-every-step"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -2319,14 +2326,16 @@ def test_the_hooks_word_on_a_switch_stands_over_the_environment_the_daemon_read(
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in told["message"]
 
 
-def freeing(tmp_path: Path, every: dict[str, tuple[int, float]], full: bool = False) -> Path:
-    """fw_hf_bert_bf16 (the Trainer's BERT-base on an H200, 43 ms steps) as its hook would
-    have reported it had the job called gc.collect() or torch.cuda.empty_cache() every N
-    of its steps (``every``: name -> (N, seconds inside each call)), counted from its
-    steps so far at each `phase` line; ``full``: the GPU's memory 90 % used throughout."""
+def freeing(tmp_path: Path, every: dict[str, tuple[int, float]], full: bool = False,
+            name: str = "hf_bert_bf16") -> Path:
+    """A real recording (by default fw_hf_bert_bf16: the Trainer's BERT-base on an H200, 43
+    ms steps) as its hook would have reported it had the job called gc.collect() or
+    torch.cuda.empty_cache() every N of its steps (``every``: name -> (N, seconds inside
+    each call)), counted from its steps so far at each `phase` line; ``full``: the GPU's
+    memory 90 % used throughout."""
     steps = 0
     out = []
-    for d in lines(path_of("hf_bert_bf16")):
+    for d in lines(path_of(name)):
         kind = d.get("kind")
         if kind == "step":
             steps = max(steps, d["step"] + 1)
@@ -2343,33 +2352,57 @@ def freeing(tmp_path: Path, every: dict[str, tuple[int, float]], full: bool = Fa
 
 
 def test_memory_freed_at_every_step_is_told_with_what_it_costs(tmp_path):
-    """A collection at every step of 43 ms steps, 20 ms of each, is told with its share of
-    the time and the change in the Trainer's words (a callback of the job's own); every
-    50th step is not. An emptied cache at every step is told where the GPU's memory has
-    room, not where it is nearly full (there it may be what keeps the job running); at
-    every 10th step it is not."""
-    report = advise_json(freeing(tmp_path, {"gc_collect": (1, 0.02)}))
-    (told,) = [a for a in report["advice"] if a["id"] == "stop-freeing-memory-every-step"]
+    """The Trainer's BERT-base on an H200 with a TrainerCallback calling gc.collect() at
+    each step: 111 steps in 40 s where the same run without it took 933; the hook timed 30
+    s inside the calls. Told first, with the calls, their time and the change in the
+    Trainer's words, its gain read from the time inside the calls (7.8x; 8.4x measured);
+    the host-bound advice that the collections' time would mislead waits. The same run with
+    torch_empty_cache_steps=1 and =10 (1,023 and 928 steps: no cost beyond the card's
+    run-to-run spread, 6 µs and less inside each call) is told nothing of it."""
+    name = "hf_bert_gc_every1"
+    report = advise_json(path_of(name))
+    told = report["advice"][0]
+    assert told["id"] == "stop-freeing-memory-every-step", ids(report)
     assert "gc.collect() ran" in told["message"] and "empty_cache" not in told["message"]
-    assert "about one call every 1.0 steps" in told["message"]
     assert "TrainerCallback" in told["action"]
-    share = told["evidence"]["gc_collect_seconds"] / told["evidence"]["train_seconds"]
+    ev = told["evidence"]
+    share = ev["gc_collect_seconds"] / ev["train_seconds"]
+    assert share > 0.7
     assert told["expected_gain"] == pytest.approx(1 / (1 - share), rel=0.01)
-    assert told["expected_gain"] > 1.5
-    # the host's share of the steps holds the collections: the larger batch waits
+    clean = truth("hf_bert_bf16")["steps"]
+    assert truth(name)["steps"] * 6 < clean
     assert "raise-batch-size" not in ids(report) and "gpu-underused" not in ids(report)
+    final = [d for d in lines(path_of(name)) if d.get("kind") == "phase"][-1]
+    assert final["calls"] == {"gc_collect": truth(name)["steps"]}
+    for emptied in ("hf_bert_empty_cache1", "hf_bert_empty_cache10"):
+        assert truth(emptied)["steps"] > 0.9 * clean
+        assert "stop-freeing-memory-every-step" not in ids(advise_json(path_of(emptied)))
+    final = [d for d in lines(path_of("hf_bert_empty_cache1")) if d.get("kind") == "phase"][-1]
+    assert final["calls"]["empty_cache"] >= truth("hf_bert_empty_cache1")["steps"] - 1
+
+
+def test_a_cleanup_is_told_by_what_it_costs_and_how_often(tmp_path):
+    """The rule's other edges, on real recordings with the calls added as the hook counts
+    them: a collection every 50th step is not told; an emptied cache at every step of 1.9
+    ms steps (Lightning's BoringModel) is, where memory has room, and not where it is
+    nearly full (there it may be what keeps the job running); at every 10th step it is
+    not. Its cost falls in the steps after it, so no gain is given."""
     rare = advise_json(freeing(tmp_path, {"gc_collect": (50, 0.02)}))
     assert "stop-freeing-memory-every-step" not in ids(rare)
-    cache = advise_json(freeing(tmp_path, {"empty_cache": (1, 0.0005)}))
-    (told,) = [a for a in cache["advice"] if a["id"] == "stop-freeing-memory-every-step"]
-    assert "torch.cuda.empty_cache() ran" in told["message"]
-    assert "gc.collect" not in told["message"]
-    assert "torch_empty_cache_steps=None" in told["action"]
-    assert told["expected_gain"] is None  # its cost lands in the steps after it: unmeasured
+    short = "lightning_boring"
+    cache = advise_json(freeing(tmp_path, {"empty_cache": (1, 0.00001)}, name=short))
+    told = [a for a in cache["advice"] if a["id"] == "stop-freeing-memory-every-step"]
+    assert told, ids(cache)
+    assert "torch.cuda.empty_cache() ran" in told[0]["message"]
+    assert "gc.collect" not in told[0]["message"]
+    assert told[0]["expected_gain"] is None
     assert "stop-freeing-memory-every-step" not in ids(
-        advise_json(freeing(tmp_path, {"empty_cache": (1, 0.0005)}, full=True)))
+        advise_json(freeing(tmp_path, {"empty_cache": (1, 0.00001)}, full=True, name=short)))
     assert "stop-freeing-memory-every-step" not in ids(
-        advise_json(freeing(tmp_path, {"empty_cache": (10, 0.0005)})))
+        advise_json(freeing(tmp_path, {"empty_cache": (10, 0.00001)}, name=short)))
+    # the same calls on 43 ms steps: no measured cost, nothing said
+    assert "stop-freeing-memory-every-step" not in ids(
+        advise_json(freeing(tmp_path, {"empty_cache": (1, 0.00001)})))
 
 
 def test_the_ranks_of_one_job_are_told_the_gain_of_the_rank_that_gains_least():
