@@ -296,7 +296,7 @@ def test_debugging_left_on_names_each_mode_on_and_holds_the_batch_advice(tmp_pat
     assert "unset CUDA_LAUNCH_BLOCKING" in a["action"]
     lit = advice(judge(tmp_path, bert_with(anomaly_detection=True, framework="lightning"),
                        "lit.jsonl"), "disable-debug-modes")
-    assert lit["action"].startswith("Take the debugging out of the training run (keep it "
+    assert lit["action"].startswith("Take the debugging out of the run (keep it "
                                     "for a run that hunts a bug): Trainer(detect_anomaly="
                                     "False) (its default) (in torch: take ")
     assert "CUDA_LAUNCH_BLOCKING" not in lit["message"] + lit["action"]
