@@ -87,6 +87,17 @@ def stub_for(tree: Tree, launcher_context: bool) -> NvmlStub:
     return NvmlStub([StubGpu(0, processes=gpu0), StubGpu(1, processes=[(tree.ranks[1], 20 * GiB)])])
 
 
+def recording(stub: NvmlStub, path: Path) -> tuple[Sampler, Recorder]:
+    """The real Sampler (``stub`` for NVML, the real host layer) with a Recorder writing
+    what it samples to ``path``, started."""
+    store = Store()
+    sampler = Sampler(store, nvml_module=stub, host=HostSampler())
+    recorder = Recorder(store, str(path), make_meta(infos=sampler.infos, host_cpus=2,
+                                                    sample_hz=4), reorder_seconds=0.0)
+    recorder.start()
+    return sampler, recorder
+
+
 def tick_until_measured(sampler: Sampler, tree: Tree) -> dict[int, object]:
     """The jobs by pid, their CPU measured over a whole second once every process of the
     tree is running (a worker's own start-up would read as busy)."""
@@ -153,12 +164,8 @@ def test_a_recording_of_the_ranks_keeps_each_gpus_tree(ddp_tree: Tree, tmp_path:
     the host lines carry one tree per rank with its GPU, and the advisor's per-GPU view
     (the `jobs` breakdown without the hook) reads each rank's own CPU."""
     stub = stub_for(ddp_tree, launcher_context=True)
-    store = Store()
-    sampler = Sampler(store, nvml_module=stub, host=HostSampler())
     rec = tmp_path / "ddp.jsonl"
-    recorder = Recorder(store, str(rec), make_meta(infos=sampler.infos, host_cpus=2,
-                                                   sample_hz=4), reorder_seconds=0.0)
-    recorder.start()
+    sampler, recorder = recording(stub, rec)
     try:
         tick_until_measured(sampler, ddp_tree)
         for _ in range(12):  # 3 s more at 4 Hz
@@ -309,12 +316,8 @@ def test_debugging_switches_in_a_jobs_environment_are_recorded_by_name(tmp_path:
             for env in (on, off)]
     stub = NvmlStub([StubGpu(0, processes=[(kids[0].pid, 20 * GiB)]),
                      StubGpu(1, processes=[(kids[1].pid, 20 * GiB)])])
-    store = Store()
-    sampler = Sampler(store, nvml_module=stub, host=HostSampler())
     rec = tmp_path / "debug-env.jsonl"
-    recorder = Recorder(store, str(rec), make_meta(infos=sampler.infos, host_cpus=2,
-                                                   sample_hz=4), reorder_seconds=0.0)
-    recorder.start()
+    sampler, recorder = recording(stub, rec)
     try:
         def both_seen() -> bool:
             time.sleep(0.25)
