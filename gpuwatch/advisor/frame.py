@@ -18,6 +18,7 @@ from gpuwatch.advisor.attribution import (
 from gpuwatch.advisor.facts import cc_number
 from gpuwatch.advisor.vocabulary import CONFIG_KEYS, VOCABULARY
 from gpuwatch.advisor.windows import Ring, ring_mean, ring_sums
+from gpuwatch.job.protocol import CLEANUPS
 
 # NVML clock event reason bits (nvmlClocksEventReason* in nvml.h)
 _SW_POWER_CAP = 0x4
@@ -1092,7 +1093,7 @@ class Frame:
             subj.hook_off = True
         calls, secs = get("calls"), get("call_seconds")
         if calls:
-            for name in CLEANUP_NAMES:
+            for name in CLEANUPS:  # each: NAME_calls, NAME_seconds
                 if name in calls:
                     info[f"{name}_calls"] = calls[name]
                     info[f"{name}_seconds"] = (secs or {}).get(name, 0.0)
@@ -1273,7 +1274,7 @@ class Frame:
         info = subj.phase_info
         tab.push(idx, "compiles", info.get("compiles"))
         if "gc_collect_calls" in info or "empty_cache_calls" in info:
-            for name in CLEANUP_NAMES:
+            for name in CLEANUPS:  # each: NAME_calls, NAME_seconds
                 tab.push(idx, f"{name}_calls", info.get(f"{name}_calls", 0))
                 tab.push(idx, f"{name}_seconds", info.get(f"{name}_seconds", 0.0))
         tab.push(idx, "checkpoints", info.get("checkpoints"))
@@ -2074,9 +2075,6 @@ _MUTABLE = frozenset({"autocast", "autocast_dtype", "tf32", "cudnn_tf32", "fused
                       "optimizer", "grad_scaler", "gradient_checkpointing", "cudnn_benchmark",
                       "deterministic", "anomaly_detection",
                       "channels_last", "param_dtype"})
-# the cleanups the hook counts while a job trains (protocol.CLEANUPS): each gives the phase
-# signals NAME_calls and NAME_seconds (cumulative)
-CLEANUP_NAMES = ("gc_collect", "empty_cache")
 # the hook's settings that the daemon also reads of a job's environment (host.DEBUG_ENV),
 # and the variable each is read from: where the hook said nothing of one, the environment
 # answers (frame.config_value)
