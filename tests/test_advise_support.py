@@ -21,13 +21,14 @@ SCENARIOS = ["tuned", "small_batch", "input_bound", "near_oom", "fp32", "idle"]
 LATER = ["h200_fp16_collapse", "h200_input_bound_w2", "h200_small_model_batch4",
          "h200_fp32_b16", "h200_tf32", "h200_tuned_b128"]
 # what only the hook can know: without its step lines this advice cannot be given
-HOOK_ONLY = {"loss-scale-collapse"}
+HOOK_ONLY = {"loss-scale-collapse", "loss-not-finite"}
 SIX = {"raise-batch-size", "add-dataloader-workers", "enable-gradient-checkpointing",
-       "enable-mixed-precision", "loss-scale-collapse", "gpu-idle"}
+       "enable-mixed-precision", "loss-scale-collapse", "loss-not-finite", "gpu-idle"}
 EXPECTED = {"small_batch": "raise-batch-size", "input_bound": "add-dataloader-workers",
             "near_oom": "enable-gradient-checkpointing", "fp32": "enable-mixed-precision",
             "tuned": None, "idle": None,
-            "h200_fp16_collapse": "loss-scale-collapse",
+            # its loss NaN from step 10 on: that, not the scale it brings down, is told
+            "h200_fp16_collapse": "loss-not-finite",
             "h200_input_bound_w2": "add-dataloader-workers",
             "h200_small_model_batch4": "raise-batch-size",
             "h200_fp32_b16": "enable-mixed-precision", "h200_tf32": None,

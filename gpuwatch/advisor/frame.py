@@ -755,10 +755,13 @@ class Frame:
                 acc.add_weighted("data_wait_seconds", float(dw), count)
                 acc.add_weighted("_dw_ss", float(ss), count)
         for f in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
-                  "max_mem_allocated_bytes", "loss"):
+                  "max_mem_allocated_bytes"):
             v = get(f)
             if v is not None:
                 acc.add(f, float(v))
+        loss = get("loss")
+        if loss is not None:
+            self._loss(subj, acc, float(loss), get("step"))
         micro = get("micro_batches")
         if micro:
             acc.add_weighted("micro_batches", float(micro), count)
@@ -793,6 +796,22 @@ class Frame:
             acc.add("_skip", 1.0 if (skipped or fell) else 0.0)
         self._activations(acc, get("batch_size"), get("mem_allocated_bytes"),
                           get("max_mem_allocated_bytes"), micro)
+
+    def _loss(self, subj: Subject, acc: _Acc, loss: float, step: Any) -> None:
+        """One loss the hook read (one step's per report). A NaN or infinite one is no
+        value of the loss's windows (it would poison their sums): it counts in
+        ``loss_nonfinite`` (1 for each such, 0 for each finite one), and the step where the
+        losses stopped being finite is kept (``loss_nonfinite_step``) until one is again."""
+        if math.isfinite(loss):
+            acc.add("loss", loss)
+            acc.add("loss_nonfinite", 0.0)
+            subj.facts.pop("loss_nonfinite_step", None)
+            subj.facts["loss_finite_last"] = loss
+            return
+        acc.add("loss_nonfinite", 1.0)
+        subj.facts["loss_nonfinite_nan"] = 1.0 if loss != loss else 0.0
+        if "loss_nonfinite_step" not in subj.facts and isinstance(step, int):
+            subj.facts["loss_nonfinite_step"] = float(step)
 
     def _pause(self, subj: Subject, seconds: float) -> bool:
         """Whether one step of ``seconds`` is a pause between steps rather than a step: a
@@ -1510,6 +1529,9 @@ class Frame:
         self._batch_room(idx, subj, acc)
         if "loss" in acc.n:
             job.push(idx, "loss", acc.mean("loss"))
+        if "loss_nonfinite" in acc.n:
+            # weighed by the losses read in the bucket: a window's mean is their share
+            job.push(idx, "loss_nonfinite", acc.mean("loss_nonfinite"), acc.n["loss_nonfinite"])
         if "_fb_known" in acc.n:
             fb = acc.s.get("_fb_dw", 0.0)
             n_fb = acc.n.get("_fb_dw", 0.0)

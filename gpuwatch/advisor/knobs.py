@@ -196,6 +196,27 @@ KNOBS: dict[str, dict[str, str]] = {
         "accelerate": "accelerator.save_model(model, …) instead of save_state()",
         "fabric": 'fabric.save(path, {{"model": model}}), without the optimizer',
     },
+    # a diverged loss (loss-not-finite): the learning rate, and clipping of the gradients'
+    # norm; the hook reads neither, so no values
+    "lr_lower": {
+        TORCH: "a lower learning rate (the optimizer's lr, e.g. a tenth of it) with a "
+               "warm-up (a scheduler that ramps it up over the first few hundred steps)",
+        "transformers": "a lower TrainingArguments(learning_rate=…) (e.g. a tenth) with "
+                        "TrainingArguments(warmup_steps=…) or warmup_ratio",
+        "lightning": "a lower learning rate in configure_optimizers() (e.g. a tenth) with a "
+                     "warm-up scheduler",
+    },
+    "grad_clip": {
+        TORCH: "torch.nn.utils.clip_grad_norm_(model.parameters(), {new}) before "
+               "optimizer.step() (after scaler.unscale_(optimizer) with a GradScaler)",
+        "transformers": "TrainingArguments(max_grad_norm={new}) (the Trainer's default; 0 or "
+                        "None turns clipping off)",
+        "lightning": "Trainer(gradient_clip_val={new})",
+        "accelerate": "accelerator.clip_grad_norm_(model.parameters(), {new}) between "
+                      "accelerator.backward(loss) and optimizer.step()",
+        "fabric": "fabric.clip_gradients(model, optimizer, max_norm={new}) before "
+                  "optimizer.step()",
+    },
     # debugging modes left on: Lightning turns torch's anomaly detection on around fit()'s
     # loop for Trainer(detect_anomaly=True), and off around it otherwise
     "anomaly_off": {

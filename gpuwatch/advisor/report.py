@@ -385,6 +385,8 @@ _LABELS = {
     "oom_batch_size": "batch when it died", "oom_eval_batch_size": "evaluation batch then",
     "oom_inference_batch_size": "inference batch then", "oom_micro_batches": "micro-batches per step",
     "gradient_checkpointing": "gradient checkpointing",
+    "loss_nonfinite": "losses NaN or infinite", "loss_nonfinite_step": "since step",
+    "loss_finite_last": "last finite loss", "autocast_dtype": "autocast",
 }
 # a unit told by the name's ending, for evidence a rule names itself
 _SUFFIX_UNITS = (("_bytes_per_second", "bytes/s"), ("_bytes", "bytes"), ("_ratio", "ratio"),

@@ -143,7 +143,9 @@ def _defs() -> dict[str, SignalDef]:
         ("batch_size", "job", "samples", "last", "samples per step (step or config line)", False),
         ("loss_scale", "job", "scale", "last", "GradScaler scale (fp16 only)", False),
         ("loss", "job", "loss", "mean", ("training loss (the hook sends each report's newest "
-         "iteration's, unscaled)"), False),
+         "iteration's, unscaled; finite ones only)"), False),
+        ("loss_nonfinite", "job", "ratio", "mean", ("share of the losses the hook read that "
+         "were NaN or infinite (each counts 1, a finite one 0)"), True),
         ("mem_allocated_bytes", "job", "bytes", "last", "torch allocated at step end", False),
         ("mem_reserved_bytes", "job", "bytes", "last", "torch caching allocator reserved", False),
         ("max_mem_allocated_bytes", "job", "bytes", "last", "torch peak allocated", False),
@@ -467,6 +469,13 @@ def _defs() -> dict[str, SignalDef]:
          "at its last sample"), False),
         ("gone_full_filled_seconds", "fact", "seconds", "last", ("how long before that "
          "process left the GPU's memory had become full (2 minutes at most)"), False),
+        ("loss_nonfinite_step", "fact", "count", "last", ("the step of the first NaN or "
+         "infinite loss the hook read since its last finite one (absent once a loss is finite "
+         "again)"), False),
+        ("loss_nonfinite_nan", "fact", "0/1", "last", ("1 where the newest such loss was NaN, "
+         "0 where it was infinite"), False),
+        ("loss_finite_last", "fact", "loss", "last", ("the newest finite loss the hook read"),
+         False),
         ("phase", "fact", "text", "last", ("what the job does now, by its hook: 'startup', "
          "'compile', 'train', 'eval', 'checkpoint', 'inference' (absent without phases)"),
          False),

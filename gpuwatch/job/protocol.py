@@ -122,7 +122,8 @@ class StepRecord(NamedTuple):
     first_batch_wait_seconds: float | None = None  # that part of it (creating the iterator
     # and fetching its first batch); None when first_batch is not true
     loss: float | None = None  # the value its last top-level backward() ran on, unscaled;
-    # read for at most one step per report (None on the others, and when not a number)
+    # read for at most one step per report (None on the others, and when not a number); NaN
+    # or infinite where the loss was (on the wire "nan", "inf", "-inf")
     micro_batches: int | None = None  # top-level backward() calls in it (accumulation)
 
 
@@ -195,6 +196,19 @@ def _finite(x: float | None, digits: int) -> float | None:
     return round(x, digits)
 
 
+# a loss that is not a finite number, as JSON carries it (JSON has no NaN or infinity): a
+# diverged run's loss is the fact to tell, not a value "not measured"
+NONFINITE_LOSS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _loss_out(x: Any) -> float | str | None:
+    if not isinstance(x, float):
+        return None
+    if math.isfinite(x):
+        return x
+    return "nan" if x != x else ("inf" if x > 0 else "-inf")
+
+
 def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
     return {
         "step": [s.step for s in steps],
@@ -205,8 +219,7 @@ def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
         "skipped": [s.skipped for s in steps],
         "first_batch": [s.first_batch for s in steps],
         "first_batch_wait_seconds": [_finite(s.first_batch_wait_seconds, 7) for s in steps],
-        "loss": [s.loss if isinstance(s.loss, float) and math.isfinite(s.loss) else None
-                 for s in steps],
+        "loss": [_loss_out(s.loss) for s in steps],
         "micro_batches": [s.micro_batches for s in steps],
     }
 
@@ -307,6 +320,13 @@ def _signed(value: Any, key: str) -> float | None:
             not math.isfinite(value):
         raise ProtocolError(MALFORMED, f"{key} must be a finite number, got {value!r}")
     return float(value)
+
+
+def _loss_in(value: Any, key: str) -> float | None:
+    """A step's loss: a number, or one of NONFINITE_LOSS's names (a NaN or infinite loss)."""
+    if isinstance(value, str) and value in NONFINITE_LOSS:
+        return NONFINITE_LOSS[value]
+    return _signed(value, key)
 
 
 def _text(value: Any, key: str, limit: int = MAX_TEXT) -> str | None:
@@ -424,7 +444,7 @@ def _checked_steps(cols: dict[str, list[Any]], n: int) -> tuple[StepRecord, ...]
                               first_batch_wait_seconds=_num(
                                   cols["first_batch_wait_seconds"][i],
                                   "steps.first_batch_wait_seconds"),
-                              loss=_signed(cols["loss"][i], f"steps.loss[{i}]"),
+                              loss=_loss_in(cols["loss"][i], f"steps.loss[{i}]"),
                               micro_batches=micro))
     return tuple(out)
 

@@ -105,6 +105,23 @@ def _integer(lo: int | None = 0, what: str = "a whole number >= 0") -> Check:
     return check
 
 
+# a step's loss that is not a finite number: JSON has none, so a trace writes its name
+NONFINITE_LOSS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _loss(name: str, v: Any) -> Any:
+    """A step's loss: any number, or "nan", "inf", "-inf" (a diverged run's loss, which is
+    the fact to tell, not a value "not measured"). A NaN literal, as older recordings wrote
+    it, is the loss's NaN too."""
+    kind = type(v)
+    if kind is float or kind is int:
+        return v
+    if kind is str and v in NONFINITE_LOSS:
+        return NONFINITE_LOSS[v]
+    raise _Bad(f"field '{name}' must be a number, or \"nan\", \"inf\" or \"-inf\", "
+               f"got {_show(v)}")
+
+
 _ratio = _number(0.0, _RATIO_MAX, "a number 0-1")
 _nonneg = _number(0.0, None, "a number >= 0")
 _anynum = _number()
@@ -138,7 +155,7 @@ def _fast_rule(check: Check) -> Any:
         return (_NUMERIC, 0.0, _RATIO_MAX)
     if check is _nonneg:
         return (_NUMERIC, 0.0, _FINITE)
-    if check is _anynum:
+    if check is _anynum or check is _loss:  # (a loss that is not finite: the full check)
         return (_NUMERIC, -_FINITE, _FINITE)
     if check is _count:
         return (_INT, 0, math.inf)
@@ -290,7 +307,7 @@ _HOST: dict[str, Check] = {
 _STEP: dict[str, Check] = {
     "step": _any_int, "step_seconds": _nonneg, "data_wait_seconds": _nonneg,
     "batch_size": _count, "loss_scale": _nonneg, "mem_allocated_bytes": _count,
-    "mem_reserved_bytes": _count, "max_mem_allocated_bytes": _count, "loss": _anynum,
+    "mem_reserved_bytes": _count, "max_mem_allocated_bytes": _count, "loss": _loss,
     "skipped": _boolean, "first_batch": _boolean, "first_batch_wait_seconds": _nonneg,
     "micro_batches": _count, "pid": _count, "rank": _count,
     "gpu": _count,
@@ -550,6 +567,9 @@ def sample_to_line(sample: Sample) -> dict[str, Any]:
             continue
         if f.name == "xid_total":
             line[f.name] = {str(code): n for code, n in sorted(v.items())}
+            continue
+        if f.name == "loss" and isinstance(v, float) and not math.isfinite(v):
+            line["loss"] = "nan" if v != v else ("inf" if v > 0 else "-inf")
             continue
         v = _plain(v)
         if v is not None:

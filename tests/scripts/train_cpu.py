@@ -30,6 +30,8 @@ p.add_argument("--cpu-ms", type=float, default=0.0, help="busy CPU time per samp
 p.add_argument("--step-ms", type=float, default=0.0, help="sleep per iteration (the 'GPU')")
 p.add_argument("--scaler", choices=["none", "plain", "fused"], default="none")
 p.add_argument("--inf-every", type=int, default=0, help="make every Nth loss inf (skips)")
+p.add_argument("--nan-from", type=int, default=-1,
+               help="from this step on the loss is NaN (the weights then follow: divergence)")
 p.add_argument("--autocast", choices=["none", "bf16"], default="none")
 p.add_argument("--checkpoint", action="store_true", help="use torch.utils.checkpoint")
 p.add_argument("--params", choices=["fp32", "bf16"], default="fp32",
@@ -148,6 +150,8 @@ for step in range(a.steps):
         loss = nn.functional.mse_loss(model(x).float(), y)
     if a.inf_every and step % a.inf_every == a.inf_every - 1:
         loss = loss * float("inf")
+    if 0 <= a.nan_from <= step:
+        loss = loss * float("nan")
     opt.zero_grad(set_to_none=True)
     scale_before = scaler.get_scale() if scaler.is_enabled() else None
     scaler.scale(loss).backward()

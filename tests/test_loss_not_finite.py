@@ -1,0 +1,125 @@
+"""A training loss that is NaN or infinite: carried as such from the hook to the advice.
+
+JSON has no NaN or infinity, so the datagram and the trace write such a loss by name
+("nan", "inf", "-inf"); before, both wrote it as null, which reads "not measured", and a
+diverged run was told nothing of it. The advisor counts them apart from the loss's own
+windows (a NaN would poison their sums) and says ``loss-not-finite``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import clean_env
+
+from gpuwatch.job import protocol
+from gpuwatch.samples import StepSample
+from gpuwatch.trace import format as trace
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data"
+RUN = [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0",
+       "--quiet"]
+
+
+def _header(**extra: object) -> dict:
+    return {"kind": "report", "pid": 4242, "seq": 0, "t": 1_800_000_000.0, "rank": 0,
+            "steps_total": 3, **extra}
+
+
+def test_the_datagram_carries_a_nan_or_infinite_loss_by_name() -> None:
+    steps = [protocol.StepRecord(step=i, t=1_800_000_000.0 + i, step_seconds=0.1, loss=loss)
+             for i, loss in enumerate([2.5, math.nan, math.inf, -math.inf])]
+    data = protocol.encode(_header(), steps)
+    assert json.loads(data)["steps"]["loss"] == [2.5, "nan", "inf", "-inf"]
+    got = [s.loss for s in protocol.decode(data).steps]
+    assert got[0] == 2.5 and math.isnan(got[1]) and got[2] == math.inf and got[3] == -math.inf
+    # any other text is a malformed datagram, named by its index
+    bad = json.loads(data)
+    bad["steps"]["loss"][1] = "NaN!"
+    with pytest.raises(protocol.ProtocolError, match=r"steps\.loss\[1\]"):
+        protocol.decode(json.dumps(bad).encode())
+
+
+def test_a_trace_writes_and_reads_a_nan_loss_by_name(tmp_path: Path) -> None:
+    line = trace.sample_to_line(StepSample(t=1_800_000_000.0, step=7, loss=math.nan, pid=1))
+    assert line["loss"] == "nan"
+    assert trace.sample_to_line(StepSample(t=1.0, step=1, loss=-math.inf))["loss"] == "-inf"
+    back = trace.line_to_sample(json.loads(trace.dumps_line(line)))
+    assert math.isnan(back.loss)
+    # a recording written before this (its writer let the NaN literal through) means the
+    # same; a word that is not one of the three names is an error with file and line
+    assert math.isnan(trace.line_to_sample({**line, "loss": math.nan}).loss)
+    path = tmp_path / "bad.jsonl"
+    src = (DATA / "h200_fp16_collapse.jsonl").read_text().splitlines()
+    at = next(i for i, x in enumerate(src) if '"loss":NaN' in x)
+    src[at] = src[at].replace('"loss":NaN', '"loss":"NaN!"')
+    path.write_text("\n".join(src) + "\n")
+    run = subprocess.run([sys.executable, "-m", "gpuwatch", "advise", "--replay", str(path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert run.returncode == 2
+    assert f"bad.jsonl:{at + 1}" in run.stderr and "loss" in run.stderr
+    assert '"nan", "inf" or "-inf"' in run.stderr
+
+
+def _advise(path: Path) -> dict:
+    run = subprocess.run([sys.executable, "-m", "gpuwatch", "advise", "--replay", str(path),
+                          "--format", "json"], capture_output=True, text=True, cwd=REPO,
+                         timeout=120, check=True)
+    return json.loads(run.stdout)
+
+
+def test_a_recorded_divergence_is_told_first_and_the_collapse_gives_way() -> None:
+    """h200_fp16_collapse (fp16 at --lr 5 on an H200): its loss is NaN from step 10 on and
+    the GradScaler's scale falls to 0. The NaN loss is told, with the step and the last
+    finite loss; the collapse it brings and the larger batch give way to it."""
+    report = _advise(DATA / "h200_fp16_collapse.jsonl")
+    ids = [a["id"] for a in report["advice"]]
+    assert ids[0] == "loss-not-finite"
+    assert "loss-scale-collapse" not in ids and "raise-batch-size" not in ids
+    a = report["advice"][0]
+    assert a["severity"] == "critical"
+    assert a["evidence"]["loss_nonfinite_step"] == 10
+    assert a["evidence"]["loss_nonfinite"] >= 0.9
+    assert a["evidence"]["loss_finite_last"] == pytest.approx(9.9932)
+    assert "The loss is NaN from step 10 on" in a["message"]
+    assert "bf16" in a["action"] and "clip_grad_norm_" in a["action"]
+
+
+def _loop(tmp_path: Path, name: str, *args: str) -> Path:
+    rec = tmp_path / f"{name}.jsonl"
+    run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable,
+                          str(REPO / "tests" / "scripts" / "train_cpu.py"), "--steps", "700",
+                          "--workers", "0", "--step-ms", "20", *args],
+                         check=False, env=clean_env(), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return rec
+
+
+def test_a_loop_whose_loss_turns_nan_is_told_so_and_a_healthy_one_is_not(
+        tmp_path: Path) -> None:
+    """A real torch loop (SGD, CPU) whose loss is made NaN from step 30 on: its gradients,
+    then its weights, are NaN, and every later loss with them. The recording carries each
+    loss the hook read by name; the advice names the step and the last finite loss. The same
+    loop without it is told nothing of the loss."""
+    rec = _loop(tmp_path, "nan", "--nan-from", "30")
+    losses = [json.loads(x).get("loss") for x in rec.read_text().splitlines()
+              if '"kind":"step"' in x]
+    losses = [x for x in losses if x is not None]
+    assert "nan" in losses and all(isinstance(x, float) or x == "nan" for x in losses)
+    first_nan = next(i for i, x in enumerate(losses) if x == "nan")
+    assert all(x == "nan" for x in losses[first_nan:])  # it never comes back
+    report = _advise(rec)
+    (a,) = [a for a in report["advice"] if a["id"] == "loss-not-finite"]
+    assert a["severity"] == "critical"
+    assert 30 <= a["evidence"]["loss_nonfinite_step"] <= 60  # the first NaN the hook read
+    assert isinstance(a["evidence"]["loss_finite_last"], float)
+    assert "torch.nn.utils.clip_grad_norm_" in a["action"]
+    healthy = _advise(_loop(tmp_path, "ok"))
+    assert "loss-not-finite" not in [x["id"] for x in healthy["advice"]]
