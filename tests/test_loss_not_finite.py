@@ -87,7 +87,7 @@ def test_a_recorded_divergence_is_told_first_and_the_collapse_gives_way() -> Non
     assert a["evidence"]["loss_nonfinite_step"] == 10
     assert a["evidence"]["loss_nonfinite"] >= 0.9
     assert a["evidence"]["loss_finite_last"] == pytest.approx(9.9932)
-    assert "The loss is NaN from step 10 on" in a["message"]
+    assert "The loss is NaN at every reading since step 10" in a["message"]
     assert "bf16" in a["action"] and "clip_grad_norm_" in a["action"]
 
 
@@ -123,3 +123,26 @@ def test_a_loop_whose_loss_turns_nan_is_told_so_and_a_healthy_one_is_not(
     assert "torch.nn.utils.clip_grad_norm_" in a["action"]
     healthy = _advise(_loop(tmp_path, "ok"))
     assert "loss-not-finite" not in [x["id"] for x in healthy["advice"]]
+
+
+def test_the_trainer_at_a_learning_rate_that_diverges_is_told_in_its_words(
+        tmp_path: Path) -> None:
+    """The real Hugging Face Trainer (a tiny BERT, the CPU) at learning_rate=1e30 without
+    clipping: within a few steps every loss is NaN. Told, with the Trainer's own knobs."""
+    from test_frameworks import record
+
+    rec, truth = record(tmp_path, "hf_trainer", "--steps", "100000", "--seconds", "12",
+                        "--eval-every", "100000", "--accum", "1", "--lr", "1e30",
+                        "--max-grad-norm", "0")
+    assert truth["steps"] > 100
+    losses = [x["loss"] for x in _step_lines(rec) if "loss" in x]
+    assert losses and losses[-1] == "nan"
+    report = _advise(rec)
+    (a,) = [a for a in report["advice"] if a["id"] == "loss-not-finite"]
+    assert "TrainingArguments(learning_rate=" in a["action"]
+    assert "TrainingArguments(max_grad_norm=1.0)" in a["action"]
+    assert "the GPU" not in a["message"]  # a CPU-only job: no GPU to speak of
+
+
+def _step_lines(rec: Path) -> list[dict]:
+    return [json.loads(x) for x in rec.read_text().splitlines() if '"kind":"step"' in x]

@@ -199,8 +199,8 @@ KNOBS: dict[str, dict[str, str]] = {
     # a diverged loss (loss-not-finite): the learning rate, and clipping of the gradients'
     # norm; the hook reads neither, so no values
     "lr_lower": {
-        TORCH: "a lower learning rate (the optimizer's lr, e.g. a tenth of it) with a "
-               "warm-up (a scheduler that ramps it up over the first few hundred steps)",
+        TORCH: "a lower learning rate (e.g. a tenth) and a warm-up (a scheduler that "
+               "ramps it up over the first few hundred steps)",
         "transformers": "a lower TrainingArguments(learning_rate=…) (e.g. a tenth) with "
                         "TrainingArguments(warmup_steps=…) or warmup_ratio",
         "lightning": "a lower learning rate in configure_optimizers() (e.g. a tenth) with a "

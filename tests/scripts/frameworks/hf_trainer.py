@@ -51,6 +51,9 @@ p.add_argument("--empty-cache-steps", type=int, default=None,
                help="TrainingArguments(torch_empty_cache_steps=N)")
 p.add_argument("--gc-every", type=int, default=0,
                help="a TrainerCallback that calls gc.collect() every N steps")
+p.add_argument("--lr", type=float, default=1e-4, help="TrainingArguments(learning_rate=...)")
+p.add_argument("--max-grad-norm", type=float, default=1.0,
+               help="TrainingArguments(max_grad_norm=...) (0: no clipping)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -110,7 +113,8 @@ args = TrainingArguments(
     max_steps=a.steps, per_device_train_batch_size=a.batch,
     gradient_accumulation_steps=a.accum, per_device_eval_batch_size=a.eval_batch,
     eval_strategy="epoch" if a.eval_epoch else "steps", eval_steps=a.eval_every, logging_steps=1000, save_strategy="no",
-    report_to=[], learning_rate=1e-4, dataloader_num_workers=a.workers,
+    report_to=[], learning_rate=a.lr, max_grad_norm=a.max_grad_norm,
+    dataloader_num_workers=a.workers,
     use_cpu=not torch.cuda.is_available(), bf16=a.bf16, torch_compile=a.compile,
     tf32=True if a.tf32_arg else None,
     gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0,
