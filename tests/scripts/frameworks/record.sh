@@ -182,6 +182,11 @@ for v in "gc_every1 --gc-every 1" "gc_every50 --gc-every 50" "empty_cache1 --emp
   want $name && rec $name 150 python3 hf_trainer.py $bert --steps 100000 --seconds 40 \
     --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 2 "$@"
 done
+# 7p. A run that diverges (2026-12-03, ninth session): 7l's hf_bert_bf16 at
+#     learning_rate=1e30 without clipping (max_grad_norm=0): its loss NaN within a few steps
+want hf_bert_nan && rec hf_bert_nan 150 python3 hf_trainer.py $bert --steps 100000 --seconds 40 \
+  --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 2 --lr 1e30 \
+  --max-grad-norm 0
 # 7m. The Trainer under torchrun with one process on one GPU: BERT-base in bf16 at batch 32,
 #     with ddp_find_unused_parameters left to its default and set False. (2026-12-03 on an
 #     H200: accelerate does not wrap one process's model in DDP there, so the hook saw no
