@@ -167,6 +167,23 @@ def test_an_idle_gpu_is_not_called_a_fine_training_run():
     assert "no training job ran on a GPU" in text and NOTHING not in text
 
 
+def test_a_run_too_short_to_judge_is_not_called_no_training(tmp_path):
+    """The first 12 s of a recording whose job trained under 5 s of it (too short for the
+    rules): the report shows its step-time breakdown, so its verdict says it trained too
+    briefly, with the seconds, never that no training job ran."""
+    src = (DATA / "h200_small_model_batch4.jsonl").read_text().splitlines()
+    rec = tmp_path / "short.jsonl"
+    rec.write_text("\n".join(src[:1124]) + "\n")
+    rep = json.loads(advise(rec, "json"))
+    assert rep["judged"]["training"] is False and rep["jobs"]
+    (g,) = rep["judged"]["gpus"]
+    assert 0 < g["training_seconds"] < 10
+    for fmt in ("text", "markdown", "html"):
+        out = " ".join(advise(rec, fmt).split())
+        assert "no training job ran" not in out, fmt
+        assert f"too short to judge (GPU 0 {g['training_seconds']:g} s" in out, fmt
+
+
 @pytest.mark.parametrize("name", ["tuned", "h200_tuned_b128", "h200_tf32"])
 def test_a_busy_run_says_what_it_judged(name):
     rep = json.loads(advise(DATA / f"{name}.jsonl", "json"))

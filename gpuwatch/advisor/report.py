@@ -621,6 +621,17 @@ def no_advice_text(report: dict[str, Any]) -> str:
     if warming:
         return "No advice yet: the advisor is warming up (above)."
     if seen.get("training") is False:
+        # a job whose steps the report breaks down (the hook's): the training seconds
+        # judged for its GPU (NVML's process alone may be start-up or an idle holder)
+        stepped = {j.get("gpu") for j in report.get("jobs", []) if j.get("seconds")}
+        short = [g for g in seen.get("gpus") or []
+                 if g.get("training_seconds", 0) > 0 and g.get("gpu") in stepped]
+        if short:
+            # it trained, too briefly to judge: never "no training job" beside its figures
+            said = "; ".join(f"GPU {g['gpu']} {g['training_seconds']:g} s" for g in short)
+            return (f"No advice: the training seen was too short to judge ({said}; a job is "
+                    f"judged once it has trained {MIN_TRAINING_SECONDS:g} s), and the GPU "
+                    "health rules found nothing wrong.")
         return ("No advice: no training job ran on a GPU in this data (no steps from the "
                 "torch hook, no process working on a GPU), and the GPU health rules found "
                 "nothing wrong.")
