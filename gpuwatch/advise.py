@@ -84,11 +84,14 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         rep["ranks"] = fleet_ranks(rep["hosts"])
         return rep
     url = getattr(args, "url", None) or DEFAULT_URL
+    # (the daemon is also the source where none was named: say which one was read)
+    source = "--url" if getattr(args, "url", None) else f"a running daemon ({url}, the default)"
     for flag, given in (("--rules-dir", getattr(args, "rules_dir", None)),
                         ("--config.file", getattr(args, "config_file", None))):
         if given:
-            raise UserError(f"{flag} does not apply to --url: the daemon judges with its "
-                            "own rules (set rules_dirs in its configuration)")
+            raise UserError(f"{flag} does not apply to {source}: the daemon judges with its "
+                            "own rules (set rules_dirs in its configuration); give "
+                            "--replay FILE, --demo or --prometheus URL to judge here")
     got = sources.fetch_daemon_report(url)
     got.setdefault("source", {})["url"] = url
     return got

@@ -233,6 +233,59 @@ def test_advise_url_with_nothing_listening_is_a_clear_error():
     assert "nothing answers at http://127.0.0.1:9" in proc.stderr
 
 
+def _serve(status: int, body: bytes, ctype: str):
+    """A server that is no gpuwatch daemon (or one of another version): every GET answers
+    ``status`` with ``body``."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_advise_url_of_another_server_or_version_is_one_clear_line():
+    """Another server's HTML error page is not pasted into the message; a report whose
+    items lack what the renderers read (a daemon of another version) is an error naming
+    the item and the keys, not a Python traceback."""
+    page = b"<!DOCTYPE HTML>\n<html><head><title>Error</title></head>\n<body>nope</body></html>"
+    server, url = _serve(404, page, "text/html; charset=utf-8")
+    try:
+        proc = run_cli("advise", "--url", url)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 2
+    assert "answered HTTP 404 (text/html): not a gpuwatch daemon's answer" in proc.stderr
+    assert "<html" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    odd = json.dumps({"format": "gpuwatch-advice/1", "advice": [{"id": "x"}]}).encode()
+    server, url = _serve(200, odd, "application/json")
+    try:
+        for fmt in ("text", "json"):
+            proc = run_cli("advise", "--url", url, "--format", fmt)
+            assert proc.returncode == 2, proc.stderr
+            assert "advice item 0 lacks severity, title" in proc.stderr
+            assert "Traceback" not in proc.stderr
+    finally:
+        server.shutdown()
+
+
+def test_a_rules_flag_without_a_source_names_the_default_daemon():
+    proc = run_cli("advise", "--rules-dir", "/tmp")
+    assert proc.returncode == 2
+    assert "--rules-dir does not apply to a running daemon (http://" in proc.stderr
+    assert "--replay FILE" in proc.stderr
+
+
 @pytest.mark.parametrize("url", ["ftp://x", "localhost:9442"])
 def test_advise_url_must_be_http(url):
     proc = run_cli("advise", "--url", url)

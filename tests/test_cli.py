@@ -62,7 +62,10 @@ def test_after_the_double_dash_flags_belong_to_the_job(tmp_path):
      "--prometheus: bad URL 'prom:9090': expected http://HOST:PORT"),
     (["advise", "--url", "localhost:9442"],
      "--url: bad URL 'localhost:9442': expected http://HOST:PORT"),
-    (["advise", "--config.file", "gpuwatch.yaml"], "--config.file does not apply to --url"),
+    (["advise", "--config.file", "gpuwatch.yaml"],
+     "--config.file does not apply to a running daemon (http://"),
+    (["advise", "--url", "http://127.0.0.1:1", "--config.file", "gpuwatch.yaml"],
+     "--config.file does not apply to --url"),
 ])
 def test_a_bad_value_names_the_flag_and_what_it_expected(tmp_path, args, expected):
     result = run_gpuwatch(args, tmp_path)

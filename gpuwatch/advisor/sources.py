@@ -196,10 +196,16 @@ def fetch_json(url: str, timeout: float = 10.0) -> Any:
     except urllib.error.HTTPError as err:
         body = err.read().decode("utf-8", "replace")[:300]
         try:
-            body = json.loads(body).get("error", body)
+            said = json.loads(body).get("error")
         except (ValueError, AttributeError):
-            pass
-        raise UserError(f"{url} answered HTTP {err.code}: {body}") from err
+            said = None
+        if isinstance(said, str):  # a gpuwatch daemon's own error
+            raise UserError(f"{url} answered HTTP {err.code}: {said[:300]}") from err
+        # another server's page (HTML, text): not pasted in, one line says what it is
+        kind = (err.headers.get("Content-Type") or "no content type").split(";")[0]
+        raise UserError(f"{url} answered HTTP {err.code} ({kind}): not a gpuwatch daemon's "
+                        "answer; is the address right (gpuwatch run serves /api/advice)?"
+                        ) from err
     except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise UserError(f"nothing answers at {url} ({reason}); is the daemon running "
@@ -220,7 +226,18 @@ def fetch_daemon_report(url: str) -> dict[str, Any]:
     report = fetch_json(_check_url(url) + "/api/advice")
     if not isinstance(report, dict) or not isinstance(report.get("advice"), list):
         raise UserError(f"{url}/api/advice did not answer an advice report")
+    for i, item in enumerate(report["advice"]):
+        # what every renderer reads of an item: a daemon of another version may say less
+        missing = [k for k in _ADVICE_KEYS if not isinstance(item, dict) or k not in item]
+        if missing:
+            raise UserError(f"{url}/api/advice: advice item {i} lacks {', '.join(missing)} "
+                            f"(report format {report.get('format')!r}: a daemon of another "
+                            "gpuwatch version?)")
     return report
+
+
+_ADVICE_KEYS = ("id", "severity", "title", "message", "action", "evidence", "gpu",
+                "confidence", "expected_gain", "expected_gain_text", "hook_would_add")
 
 
 # -- Prometheus --------------------------------------------------------------------------------
