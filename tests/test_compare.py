@@ -189,3 +189,26 @@ def test_a_recording_against_the_live_daemon(gpuwatch_daemon):
     assert cmp["after"]["source"]["kind"] == "replay"
     assert cmp["after"]["source"]["url"] == d.url
     assert cmp["changes"]["samples_per_second"]["ratio"] > 3.0
+
+
+def test_a_daemons_samples_per_second_speak_of_the_span_its_step_time_does():
+    """A snapshot's samples/s is one report's, the last half second, and jumps from one to
+    the next (210-270 on the demo); the step time the daemon's report judged is the run's.
+    Samples per step come from the snapshot (the batch: steady), the rate from the judged
+    step time, so two compares against the same daemon agree whatever the instant says."""
+    from gpuwatch.advisor.compare import summarize
+
+    report = {"source": {"kind": "live", "url": "http://x"}, "hook": {"steps": True},
+              "jobs": [{"source": "hook", "pid": 7, "gpu": 0, "steps": 500,
+                        "seconds": 50.0, "step_seconds": 0.1}],
+              "gpus": [{"gpu": 0}], "advice": []}
+    got = []
+    for sps, now in ((320.0, 0.075), (240.0, 0.1), (200.0, 0.12)):  # 24 samples a step
+        snap = {"jobs": [{"pid": 7, "alive": True, "samples_per_second": sps,
+                          "step_seconds": now, "steps_total": 500}], "gpus": []}
+        got.append(summarize(report, snapshot=snap)["samples_per_second"])
+    assert got == [240.0, 240.0, 240.0]
+    # a job the report has no step time for keeps the snapshot's own rate
+    snap = {"jobs": [{"pid": 8, "alive": True, "samples_per_second": 99.0,
+                      "step_seconds": 0.2, "steps_total": 5}], "gpus": []}
+    assert summarize(report, snapshot=snap)["samples_per_second"] == 99.0

@@ -66,7 +66,7 @@ def summarize(report: dict[str, Any], timeline: Any = None,
     if timeline is not None:
         _from_timeline(out, timeline, used)
     elif snapshot is not None:
-        _from_snapshot(out, snapshot, used)
+        _from_snapshot(out, snapshot, used, jobs)
     out["advice"] = [{"id": i, "gpu": g} for i, g in out["advice"]]
     return out
 
@@ -136,9 +136,21 @@ def _from_timeline(out: dict[str, Any], tl: Any, used: list[int]) -> None:
         })
 
 
-def _from_snapshot(out: dict[str, Any], snap: dict[str, Any], used: list[int]) -> None:
+def _from_snapshot(out: dict[str, Any], snap: dict[str, Any], used: list[int],
+                   judged: list[dict[str, Any]] = ()) -> None:
+    """``judged``: the report's jobs, whose step time is the run's. A snapshot's samples per
+    second are one report's (the last half second): each job's samples per step are taken
+    from it (steady: the batch) and divided by the step time the report judged, so samples/s
+    and step time speak of the same span, and a verdict does not move with the instant."""
     jobs = [j for j in snap.get("jobs", []) if j.get("alive", True)]
-    rates = [j["samples_per_second"] for j in jobs if j.get("samples_per_second") is not None]
+    run_step = {j.get("pid"): j.get("step_seconds") for j in judged if j.get("step_seconds")}
+    rates = []
+    for j in jobs:
+        sps, now = j.get("samples_per_second"), j.get("step_seconds")
+        if sps is None:
+            continue
+        span = run_step.get(j.get("pid"))
+        rates.append(sps * now / span if now and span else sps)
     out["samples_per_second"] = round(sum(rates), 2) if rates else None
     # the hook's own counters, where the live breakdown (its last 30 s) has no job yet
     steps = sum(int(j.get("steps_total") or 0) for j in jobs)
