@@ -160,6 +160,9 @@ def test_a_real_cpu_only_job_says_the_gpu_was_not_judged(tmp_path):
         assert "could not be judged" in out and "CPU-only" in out, out
         assert NOTHING not in out
         assert "comes from NVML" not in out  # the hook note is about GPU advice
+    md = advise(rec, "markdown")
+    # what the text's first line says of the hook, and no GPU table with no row in it
+    assert "Torch hook data: steps" in md and "## GPUs" not in md
 
 
 def test_an_idle_gpu_is_not_called_a_fine_training_run():

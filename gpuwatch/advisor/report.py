@@ -938,12 +938,14 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# gpuwatch advice: {source_line(report)}", ""]
+    lines = [f"# gpuwatch advice: {source_line(report)}", "",
+             f"Torch hook data: {hook_text(report)}.", ""]
     if report.get("warming_up"):
         lines += [f"> {warming_up_text(report)}", ""]
-    lines += ["## GPUs", "",
-             "| GPU | model | compute capability | bf16 | TF32 | FP8 | GPM |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    if report.get("gpus"):  # (no GPU in the data: the verdict says so, no empty table)
+        lines += ["## GPUs", "",
+                  "| GPU | model | compute capability | bf16 | TF32 | FP8 | GPM |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
     for g in report.get("gpus", []):
         s = g["supports"]
         where = f"{g['instance']} {g['gpu']}" if g.get("instance") else str(g["gpu"])
