@@ -36,13 +36,27 @@ def test_the_datagram_carries_a_nan_or_infinite_loss_by_name() -> None:
     steps = [protocol.StepRecord(step=i, t=1_800_000_000.0 + i, step_seconds=0.1, loss=loss)
              for i, loss in enumerate([2.5, math.nan, math.inf, -math.inf])]
     data = protocol.encode(_header(), steps)
-    assert json.loads(data)["steps"]["loss"] == [2.5, "nan", "inf", "-inf"]
+    sent = json.loads(data)["steps"]
+    # the loss column keeps its numbers (null for these), the names ride beside it
+    assert sent["loss"] == [2.5, None, None, None]
+    assert sent["loss_nonfinite"] == [None, "nan", "inf", "-inf"]
     got = [s.loss for s in protocol.decode(data).steps]
     assert got[0] == 2.5 and math.isnan(got[1]) and got[2] == math.inf and got[3] == -math.inf
+    # a receiver that does not know the column reads those losses as unknown, nothing lost
+    old = json.loads(data)
+    del old["steps"]["loss_nonfinite"]
+    assert [s.loss for s in protocol.decode(json.dumps(old).encode()).steps] == [
+        2.5, None, None, None]
+    # a finite run sends no such column at all
+    plain = protocol.encode(_header(), steps[:1])
+    assert "loss_nonfinite" not in json.loads(plain)["steps"]
     # any other text is a malformed datagram, named by its index
     bad = json.loads(data)
-    bad["steps"]["loss"][1] = "NaN!"
-    with pytest.raises(protocol.ProtocolError, match=r"steps\.loss\[1\]"):
+    bad["steps"]["loss_nonfinite"][1] = "NaN!"
+    with pytest.raises(protocol.ProtocolError, match=r"steps\.loss_nonfinite\[1\]"):
+        protocol.decode(json.dumps(bad).encode())
+    bad["steps"]["loss_nonfinite"] = ["nan"]
+    with pytest.raises(protocol.ProtocolError, match="steps.loss_nonfinite must be an array"):
         protocol.decode(json.dumps(bad).encode())
 
 
@@ -87,7 +101,9 @@ def test_a_recorded_divergence_is_told_first_and_the_collapse_gives_way() -> Non
     assert a["evidence"]["loss_nonfinite_step"] == 10
     assert a["evidence"]["loss_nonfinite"] >= 0.9
     assert a["evidence"]["loss_finite_last"] == pytest.approx(9.9932)
-    assert "The loss is NaN at every reading since step 10" in a["message"]
+    assert "The loss is NaN at each of the" in a["message"]
+    assert "readings since step 10" in a["message"]
+    assert a["evidence"]["loss_nonfinite_readings"] >= 5
     assert "bf16" in a["action"] and "clip_grad_norm_" in a["action"]
 
 
@@ -141,8 +157,64 @@ def test_the_trainer_at_a_learning_rate_that_diverges_is_told_in_its_words(
     (a,) = [a for a in report["advice"] if a["id"] == "loss-not-finite"]
     assert "TrainingArguments(learning_rate=" in a["action"]
     assert "TrainingArguments(max_grad_norm=1.0)" in a["action"]
-    assert "the GPU" not in a["message"]  # a CPU-only job: no GPU to speak of
+    assert a["gpu"] is None  # a CPU-only job: told of the host's job
 
 
 def _step_lines(rec: Path) -> list[dict]:
     return [json.loads(x) for x in rec.read_text().splitlines() if '"kind":"step"' in x]
+
+
+def _feed(engine, pid: int, t0: float, losses: list[float | None], first_step: int = 0):
+    """A job on GPU 0 whose step i ends at t0 + i * 0.5 s, reading losses[i] (None: none
+    read at that step), beside a busy GPU."""
+    for i, loss in enumerate(losses):
+        t = t0 + i * 0.5
+        engine.feed({"kind": "gpu", "t": t, "gpu": 0, "util": 0.9, "sm_active": 0.7,
+                     "mem_used_bytes": 20 << 30, "mem_total_bytes": 80 << 30,
+                     "processes": [{"pid": pid, "mem_used_bytes": 20 << 30}]})
+        line = {"kind": "step", "t": t + 0.2, "pid": pid, "gpu": 0, "step": first_step + i,
+                "step_seconds": 0.5, "data_wait_seconds": 0.0}
+        if loss is not None:
+            line["loss"] = loss
+        engine.feed(line)
+
+
+def _told(engine) -> list:
+    return [f for f in engine.findings if f.rule.id == "loss-not-finite"]
+
+
+def test_a_loss_nan_now_and_then_is_not_a_divergence() -> None:
+    """Every other loss read NaN for a minute (one bad batch in two: a data problem, not
+    a model gone NaN): never five in a row, so not told, whatever its share."""
+    from gpuwatch.advisor.engine import Engine
+    from gpuwatch.advisor.rules import load_rules
+
+    e = Engine(load_rules())
+    _feed(e, 11, 1_800_000_000.0, [2.0] * 20 + [math.nan, 1.9] * 60)
+    e.finish()
+    assert not _told(e)
+
+
+def test_a_loss_finite_again_ends_it_and_a_new_job_starts_its_own_count() -> None:
+    """Job 11's loss NaN from step 20 for 30 s: told, since step 20, its last finite loss
+    2.0; then finite again: the advice ends. Then job 12 on the same GPU, its steps from
+    1000, NaN from its first reading: told of its own step, with no last finite loss of
+    job 11's."""
+    from gpuwatch.advisor.engine import Engine
+    from gpuwatch.advisor.rules import load_rules
+
+    e = Engine(load_rules())
+    t0 = 1_800_000_000.0
+    _feed(e, 11, t0, [2.0] * 20 + [math.nan] * 60 + [1.5] * 80)
+    (a,) = _told(e)
+    assert not a.active  # finite again: over
+    assert a.details["evidence"]["loss_nonfinite_step"] == 20
+    assert a.details["evidence"]["loss_finite_last"] == 2.0
+    _feed(e, 12, t0 + 100, [math.inf] * 60, first_step=1000)
+    e.finish()
+    b = _told(e)[-1]
+    assert b is not a
+    ev = b.details["evidence"]
+    assert ev["loss_nonfinite_step"] == 1000
+    assert ev.get("loss_finite_last") is None  # job 11's is not job 12's
+    assert "The loss is infinite at each of the" in b.details["message"]

@@ -705,6 +705,8 @@ class Frame:
             if subj.job_pid != pid:
                 subj.new_scaler()  # another job on this GPU: its own GradScaler
                 subj.micro_sum = subj.micro_n = 0.0  # and its own accumulation
+                for name in LOSS_FACTS:  # and its own losses
+                    subj.facts.pop(name, None)
                 self._oom_over(subj, pid)
             subj.job_pid = pid
             if self.job_of_pid.get(pid) is not subj:
@@ -800,18 +802,27 @@ class Frame:
     def _loss(self, subj: Subject, acc: _Acc, loss: float, step: Any) -> None:
         """One loss the hook read (one step's per report). A NaN or infinite one is no
         value of the loss's windows (it would poison their sums): it counts in
-        ``loss_nonfinite`` (1 for each such, 0 for each finite one), and the step where the
-        losses stopped being finite is kept (``loss_nonfinite_step``) until one is again."""
+        ``loss_nonfinite`` (1 for each such, 0 for each finite one). Until a loss is finite
+        again, the readings in a row that were not (``loss_nonfinite_readings``), the step
+        of the first of them (``loss_nonfinite_step``) and whether each was NaN
+        (``loss_nonfinite_nan``: 1 all NaN, 0 all infinite, 0.5 both) are kept. The facts
+        are the job's: another job on the GPU starts them anew (``_stepping``)."""
+        facts = subj.facts
         if math.isfinite(loss):
             acc.add("loss", loss)
             acc.add("loss_nonfinite", 0.0)
-            subj.facts.pop("loss_nonfinite_step", None)
-            subj.facts["loss_finite_last"] = loss
+            for name in LOSS_RUN_FACTS:
+                facts.pop(name, None)
+            facts["loss_finite_last"] = loss
             return
         acc.add("loss_nonfinite", 1.0)
-        subj.facts["loss_nonfinite_nan"] = 1.0 if loss != loss else 0.0
-        if "loss_nonfinite_step" not in subj.facts and isinstance(step, int):
-            subj.facts["loss_nonfinite_step"] = float(step)
+        nan = 1.0 if loss != loss else 0.0
+        run = facts.get("loss_nonfinite_readings", 0.0)
+        facts["loss_nonfinite_nan"] = nan if not run or facts.get("loss_nonfinite_nan") == nan \
+            else 0.5
+        facts["loss_nonfinite_readings"] = run + 1.0
+        if "loss_nonfinite_step" not in facts and isinstance(step, int):
+            facts["loss_nonfinite_step"] = float(step)
 
     def _pause(self, subj: Subject, seconds: float) -> bool:
         """Whether one step of ``seconds`` is a pause between steps rather than a step: a
@@ -2074,6 +2085,9 @@ _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
 EVAL_IDLE_UTIL = 0.15
 # how long a job's death by CUDA out-of-memory is said after it, at most
 OOM_HOLD_SECONDS = 3600.0
+# a job's losses that were not finite, in a row (frame._loss), and its newest finite one
+LOSS_RUN_FACTS = ("loss_nonfinite_step", "loss_nonfinite_nan", "loss_nonfinite_readings")
+LOSS_FACTS = (*LOSS_RUN_FACTS, "loss_finite_last")
 # what a job's death by CUDA out-of-memory leaves on its GPU (frame.feed_end)
 OOM_FACTS = ("job_oom", "oom_pid", "oom_idx", "oom_peak_bytes", "oom_reserved_bytes",
              "oom_steps", "oom_batch_size", "oom_micro_batches", "oom_in_eval",

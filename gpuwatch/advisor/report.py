@@ -387,6 +387,7 @@ _LABELS = {
     "gradient_checkpointing": "gradient checkpointing",
     "loss_nonfinite": "losses NaN or infinite", "loss_nonfinite_step": "since step",
     "loss_finite_last": "last finite loss", "autocast_dtype": "autocast",
+    "loss_nonfinite_readings": "NaN or infinite readings in a row",
 }
 # a unit told by the name's ending, for evidence a rule names itself
 _SUFFIX_UNITS = (("_bytes_per_second", "bytes/s"), ("_bytes", "bytes"), ("_ratio", "ratio"),

@@ -194,7 +194,8 @@ def fetch_json(url: str, timeout: float = 10.0) -> Any:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return json.loads(resp.read().decode("utf-8"))
     except urllib.error.HTTPError as err:
-        body = err.read().decode("utf-8", "replace")[:300]
+        # the whole answer is parsed (a daemon's own error may be long), a part of it shown
+        body = err.read(1 << 16).decode("utf-8", "replace")
         try:
             said = json.loads(body).get("error")
         except (ValueError, AttributeError):

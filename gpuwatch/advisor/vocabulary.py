@@ -472,8 +472,10 @@ def _defs() -> dict[str, SignalDef]:
         ("loss_nonfinite_step", "fact", "count", "last", ("the step of the first NaN or "
          "infinite loss the hook read since its last finite one (absent once a loss is finite "
          "again)"), False),
-        ("loss_nonfinite_nan", "fact", "0/1", "last", ("1 where the newest such loss was NaN, "
-         "0 where it was infinite"), False),
+        ("loss_nonfinite_nan", "fact", "0/1", "last", ("of those losses: 1 where all were NaN, "
+         "0 where all were infinite, 0.5 where both came"), False),
+        ("loss_nonfinite_readings", "fact", "count", "last", ("how many losses the hook read "
+         "in a row were NaN or infinite (absent once one is finite)"), False),
         ("loss_finite_last", "fact", "loss", "last", ("the newest finite loss the hook read"),
          False),
         ("phase", "fact", "text", "last", ("what the job does now, by its hook: 'startup', "

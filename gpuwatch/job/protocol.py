@@ -123,7 +123,8 @@ class StepRecord(NamedTuple):
     # and fetching its first batch); None when first_batch is not true
     loss: float | None = None  # the value its last top-level backward() ran on, unscaled;
     # read for at most one step per report (None on the others, and when not a number); NaN
-    # or infinite where the loss was (on the wire "nan", "inf", "-inf")
+    # or infinite where the loss was (on the wire: null, and "nan", "inf" or "-inf" in the
+    # `loss_nonfinite` column)
     micro_batches: int | None = None  # top-level backward() calls in it (accumulation)
 
 
@@ -197,19 +198,27 @@ def _finite(x: float | None, digits: int) -> float | None:
 
 
 # a loss that is not a finite number, as JSON carries it (JSON has no NaN or infinity): a
-# diverged run's loss is the fact to tell, not a value "not measured"
+# diverged run's loss is the fact to tell, not a value "not measured". It goes in a column
+# of its own, `loss_nonfinite` (present only where one is), its `loss` null: a receiver
+# older than the column reads such a loss as unknown, as it always did, and drops nothing
 NONFINITE_LOSS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def _loss_out(x: Any) -> float | str | None:
-    if not isinstance(x, float):
+def _nonfinite_name(x: Any) -> str | None:
+    if not isinstance(x, float) or math.isfinite(x):
         return None
-    if math.isfinite(x):
-        return x
     return "nan" if x != x else ("inf" if x > 0 else "-inf")
 
 
 def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
+    cols = _plain_columns(steps)
+    names = [_nonfinite_name(s.loss) for s in steps]
+    if any(names):
+        cols["loss_nonfinite"] = names
+    return cols
+
+
+def _plain_columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
     return {
         "step": [s.step for s in steps],
         "t": [round(s.t, 4) for s in steps],
@@ -219,7 +228,8 @@ def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
         "skipped": [s.skipped for s in steps],
         "first_batch": [s.first_batch for s in steps],
         "first_batch_wait_seconds": [_finite(s.first_batch_wait_seconds, 7) for s in steps],
-        "loss": [_loss_out(s.loss) for s in steps],
+        "loss": [s.loss if isinstance(s.loss, float) and math.isfinite(s.loss) else None
+                 for s in steps],
         "micro_batches": [s.micro_batches for s in steps],
     }
 
@@ -322,13 +332,6 @@ def _signed(value: Any, key: str) -> float | None:
     return float(value)
 
 
-def _loss_in(value: Any, key: str) -> float | None:
-    """A step's loss: a number, or one of NONFINITE_LOSS's names (a NaN or infinite loss)."""
-    if isinstance(value, str) and value in NONFINITE_LOSS:
-        return NONFINITE_LOSS[value]
-    return _signed(value, key)
-
-
 def _text(value: Any, key: str, limit: int = MAX_TEXT) -> str | None:
     if value is None:
         return None
@@ -372,8 +375,23 @@ def _steps(value: Any) -> tuple[StepRecord, ...]:
         # through unchanged, so the records are the columns read across
         # (the columns' lengths are checked above; zip's length check is Python 3.10+, and
         # this module runs in the job, on 3.8 too)
-        return tuple(map(StepRecord._make, zip(*(cols[k] for k in STEP_FIELDS))))  # noqa: B905
-    return _checked_steps(cols, n)
+        out = tuple(map(StepRecord._make, zip(*(cols[k] for k in STEP_FIELDS))))  # noqa: B905
+    else:
+        out = _checked_steps(cols, n)
+    names = value.get("loss_nonfinite")
+    if names is None:
+        return out
+    if not isinstance(names, list) or len(names) != n:
+        raise ProtocolError(MALFORMED, f"steps.loss_nonfinite must be an array of {n} items")
+    fixed = list(out)
+    for i, name in enumerate(names):
+        if name is None:
+            continue
+        if not isinstance(name, str) or name not in NONFINITE_LOSS:
+            raise ProtocolError(MALFORMED, f"steps.loss_nonfinite[{i}] must be null, \"nan\", "
+                                           "\"inf\" or \"-inf\"")
+        fixed[i] = fixed[i]._replace(loss=NONFINITE_LOSS[name])
+    return tuple(fixed)
 
 
 def _plain_ints(col: list[Any], nullable: bool = True) -> bool:
@@ -444,7 +462,7 @@ def _checked_steps(cols: dict[str, list[Any]], n: int) -> tuple[StepRecord, ...]
                               first_batch_wait_seconds=_num(
                                   cols["first_batch_wait_seconds"][i],
                                   "steps.first_batch_wait_seconds"),
-                              loss=_loss_in(cols["loss"][i], f"steps.loss[{i}]"),
+                              loss=_signed(cols["loss"][i], f"steps.loss[{i}]"),
                               micro_batches=micro))
     return tuple(out)
 
