@@ -1372,6 +1372,13 @@ def test_a_pegged_worker_beside_a_busy_main_process_is_not_told_to_raise_the_bat
     assert a["evidence"]["workers_busy_ratio"] >= 0.8
     assert "TrainingArguments(dataloader_num_workers=1 → " in a["action"]
     assert "raise-batch-size" not in ids(report)
+    # the catch-all, speaking to the host's slice, puts the workers first too (it led
+    # with the larger batch before)
+    (u,) = [a for a in report["advice"] if a["id"] == "gpu-underused"]
+    assert u["evidence"]["workers_busy_ratio"] >= 0.8
+    assert "DataLoader workers are pegged" in u["action"]
+    assert u["action"].index("(1) more DataLoader workers first") \
+        < u["action"].index("then a larger batch")
 
 
 def test_trainer_predict_in_fp32_is_inference_told_to_use_bf16():
@@ -2887,3 +2894,24 @@ def test_a_pause_summed_with_other_steps_is_left_out_of_their_time(tmp_path):
             if a["evidence"].get("step_seconds") is not None]
     assert read and all(r <= 2 * step for r in read), (read, step)
     assert steps_by_gpu(report) == [(0, t["steps"])]
+
+
+def test_a_larger_batch_gains_no_more_than_its_workers_can_make():
+    """Lightning's CNN in 16-mixed at batch 256 with 12 workers 53 % busy: batch x4 would
+    need their CPU four times over; the same workers make at most 1 / 53 % as many samples
+    a second, so the gain is no more than that (it said 4.0x before)."""
+    (a,) = [a for a in advise_json(path_of("lightning_cnn_fp16"))["advice"]
+            if a["id"] == "raise-batch-size"]
+    busy = a["evidence"]["workers_busy_ratio"]
+    assert 0.3 < busy < 0.8
+    assert 1.0 < a["expected_gain"] <= 1 / busy + 0.01
+
+
+def test_lightning_rebuilding_its_loader_is_told_lightnings_setting():
+    """A Lightning job whose training DataLoader is built anew each epoch, recorded by a
+    hook that did not read reload_dataloaders_every_n_epochs: the change is still
+    Lightning's setting, the plain loop's words beside it."""
+    report = advise_json(path_of("lightning_cnn_reload"))
+    (a,) = [a for a in report["advice"] if a["id"] == "dataloader-rebuilt-each-epoch"]
+    assert a["action"].startswith("Trainer(reload_dataloaders_every_n_epochs=0) (in torch: "
+                                  "build the DataLoader once")

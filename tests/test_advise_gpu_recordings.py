@@ -106,6 +106,26 @@ def test_conv_net_in_fp32_gets_bf16_and_channels_last():
     (a,) = [a for a in report["advice"] if a["id"] == "enable-mixed-precision"]
     assert "torch.bfloat16" in a["action"] and "channels_last" in a["action"]
     assert "TF32" in a["message"]  # why the FP32 pipe looks idle
+    # TF32 matmuls would leave its convolutions where they are (cuDNN runs them as TF32
+    # already): no such "alternative" for a conv net
+    assert "One-line alternative" not in a["action"] and "matmul" not in a["action"]
+
+
+def test_a_gain_is_no_more_than_the_loader_can_deliver():
+    """gpu_starved_cnn: 3 workers at 423 ms of CPU a batch each for 5 ms of step work. With
+    the workers suggested the steps wait for one batch every load / workers: the gain is
+    that, not the whole data wait gone (it said 20x, while 14 workers make 4.7x)."""
+    import re
+
+    (a,) = [a for a in advise_json(recording("starved_cnn"))["advice"]
+            if a["id"] == "add-dataloader-workers"]
+    ev = a["evidence"]
+    nw, step, dw = ev["num_workers"], ev["step_seconds"], ev["data_wait_ratio"]
+    suggested = int(re.search(r"num_workers=\d+ → (\d+)", a["action"]).group(1))
+    load, compute = nw * step, step * (1 - dw)
+    assert a["expected_gain"] == pytest.approx(step / max(compute, load / suggested), rel=0.02)
+    assert a["expected_gain"] < 0.5 / (1 - dw)  # well under the wait gone
+    assert "with that many workers" in a["expected_gain_text"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
