@@ -510,6 +510,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_bert_gc_every1": ({"stop-freeing-memory-every-step"}, {"raise-batch-size",
                                                                "gpu-underused"}),
     "hf_bert_empty_cache1": ({"raise-batch-size"}, {"stop-freeing-memory-every-step"}),
+    # the same Trainer at learning_rate=1e30 without clipping (record.sh 7p, 1x H200): NaN
+    # from its third step; the larger batch, and every other speed-up, give way to it
+    "hf_bert_nan": ({"loss-not-finite"}, {"raise-batch-size", "gpu-underused",
+                                          "reduce-launch-overhead"}),
     "hf_bert_empty_cache10": ({"raise-batch-size"}, {"stop-freeing-memory-every-step"}),
 }
 # what only a hung job gets: no other recording may
@@ -2915,3 +2919,20 @@ def test_lightning_rebuilding_its_loader_is_told_lightnings_setting():
     (a,) = [a for a in report["advice"] if a["id"] == "dataloader-rebuilt-each-epoch"]
     assert a["action"].startswith("Trainer(reload_dataloaders_every_n_epochs=0) (in torch: "
                                   "build the DataLoader once")
+
+
+def test_the_trainer_diverging_on_a_gpu_is_told_so_first():
+    """The Trainer's BERT-base on an H200 at learning_rate=1e30, no clipping: every loss the
+    hook read (through its non-blocking copy from the GPU) is NaN from step 3. Told, in the
+    Trainer's words, with every loss counted."""
+    name = "hf_bert_nan"
+    report = advise_json(path_of(name))
+    losses = [d["loss"] for d in lines(path_of(name)) if d.get("kind") == "step"
+              and "loss" in d]
+    assert losses and all(x == "nan" for x in losses)
+    (a,) = [a for a in report["advice"] if a["id"] == "loss-not-finite"]
+    assert report["advice"][0] is a and a["gpu"] == 0
+    assert a["evidence"]["loss_nonfinite"] == 1.0
+    assert a["evidence"]["loss_nonfinite_step"] <= 10
+    assert "TrainingArguments(max_grad_norm=1.0)" in a["action"]
+    assert report["jobs"][0]["steps"] == truth(name)["steps"]

@@ -21,10 +21,12 @@ run() {  # name, then the command (its train_cpu.py arguments last)
     --out "$out/$name.steps" > "$out/$name.log" 2>&1
   echo "$name: rc=$? $(median "$(ls "$out/$name.steps"* | head -1)")"
 }
-# empty_cache at every step of a short loop (3.6 -> 5.0 ms on the H200)
+# empty_cache at every step of a short loop (3.6 -> 5.0 ms on one H200; 5.07 -> 5.01 ms on
+# another, 2026-12-03, its steps 70 % waiting on the data the main process loads)
 run loop_plain python3 train_cpu.py --steps 1000 --batch 256
 run loop_empty_cache python3 train_cpu.py --steps 1000 --batch 256 --empty-cache-every 1
-# TORCH_DISTRIBUTED_DEBUG=DETAIL on one NCCL rank (1.56 -> 1.89 ms)
+# TORCH_DISTRIBUTED_DEBUG=DETAIL on one NCCL rank (1.56 -> 1.89 ms; 1.69 -> 2.30 ms on
+# another H200)
 run ddp1_plain torchrun --standalone --nproc_per_node 1 train_cpu.py --dist --steps 3000
 run ddp1_detail env TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc_per_node 1 \
   train_cpu.py --dist --steps 3000
