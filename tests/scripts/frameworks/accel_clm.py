@@ -55,6 +55,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fsdp_version", type=int, default=1, choices=(1, 2),
                         help="with --fsdp: 1 (FullyShardedDataParallel) or 2 (fully_shard)")
     parser.add_argument("--seconds", type=float, default=45.0)
+    parser.add_argument("--learning_rate", type=float, default=5e-5)
     parser.add_argument("--stop_each_rank", action="store_true",
                         help="each rank stops on its own clock (--seconds), not agreeing: "
                              "ranks may stop at different steps and the others hang in "
@@ -118,7 +119,7 @@ def main() -> None:
         {"params": [p for n, p in model.named_parameters()
                     if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=5e-5)
+    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate)
     scheduler = get_scheduler("linear", optimizer=optimizer, num_warmup_steps=100,
                               num_training_steps=100_000)
     if args.eval_on_main_only:  # not sharded: the main process walks all of it

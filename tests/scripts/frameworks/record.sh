@@ -187,6 +187,10 @@ done
 want hf_bert_nan && rec hf_bert_nan 150 python3 hf_trainer.py $bert --steps 100000 --seconds 40 \
   --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 2 --lr 1e30 \
   --max-grad-norm 0
+# ... and Accelerate's GPT-2 in fp16 (its GradScaler) at learning_rate=1e30
+want accel_clm_nan_fp16 && rec accel_clm_nan_fp16 150 python3 accel_clm.py \
+  --per_device_train_batch_size 32 --mixed_precision fp16 --num_workers 2 --seconds 40 \
+  --learning_rate 1e30
 # 7m. The Trainer under torchrun with one process on one GPU: BERT-base in bf16 at batch 32,
 #     with ddp_find_unused_parameters left to its default and set False. (2026-12-03 on an
 #     H200: accelerate does not wrap one process's model in DDP there, so the hook saw no
