@@ -514,6 +514,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # from its third step; the larger batch, and every other speed-up, give way to it
     "hf_bert_nan": ({"loss-not-finite"}, {"raise-batch-size", "gpu-underused",
                                           "reduce-launch-overhead"}),
+    # Accelerate's GPT-2 in fp16 at learning_rate=1e30: NaN from step 4, the GradScaler's
+    # scale down to 0; the collapse gives way to the loss, bf16 stays (info)
+    "accel_clm_nan_fp16": ({"loss-not-finite", "use-bf16-not-fp16"},
+                           {"loss-scale-collapse", "raise-batch-size"}),
     "hf_bert_empty_cache10": ({"raise-batch-size"}, {"stop-freeing-memory-every-step"}),
 }
 # what only a hung job gets: no other recording may
@@ -2935,4 +2939,19 @@ def test_the_trainer_diverging_on_a_gpu_is_told_so_first():
     assert a["evidence"]["loss_nonfinite"] == 1.0
     assert a["evidence"]["loss_nonfinite_step"] <= 10
     assert "TrainingArguments(max_grad_norm=1.0)" in a["action"]
+    assert report["jobs"][0]["steps"] == truth(name)["steps"]
+
+
+def test_accelerate_diverging_in_fp16_is_told_the_loss_not_the_scale():
+    """Accelerate's GPT-2 in fp16 on an H200 at learning_rate=1e30: the loss NaN from its
+    fourth step, the GradScaler skipping every step and its scale falling to 0. The loss is
+    told, in Accelerate's words, with the fp16 note and the scale; the collapse gives way."""
+    name = "accel_clm_nan_fp16"
+    report = advise_json(path_of(name))
+    a = report["advice"][0]
+    assert a["id"] == "loss-not-finite" and a["evidence"]["loss_scale"] == 0
+    assert "accelerator.clip_grad_norm_(model.parameters(), 1.0)" in a["action"]
+    assert "train in bf16 rather than fp16" in a["action"]
+    assert "in fp16 a forward pass" in a["message"]
+    assert "loss-scale-collapse" not in ids(report)
     assert report["jobs"][0]["steps"] == truth(name)["steps"]
