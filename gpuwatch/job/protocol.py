@@ -204,7 +204,8 @@ def _finite(x: float | None, digits: int) -> float | None:
 NONFINITE_LOSS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def _nonfinite_name(x: Any) -> str | None:
+def nonfinite_name(x: Any) -> str | None:
+    """A NaN or infinite float's name in NONFINITE_LOSS; None for anything else."""
     if not isinstance(x, float) or math.isfinite(x):
         return None
     return "nan" if x != x else ("inf" if x > 0 else "-inf")
@@ -212,7 +213,7 @@ def _nonfinite_name(x: Any) -> str | None:
 
 def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
     cols = _plain_columns(steps)
-    names = [_nonfinite_name(s.loss) for s in steps]
+    names = [nonfinite_name(s.loss) for s in steps]
     if any(names):
         cols["loss_nonfinite"] = names
     return cols

@@ -37,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from gpuwatch import __version__
 from gpuwatch.errors import FileFormatError, file_error
+from gpuwatch.job.protocol import NONFINITE_LOSS, nonfinite_name
 from gpuwatch.samples import (
     TRACE_FORMAT,
     ConfigSample,
@@ -103,10 +104,6 @@ def _integer(lo: int | None = 0, what: str = "a whole number >= 0") -> Check:
             raise _Bad(f"field '{name}' must be {what}, got {_show(v)}")
         return v
     return check
-
-
-# a step's loss that is not a finite number: JSON has none, so a trace writes its name
-NONFINITE_LOSS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def _loss(name: str, v: Any) -> Any:
@@ -568,8 +565,8 @@ def sample_to_line(sample: Sample) -> dict[str, Any]:
         if f.name == "xid_total":
             line[f.name] = {str(code): n for code, n in sorted(v.items())}
             continue
-        if f.name == "loss" and isinstance(v, float) and not math.isfinite(v):
-            line["loss"] = "nan" if v != v else ("inf" if v > 0 else "-inf")
+        if f.name == "loss" and nonfinite_name(v) is not None:
+            line["loss"] = nonfinite_name(v)  # JSON has no NaN: a trace writes its name
             continue
         v = _plain(v)
         if v is not None:
