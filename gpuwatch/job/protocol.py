@@ -1,6 +1,7 @@
 """The torch hook's datagram schema (version 1): what a training process tells the daemon.
 
-Both sides use this module, so it imports nothing beyond the standard library: the hook
+Both sides use this module, so it imports nothing beyond the standard library (and
+:mod:`gpuwatch.samples`' loss names, itself the standard library's only): the hook
 runs inside the user's training process, the receiver inside the daemon (which never
 imports torch).
 
@@ -55,6 +56,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from gpuwatch.samples import NONFINITE_LOSS, nonfinite_name
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 60_000  # well under the Unix datagram default limit (~208 KB)
@@ -195,20 +198,6 @@ def _finite(x: float | None, digits: int) -> float | None:
     if x is None or not math.isfinite(x):
         return None
     return round(x, digits)
-
-
-# a loss that is not a finite number, as JSON carries it (JSON has no NaN or infinity): a
-# diverged run's loss is the fact to tell, not a value "not measured". It goes in a column
-# of its own, `loss_nonfinite` (present only where one is), its `loss` null: a receiver
-# older than the column reads such a loss as unknown, as it always did, and drops nothing
-NONFINITE_LOSS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def nonfinite_name(x: Any) -> str | None:
-    """A NaN or infinite float's name in NONFINITE_LOSS; None for anything else."""
-    if not isinstance(x, float) or math.isfinite(x):
-        return None
-    return "nan" if x != x else ("inf" if x > 0 else "-inf")
 
 
 def _columns(steps: Sequence[StepRecord]) -> dict[str, list[Any]]:
