@@ -328,3 +328,30 @@ def test_ddp_searching_for_unused_parameters_it_never_finds_is_told_in_the_train
                          ("unsampled", {"ddp_find_unused": True})]:
         got = ids(judge(tmp_path, bert_with(**config), f"{name}.jsonl"))
         assert "disable-find-unused-parameters" not in got, name
+
+
+def test_a_bare_jobs_training_evidence_is_read_while_it_trained_not_in_its_teardown(tmp_path):
+    """Without the hook, a training rule's evidence is read again every 10 s while the rule
+    holds, and its windows (15 s) hold on for seconds after the job's last kernel. Once the
+    process stopped looking like it trains, its evidence stands as read while it trained:
+    `fw_accel_clm_launch_bare` (4 H100s at 97 % util) said "util 58 %", read 6 s into its
+    teardown."""
+    busy = {"util": 0.97, "sm_active": 0.88, "tensor_active": 0.013, "fp32_active": 0.47,
+            "dram_active": 0.3}
+    idle = dict.fromkeys(busy, 0.0)
+    stop = 39.0  # seconds after the first step: its last kernel; the process lives on
+    run = synthetic.build(
+        steps={0: synthetic.steady_steps(55.0, 0.25)},
+        gpu=lambda rel, g: busy if rel < stop else idle,
+        host=lambda rel: {"job_cpu_cores": 1.1 if rel < stop else 0.05,
+                          "job_main_cpu_cores": 1.0 if rel < stop else 0.05,
+                          "job_workers_cpu_cores": 0.1 if rel < stop else 0.0,
+                          "job_processes": 3}).without_hook()
+    report = judge(tmp_path, run)
+    a = advice(report, "enable-mixed-precision")
+    # it held on into the teardown (its window's util still over its 50 %)...
+    assert a["last_seen"] - run.first_step > stop
+    # ...and says what the GPU did while the job trained
+    assert a["evidence"]["util"] == pytest.approx(busy["util"], abs=0.01)
+    assert a["evidence"]["sm_active"] == pytest.approx(busy["sm_active"], abs=0.01)
+    assert "util 97 %" in a["message"]

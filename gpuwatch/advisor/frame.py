@@ -222,6 +222,9 @@ class Subject:
         # without the hook: the first bucket its GPU ran kernels for its process (before
         # it, a job is starting up: workers prefetching while the GPU idles is no training)
         self.first_busy: int | None = None
+        # without the hook: the last bucket in which its process looked like it trained
+        # (what the span counts); a training rule's evidence stands as read by then
+        self.bare_last: int | None = None
         # seconds since its process's first work, those in which it idled while the job
         # wrote to storage, and the stretches of them (gpu_idle_writing, whole run)
         self.iw_seconds = 0
@@ -687,6 +690,7 @@ class Frame:
         subj.span = SpanTotals()
         subj.span_at_last_step = None
         subj.span_t0 = None
+        subj.bare_last = None
 
     def _span_begins(self, subj: Subject, begin: float) -> None:
         """A step line read in a bucket the span counts: its steps began at ``begin``."""
@@ -1481,6 +1485,7 @@ class Frame:
                         w.util >= 0.05 or w.workers_pegged):
                     subj.span.add(w)
                     subj.span_at_last_step = subj.span.total()
+                    subj.bare_last = idx
                     if len(subj.proc_pids) == 1:
                         subj.job_pid = next(iter(subj.proc_pids))
         if self.on_bucket is not None:
@@ -1619,6 +1624,14 @@ class Frame:
             return True
         ended = self.ended_pids.get(owner.job_pid) if owner.job_pid is not None else None
         return ended is not None and last <= ended <= idx
+
+    def bare_work_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
+        """Without the hook: whether ``subj``'s process looked like it trained (the
+        buckets its span counts: kernels running, or its DataLoader workers pegged) and
+        has not in the last ``grace`` seconds before bucket ``idx`` ended (it ended,
+        paused, or saves). With the hook's steps, :meth:`steps_stopped` says it."""
+        last = subj.bare_last
+        return last is not None and subj.job_warm is None and (idx - last) * self.res > grace
 
     def job_window(self, subj: Subject, end: int, n: int, clamp: bool = True,
                    stopped: bool = True) -> JobWindow | None:
