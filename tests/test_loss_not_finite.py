@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import synthetic
 from conftest import clean_env
+from test_advise_support import advise_json, ids
 
 from gpuwatch.job import protocol
 from gpuwatch.samples import StepSample
@@ -218,3 +220,20 @@ def test_a_loss_finite_again_ends_it_and_a_new_job_starts_its_own_count() -> Non
     assert ev["loss_nonfinite_step"] == 1000
     assert ev.get("loss_finite_last") is None  # job 11's is not job 12's
     assert "The loss is infinite at each of the" in b.details["message"]
+
+
+@pytest.mark.parametrize("build, rule", [(synthetic.starved_cnn, "add-dataloader-workers"),
+                                         (synthetic.resnet_fp32, "enable-mixed-precision")])
+def test_speed_advice_gives_way_to_a_diverged_loss(tmp_path: Path, build, rule: str) -> None:
+    """A data-starved CNN (add-dataloader-workers) and an fp32 ResNet (enable-mixed-precision),
+    each as recorded, then the same run with its loss NaN from its fifth second on: the
+    divergence is told and the speed advice is not (every step after it is lost, however
+    fast)."""
+    healthy = build()
+    assert rule in ids(advise_json(healthy.write(tmp_path / "healthy.jsonl")))
+    diverged = build()
+    for d in diverged.lines:
+        if d["kind"] == "step":
+            d["loss"] = 2.0 if d["t"] - diverged.first_step < 5.0 else "nan"
+    told = ids(advise_json(diverged.write(tmp_path / "diverged.jsonl")))
+    assert "loss-not-finite" in told and rule not in told
