@@ -983,7 +983,7 @@ def test_a_pipeline_is_told_its_batch_and_its_workers_in_its_own_words():
     assert job["inference"]["batches"] == truth("hf_pipeline")["sentences"] == 6000
     (a,) = [a for a in report["advice"] if a["id"] == "batch-inference-requests"]
     assert a["evidence"]["generate_calls"] == 0 and a["evidence"]["inference_batch_size"] == 1
-    assert "DataLoader batches so far and no generate() call, 1 sample(s) each" in a["message"]
+    assert "DataLoader batches so far and no generate() call, 1 sample each" in a["message"]
     assert a["action"].startswith("Put more samples in each forward pass: "
                                   "pipeline(..., batch_size=1 → 8), or per call")
     assert "generate()" not in a["action"] and LR not in a["action"]
@@ -1010,7 +1010,7 @@ def test_inference_its_own_loop_feeds_is_told_its_batch_in_its_own_words():
                                 "generate_calls": 0}
     (a,) = [a for a in report["advice"] if a["id"] == "batch-inference-requests"]
     assert "forward passes of its model so far, its own loop slicing the batches (no " \
-        "DataLoader, no generate() call), 8 sample(s) each" in a["message"]
+        "DataLoader, no generate() call), 8 samples each" in a["message"]
     assert re.search(r"with 9\d % of its memory free", a["message"])
     assert a["action"].startswith("Put more samples in each forward pass: 8 → 32 samples per "
                                   "forward pass, in the slices the loop hands the model")

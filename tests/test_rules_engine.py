@@ -198,3 +198,23 @@ def test_memory_stays_bounded_over_long_input():
     feed_util(e, [0.9] * 20000)
     ring = e.frame.subjects[0].gpu_table.rings["util"]
     assert len(ring.vals) <= 4 * e.frame.keep
+
+
+def test_the_health_rules_count_their_errors_in_the_right_number():
+    """The built-in gpu-xid-errors and gpu-memory-errors say "1 XID error event" and "3 XID
+    error events", "1 new uncorrectable ECC error": the noun follows the count."""
+    def told(xid: list[int], ecc: list[int]) -> dict[str, str]:
+        e = Engine(load_rules())
+        for i, (x, c) in enumerate(zip(xid, ecc, strict=True)):
+            # the trace's XID counts by code (79: fallen off the bus)
+            e.feed(gpu(i, 0.5, xid_total={79: x} if x else {}, clock_event_reasons=0,
+                       ecc_uncorrected_total=c))
+        e.finish()
+        return {f.rule.id: f.details["message"] for f in e.summary()}
+
+    one = told(xid=[0, 0, 1, 1], ecc=[0, 0, 1, 1])
+    assert "raised 1 XID error event in the last 10 minutes" in one["gpu-xid-errors"]
+    assert "reported 1 new uncorrectable ECC error in 10" in one["gpu-memory-errors"]
+    three = told(xid=[0, 0, 3, 3], ecc=[0, 0, 2, 2])
+    assert "raised 3 XID error events in the last" in three["gpu-xid-errors"]
+    assert "reported 2 new uncorrectable ECC errors in 10" in three["gpu-memory-errors"]

@@ -259,3 +259,19 @@ def test_a_file_libyaml_refuses_is_told_in_the_python_parsers_words(text):
     from gpuwatch.advisor import rules
 
     assert rules._read_yaml("f.yaml", text) == rules._read_yaml_slowly(text)
+
+
+def test_a_count_agrees_with_its_noun():
+    """No built-in rule writes "error(s)" or "sample(s)": a count's noun is chosen by the
+    count (values such as ``ifelse(n == 1, "graph", "graphs")``), singular and plural as
+    the recordings read."""
+    rules_dir = Path(__file__).resolve().parents[1] / "rules"
+    for path in sorted(rules_dir.glob("*.yaml")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            assert "(s)" not in line, f"{path.name}:{n}: {line.strip()}"
+    said = {name: " ".join(run_cli("advise", "--replay", str(DATA / f"{name}.jsonl")).stdout.split())
+            for name in ("fw_generate", "fw_infer_loop", "fw_lightning_predict")}
+    assert "generate() calls so far, 1 sequence each" in said["fw_generate"]
+    assert "generate() calls so far, 1 sequences" not in said["fw_generate"]
+    assert "no generate() call), 8 samples each" in said["fw_infer_loop"]
+    assert "its 4 DataLoader workers keep their cores 90 % busy" in said["fw_lightning_predict"]

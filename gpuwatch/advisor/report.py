@@ -27,7 +27,7 @@ REPORT_FORMAT = "gpuwatch-advice/1"
 HOOK_NOTE = ("No data from the torch hook: this advice comes from NVML and the process tree "
              "alone. Run the job as `gpuwatch run -- python train.py ...` (or import "
              "gpuwatch.torch) to add step time, data wait, loss scale and the job's settings, "
-             "which make the advice exact (e.g. num_workers=0 -> 8) and more certain.")
+             "which make the advice exact (e.g. num_workers=0 → 8) and more certain.")
 
 
 def gpu_entries(engine: Engine, instance: str | None = None) -> list[dict[str, Any]]:

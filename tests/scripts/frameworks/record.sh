@@ -191,6 +191,13 @@ want hf_bert_nan && rec hf_bert_nan 150 python3 hf_trainer.py $bert --steps 1000
 want accel_clm_nan_fp16 && rec accel_clm_nan_fp16 150 python3 accel_clm.py \
   --per_device_train_batch_size 32 --mixed_precision fp16 --num_workers 2 --seconds 40 \
   --learning_rate 1e30
+# 7q. (2026-12-03, tenth session) 7's hf_vit_aug with the Trainer's default
+#     dataloader_num_workers=0: its images cropped and blurred in the main process, which
+#     the steps wait on. With and without the hook: without it, a pegged main process with no
+#     workers is all there is to see (the same as a launch-bound loop's)
+want hf_vit_aug_w0 && rec hf_vit_aug_w0 150 python3 hf_vit_aug.py --seconds 35 --workers 0
+want hf_vit_aug_w0_bare && rec_bare hf_vit_aug_w0_bare 150 python3 hf_vit_aug.py --seconds 35 \
+  --workers 0
 # 7m. The Trainer under torchrun with one process on one GPU: BERT-base in bf16 at batch 32,
 #     with ddp_find_unused_parameters left to its default and set False. (2026-12-03 on an
 #     H200: accelerate does not wrap one process's model in DDP there, so the hook saw no
