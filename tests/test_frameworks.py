@@ -96,17 +96,17 @@ def test_trainer_evaluation_accumulation_and_its_settings(tmp_path: Path) -> Non
     final = phases[-1]["seconds"]
     print(f"hook: {final}, script's evaluations: {truth['eval_seconds']:.2f} s")
     assert final["eval"] == pytest.approx(truth["eval_seconds"], rel=EVAL_TOLERANCE, abs=0.3)
-    # a step never holds an evaluation: the longest one is far shorter than one evaluation,
-    # and the steps' seconds add up to no more than the train phase's. The first step belongs
-    # to start-up (its end ends start-up) and carries the first-time work (on CI's fresh
-    # install, compiling the imports' bytecode: start-up 30 s, a step of 3.2 s beside
-    # evaluations of 2.0 s), so both read the steps after it
+    # a step never holds an evaluation: the steps' seconds add up to the train phase's at
+    # most (a step that held one would add a whole evaluation beyond it; half of one is the
+    # margin). The first step belongs to start-up (its end ends start-up) and carries the
+    # first-time work, so the sum reads the steps after it. Not the longest step against one
+    # evaluation: on a loaded 2-core machine one step took 4.5 s beside evaluations of 4.2 s
+    # (and on CI's fresh install the first took 3.2 s beside 2.0 s)
     first = min(s["step"] for s in lines(rec, "step"))
     timed = [s["step_seconds"] for s in lines(rec, "step")
              if s.get("step_seconds") and s["step"] != first]
     assert len(timed) >= 30
-    assert max(timed) < truth["eval_seconds"] / truth["evals"]
-    assert sum(timed) <= final["train"] + 0.3
+    assert sum(timed) <= final["train"] + 0.5 * truth["eval_seconds"] / truth["evals"]
     cfg = last_config(rec)
     assert cfg["framework"] == "transformers" and cfg["framework_version"]
     assert cfg["fw_grad_accum"] == 4 and cfg["fw_eval_batch_size"] == 4

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 # hook package and the protocol
 INJECTED = ["gpuwatch/__init__.py", "gpuwatch/job/__init__.py", "gpuwatch/job/_inject/__init__.py",
             "gpuwatch/job/_inject/sitecustomize.py", "gpuwatch/job/protocol.py",
+            "gpuwatch/nonfinite.py",
             "gpuwatch/torch.py",
             *sorted(str(p.relative_to(REPO)) for p in (REPO / "gpuwatch/job/hook").glob("*.py"))]
 # (what to look for, why it breaks on 3.8): APIs and keywords newer than 3.8

@@ -2,7 +2,7 @@
 imports only run down the sides, never up and never across.
 
 Sides, lowest first: what every side shares (the top level's errors, logs, samples,
-store, threads); the sources (collect/, job/, trace/), which never import each other; serve/;
+store, threads, nonfinite); the sources (collect/, job/, trace/), which never import each other; serve/;
 advisor/; and the entry points with the composition root (the top level's cli,
 __main__, daemon, launcher, advise, torch), which may import anything.
 """
@@ -16,7 +16,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "gpuwatch"
 
-SHARED = {"__init__", "errors", "logs", "samples", "store", "threads"}
+SHARED = {"__init__", "errors", "logs", "nonfinite", "samples", "store", "threads"}
 ENTRIES = {"__main__", "cli", "daemon", "launcher", "advise", "torch", "notebook"}
 RANK = {"shared": 0, "collect": 1, "job": 1, "trace": 1, "serve": 2, "advisor": 3, "entry": 4}
 

@@ -1,7 +1,7 @@
 """The torch hook's datagram schema (version 1): what a training process tells the daemon.
 
 Both sides use this module, so it imports nothing beyond the standard library (and
-:mod:`gpuwatch.samples`' loss names, itself the standard library's only): the hook
+:mod:`gpuwatch.nonfinite`'s loss names, itself the standard library's only): the hook
 runs inside the user's training process, the receiver inside the daemon (which never
 imports torch).
 
@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from gpuwatch.samples import NONFINITE_LOSS, nonfinite_name
+from gpuwatch.nonfinite import NONFINITE_LOSS, nonfinite_name
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 60_000  # well under the Unix datagram default limit (~208 KB)

@@ -37,8 +37,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from gpuwatch import __version__
 from gpuwatch.errors import FileFormatError, file_error
+from gpuwatch.nonfinite import NONFINITE_LOSS, nonfinite_name
 from gpuwatch.samples import (
-    NONFINITE_LOSS,
     TRACE_FORMAT,
     ConfigSample,
     GpuInfo,
@@ -52,7 +52,6 @@ from gpuwatch.samples import (
     Sample,
     StepSample,
     StepsSample,
-    nonfinite_name,
 )
 
 if TYPE_CHECKING:
