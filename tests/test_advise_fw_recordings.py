@@ -1160,7 +1160,7 @@ def test_a_main_process_preparing_the_data_on_many_cores_is_told_so_with_or_with
     bare = advise_json(path_of("hf_vit_aug_w0_bare"))
     assert bare["hook"]["steps"] is False
     (b,) = [a for a in bare["advice"] if a["id"] == "add-dataloader-workers"]
-    cores = float(re.search(r"\(([\d.]+) cores, (\d+) free\)", b["message"]).group(1))
+    cores = float(re.search(r"\(([\d.]+) cores busy in it, (\d+) free\)", b["message"]).group(1))
     assert cores >= 10 and "torch's CPU threads at work on tensors" in b["message"]
     assert b["action"].startswith("Take the per-sample CPU work out of the main process")
     assert "DataLoader(num_workers=0 → " in b["action"]
