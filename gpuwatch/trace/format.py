@@ -565,9 +565,11 @@ def sample_to_line(sample: Sample) -> dict[str, Any]:
         if f.name == "xid_total":
             line[f.name] = {str(code): n for code, n in sorted(v.items())}
             continue
-        if f.name == "loss" and nonfinite_name(v) is not None:
-            line["loss"] = nonfinite_name(v)  # JSON has no NaN: a trace writes its name
-            continue
+        if f.name == "loss":
+            name = nonfinite_name(v)
+            if name is not None:
+                line["loss"] = name  # JSON has no NaN: a trace writes its name
+                continue
         v = _plain(v)
         if v is not None:
             line[f.name] = v
