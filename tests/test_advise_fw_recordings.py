@@ -133,23 +133,25 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                                        "raise-batch-size",
                                                        "add-dataloader-workers"}),
     # the same batch_size=1 pipeline with the daemon on its own: a pegged main process with
-    # no workers, said as the suspicion it is
-    "hf_pipeline_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
-                                                      "batch-inference-requests"}),
+    # no workers and small kernels (GPM's warp occupancy): the batch, said as the likelier
+    # of the two causes that fit, the loading named as the other
+    "hf_pipeline_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                                "batch-inference-requests"}),
     # inference that no DataLoader feeds: a BERT-base in bf16 fed 8 sequences a forward
     # pass by its own loop (GPU 5 % busy), and sentence-transformers' encode() at its
     # default batch_size=32 (7 % busy): a larger batch, in the loop's or encode()'s words;
     # before, the hook said start-up throughout and nothing was judged. The same with the
-    # daemon on its own: a pegged main process with no workers, said as the suspicion it is
+    # daemon on its own: a pegged main process with no workers and small kernels, the
+    # batch said as the likelier cause
     "infer_loop": ({"batch-inference-requests"}, {"raise-batch-size", "add-dataloader-workers",
                                                   "gpu-underused", "inference-waits-for-data",
                                                   "enable-mixed-precision"}),
-    "infer_loop_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
-                                                     "batch-inference-requests"}),
+    "infer_loop_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                               "batch-inference-requests"}),
     "st_encode": ({"batch-inference-requests"}, {"raise-batch-size", "add-dataloader-workers",
                                                  "gpu-underused", "inference-waits-for-data"}),
-    "st_encode_bare": ({"add-dataloader-workers"}, {"raise-batch-size",
-                                                    "batch-inference-requests"}),
+    "st_encode_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                              "batch-inference-requests"}),
     # Lightning's BatchSizeFinder callback (4 trials of 3 steps, 64 to 512): 8 workers
     # pegged at 512 feed only a third of the GPU's time. The trials' loaders (one per batch
     # size) are no epochs: nothing of loaders built anew or of workers restarting
@@ -363,8 +365,8 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                             {"use-ddp-not-dataparallel", "raise-batch-size",
                              "add-dataloader-workers", "gpu-underused",
                              "reduce-launch-overhead"}),
-    "generate_device_map_bare": ({"use-ddp-not-dataparallel"}, {"raise-batch-size",
-                                                                 "batch-inference-requests"}),
+    "generate_device_map_bare": ({"use-ddp-not-dataparallel", "raise-batch-size"},
+                                 {"add-dataloader-workers", "batch-inference-requests"}),
     # Lightning's FSDPStrategy(cpu_offload=True) on 4 GPUs (an MLP of width 2048 at batch
     # 256, bf16-mixed): the steps wait on the host (GPU work 0.2-0.8 %); the optimizer steps
     # on the CPU's copy, so no fused-optimizer advice
@@ -442,10 +444,12 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                                         "add-dataloader-workers"}),
     # a loop on GPU-resident tensors (no DataLoader) synchronizing every step: host 89 %,
     # no data wait; fp32 on an idle GPU is not the lever. Without the hook the pegged main
-    # process with no workers is the suspicion its advice hedges
+    # process with no workers and small kernels: the batch, its advice naming the loading
+    # as the other cause that fits
     "plain_sync": ({"raise-batch-size"}, {"add-dataloader-workers", "enable-mixed-precision",
                                           "reduce-launch-overhead"}),
-    "plain_sync_bare": ({"add-dataloader-workers"}, {"enable-mixed-precision"}),
+    "plain_sync_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
+                                               "enable-mixed-precision"}),
     # Lightning in 16-mixed saving every 40 steps (59 % of the time since the first step):
     # the checkpoints first, and its settings still told though the training is never 60 %
     # of a window (train_share: 0, test below)
@@ -592,8 +596,8 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # the finder's full memory is the hook's to explain: from outside, memory 97.5 % full
     "hf_autobatch": ({"enable-gradient-checkpointing"}, {"raise-batch-size", "out-of-memory"}),
     "lightning_cnn_find": ({"add-dataloader-workers"}, {"raise-batch-size"}),
-    "infer_loop": ({"add-dataloader-workers"}, {"raise-batch-size", "batch-inference-requests"}),
-    "st_encode": ({"add-dataloader-workers"}, {"raise-batch-size", "batch-inference-requests"}),
+    "infer_loop": ({"raise-batch-size"}, {"add-dataloader-workers", "batch-inference-requests"}),
+    "st_encode": ({"raise-batch-size"}, {"add-dataloader-workers", "batch-inference-requests"}),
     # the switch in the job's environment, as the daemon read it
     "accel_clm_no_alloc_cache": ({"disable-debug-modes"}, {"raise-batch-size",
                                                            "gpu-underused"}),
@@ -1166,11 +1170,11 @@ def test_a_main_process_preparing_the_data_on_many_cores_is_told_so_with_or_with
     assert "DataLoader(num_workers=0 → " in b["action"]
     assert 1.05 <= b["expected_gain"] <= 1.5
     assert b["confidence"] == 0.7
-    # one busy core with no workers stays the hedge it was (the loop's own host cost fits
-    # it as well): fw_plain_sync_bare
+    # one busy core with no workers and small kernels is the batch, said with the loading
+    # as the other cause that fits: fw_plain_sync_bare
     (c,) = [a for a in advise_json(path_of("plain_sync_bare"))["advice"]
-            if a["id"] == "add-dataloader-workers"]
-    assert "keeps its core pegged" in c["message"] and c["confidence"] == 0.55
+            if a["id"] == "raise-batch-size"]
+    assert "keeps one CPU core pegged" in c["message"] and c["confidence"] == 0.55
 
 
 @pytest.mark.parametrize("name", ["generate", "generate_b64"])
@@ -1329,30 +1333,55 @@ def test_children_beside_the_training_loaders_workers_do_not_dilute_their_busy(t
     assert nohook == pytest.approx(busy(plain) * 2 / 6, rel=0.05)
 
 
-def test_without_the_hook_a_pegged_main_process_is_a_suspicion_with_its_check(tmp_path):
-    """The Trainer's defaults (no DataLoader workers, host-bound: the hook measured a 1 %
-    data wait) seen by the daemon alone: a pegged main process with no workers is all the
-    data shows, which loading and a loop's own host cost fit alike. The advice says it
-    may be the data, that the wait is not measured, and how the user tells the two apart;
-    with the hook, the measured wait gets no such advice."""
+def test_without_the_hook_a_pegged_main_process_is_told_by_the_size_of_its_kernels(tmp_path):
+    """A pegged main process with no DataLoader workers, seen by the daemon alone, fits two
+    causes: the loop's own host cost with a batch too small, or batches it prepares itself.
+    GPM's warp occupancy tells them apart: small kernels hold few warps on the SMs they run
+    on. The Trainer's defaults (batch 8, no workers; the hook measured a 1 % data wait and
+    a host-bound step) read as the batch, with the loading named as the other cause and
+    how to tell; a hand-written loop loading its own images (the hook measured 87 % of each
+    step waiting for data) reads as the loading, its kernels said to fill the SMs. Without
+    GPM the two look alike: the loading stays the suspicion, hedged as before."""
     path = path_of("hf_default_b8")
     assert "add-dataloader-workers" not in ids(advise_json(path))
     bare = without_hook(path, tmp_path)
-    (a,) = [a for a in advise_json(bare)["advice"] if a["id"] == "add-dataloader-workers"]
-    # nothing without the hook says the process trains (generate() loops peg it too)
-    assert a["message"].startswith("The input pipeline may hold this job back")
-    assert "the wait for data is not measured" in a["message"]
-    assert a["evidence"]["job_workers"] == 0 and a["evidence"]["main_busy_ratio"] >= 0.85
-    assert "while the main process is pegged" in a["action"]
-    assert "raise the batch size instead" in a["action"]
-    assert a["confidence"] < 0.6
-    assert "CPU cores are free." in a["action"]  # one GPU: the host's free cores are its own
-    # measured by the hook (a hand-written loop waiting 87 % on its own loading): said as so
+    report = advise_json(bare)
+    assert "add-dataloader-workers" not in ids(report)
+    (a,) = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
+    ev = a["evidence"]
+    assert ev["main_busy_ratio"] >= 0.85 and ev["sm_active"] < 0.35
+    occ = re.search(r"the SMs they run on hold (\d+) % of their warps", a["message"])
+    assert occ and int(occ.group(1)) < 45
+    assert int(occ.group(1)) == round(100 * ev["sm_occupancy"] / ev["sm_active"])
+    assert "keeps one CPU core pegged" in a["message"]
+    assert "is not measured without the hook" in a["message"]
+    assert a["action"].startswith("Raise the batch size about x")
+    assert "If the GPU's busy share does not rise with the batch" in a["action"]
+    assert "DataLoader(num_workers=0 → " in a["action"]
+    assert a["confidence"] == 0.55
+    # measured by the hook (a hand-written loop waiting 87 % on its own loading): said so
     (m,) = [a for a in advise_json(DATA / "input_bound.jsonl")["advice"]
             if a["id"] == "add-dataloader-workers"]
     assert m["message"].startswith("The input pipeline holds the training back: steps spend")
     assert "raise the batch size instead" not in m["action"]
-
+    # ... and without the hook: its kernels fill the SMs, so the loading is the suspicion
+    loop = advise_json(without_hook(DATA / "input_bound.jsonl", tmp_path))
+    assert "raise-batch-size" not in ids(loop)
+    (w,) = [a for a in loop["advice"] if a["id"] == "add-dataloader-workers"]
+    assert w["message"].startswith("The input pipeline may hold this job back")
+    assert "the wait for data is not measured" in w["message"]
+    big = re.search(r"fill the SMs they run on \((\d+) % of their warps\)", w["message"])
+    assert big and int(big.group(1)) >= 45
+    assert w["evidence"]["job_workers"] == 0 and w["evidence"]["main_busy_ratio"] >= 0.85
+    assert "raise the batch size instead" in w["action"]
+    assert "CPU cores are free." in w["action"]  # one GPU: the host's free cores are its own
+    assert w["confidence"] == 0.6
+    # without GPM the Trainer's defaults look like the loop: the hedge as it was
+    nogpm = advise_json(write(tmp_path / "nogpm.jsonl", without_gpm(lines(bare))))
+    assert "raise-batch-size" not in ids(nogpm)
+    (h,) = [a for a in nogpm["advice"] if a["id"] == "add-dataloader-workers"]
+    assert "keeps its core pegged" in h["message"] and "fill the SMs" not in h["message"]
+    assert h["confidence"] == 0.55
 
 
 def test_a_launchers_start_up_tree_is_not_read_as_its_loader_workers_later():
@@ -1374,9 +1403,24 @@ def test_a_launchers_start_up_tree_is_not_read_as_its_loader_workers_later():
 
 def test_free_cores_are_counted_per_gpu_where_gpus_share_the_host(tmp_path):
     """Accelerate's DDP on 4 H100s seen without the hook (no workers, pegged mains): each
-    rank is told the cores free per GPU, and that they are per GPU, not the host's 60."""
+    rank is told the cores free per GPU, not the host's 60. As recorded its kernels are
+    small (the hook measured a host-bound step: raise-batch-size), and the workers it names
+    as the other cause are sized from the cores free per GPU; with kernels that fill the
+    SMs (the same lines, warp occupancy raised) the loading is the suspicion, its free
+    cores said per GPU."""
     bare = without_hook(path_of("accelerate_ddp"), tmp_path)
-    items = [a for a in advise_json(bare)["advice"] if a["id"] == "add-dataloader-workers"]
+    items = [a for a in advise_json(bare)["advice"] if a["id"] == "raise-batch-size"]
+    assert sorted(a["gpu"] for a in items) == [0, 1, 2, 3]
+    for a in items:  # (at most 8: the host's 60 free cores would read as 59)
+        n = int(re.search(r"DataLoader\(num_workers=0 → (\d+)\)", a["action"]).group(1))
+        assert 1 <= n <= 8
+    big = []
+    for d in lines(bare):
+        if d.get("kind") == "gpu" and d.get("sm_active") is not None:
+            d["sm_occupancy"] = 0.6 * d["sm_active"]
+        big.append(d)
+    items = [a for a in advise_json(write(tmp_path / "big.jsonl", big))["advice"]
+             if a["id"] == "add-dataloader-workers"]
     assert sorted(a["gpu"] for a in items) == [0, 1, 2, 3]
     for a in items:
         m = re.search(r"(\d+) CPU cores are free per GPU \(of 4 on this host\)", a["action"])
