@@ -450,6 +450,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                           "reduce-launch-overhead"}),
     "plain_sync_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
                                                "enable-mixed-precision"}),
+    # the Trainer's and Lightning's defaults (no DataLoader workers; the hook measured a
+    # host-bound step, 1 % and 10 % data wait) with the daemon on its own: the batch
+    "hf_default_b8_bare": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    "lightning_default_bare": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     # Lightning in 16-mixed saving every 40 steps (59 % of the time since the first step):
     # the checkpoints first, and its settings still told though the training is never 60 %
     # of a window (train_share: 0, test below)

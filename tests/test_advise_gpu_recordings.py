@@ -7,6 +7,7 @@ onset. A recording not yet in tests/data is skipped, saying so."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,11 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "fp16_overflow": ({"loss-scale-collapse"}, set()),
     "gan": ({"enable-persistent-workers"}, {"add-dataloader-workers"}),
     "starved_cnn": ({"add-dataloader-workers"}, {"raise-batch-size"}),
+    # the same CNN with no workers: the main process augments in numpy on one core, its
+    # steps waiting 99 % on it; without the hook (the daemon on its own) its kernels fill
+    # the SMs they run on, so the loading is the suspicion, not a batch too small
+    "starved_cnn_w0": ({"add-dataloader-workers"}, {"raise-batch-size"}),
+    "starved_cnn_w0_bare": ({"add-dataloader-workers"}, {"raise-batch-size"}),
     "fp32_conv": ({"enable-mixed-precision"}, set()),
     "manual_lstm": (set(), {"add-dataloader-workers", "enable-pin-memory"}),
     # the leak, and the death it led to (the hook's exit report)
@@ -76,11 +82,13 @@ def test_gets_its_advice_and_not_the_wrong_one(name):
         elif a["id"] in must and t0 is not None:
             limit = CRITICAL_ONSET if a["severity"] == "critical" else WARNING_ONSET
             assert a["since"] - t0 <= limit + 1, (a["id"], a["since"] - t0)
-    if name in ("gan", "starved_cnn", "manual_lstm", "ddp_slow_rank"):
+    if name in ("gan", "starved_cnn", "starved_cnn_w0", "starved_cnn_w0_bare", "manual_lstm",
+                "ddp_slow_rank"):
         assert report["advice"], "a GPU this underused must get some advice"
 
 
-@pytest.mark.parametrize("name", ["gan", "starved_cnn", "ddp_slow_rank", "ddp_balanced"])
+@pytest.mark.parametrize("name", ["gan", "starved_cnn", "starved_cnn_w0", "ddp_slow_rank",
+                                  "ddp_balanced"])
 def test_breakdown_follows_the_scripts_own_timing(name):
     path = recording(name)
     report = advise_json(path)
@@ -269,3 +277,27 @@ def test_torch_distributed_detail_checks_are_told_as_debugging():
     assert "unset TORCH_DISTRIBUTED_DEBUG" in told["action"]
     _, plain = ddp1("ddp1_find_unused")
     assert plain["dist_debug_detail"] is False
+
+
+def test_one_pegged_core_loading_without_the_hook_is_told_by_its_kernels():
+    """gpu_starved_cnn_w0_bare: the CNN's main process augments every image in numpy on
+    one core (no workers), the daemon on its own. NVML's util reads 0 at most seconds, the
+    SMs 1.5-2.2 % active; the kernels that do run hold half the warps of the SMs they run
+    on: no batch too small. Told as the loading it may be, hedged (the wait is not
+    measured), sized like its hooked twin's, which measured 99 % of each step waiting."""
+    bare = advise_json(recording("starved_cnn_w0_bare"))
+    assert bare["hook"]["steps"] is False
+    (a,) = [a for a in bare["advice"] if a["id"] == "add-dataloader-workers"]
+    m = re.search(r"fill the SMs they run on \((\d+) % of their warps\)", a["message"])
+    assert m and int(m.group(1)) >= 45
+    ev = a["evidence"]
+    assert int(m.group(1)) == round(100 * ev["sm_occupancy"] / ev["sm_active"])
+    assert 0.01 <= ev["sm_active"] < 0.05 and ev["main_busy_ratio"] >= 0.85
+    assert ev["job_workers"] == 0
+    assert "the wait for data is not measured" in a["message"] and a["confidence"] == 0.6
+    bare_n = int(re.search(r"num_workers=0 → (\d+)", a["action"]).group(1))
+    hooked = advise_json(recording("starved_cnn_w0"))
+    (h,) = [a for a in hooked["advice"] if a["id"] == "add-dataloader-workers"]
+    assert h["evidence"]["data_wait_ratio"] >= 0.9 and h["confidence"] == 0.9
+    hooked_n = int(re.search(r"num_workers=0 → (\d+)", h["action"]).group(1))
+    assert abs(bare_n - hooked_n) <= 2, (bare_n, hooked_n)

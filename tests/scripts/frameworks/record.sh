@@ -45,6 +45,9 @@ want hf_bert_b8 && rec hf_bert_b8 150 python3 hf_trainer.py $bert --steps 100000
 # 3b. the Trainer's defaults: fp32, dataloader_num_workers=0, batch 8 (host-bound, no eval)
 want hf_default_b8 && rec hf_default_b8 120 python3 hf_trainer.py $bert --steps 100000 --seconds 45 \
   --batch 8 --accum 1 --eval-every 100000 --eval-samples 64 --workers 0
+# 3c. the same with the daemon on its own (as a systemd service runs it)
+want hf_default_b8_bare && rec_bare hf_default_b8_bare 120 python3 hf_trainer.py $bert --steps 100000 \
+  --seconds 45 --batch 8 --accum 1 --eval-every 100000 --eval-samples 64 --workers 0
 # 4. gradient checkpointing left on with memory to spare
 want hf_grad_ckpt && rec hf_grad_ckpt 150 python3 hf_trainer.py $bert --steps 100000 --seconds 50 --batch 32 \
   --accum 1 --eval-every 100000 --eval-samples 64 --grad-ckpt --bf16 --workers 2
@@ -217,6 +220,8 @@ if want lightning_ddp; then
 fi
 # 8b. Lightning's defaults on one GPU: 32-true, num_workers=0, a small MLP at batch 32
 want lightning_default && rec lightning_default 120 python3 lightning_val.py --devices 1 \
+  --steps 100000 --seconds 45 --batch 32 --val-every 100000 --val-samples 256 --width 256 --workers 0
+want lightning_default_bare && rec_bare lightning_default_bare 120 python3 lightning_val.py --devices 1 \
   --steps 100000 --seconds 45 --batch 32 --val-every 100000 --val-samples 256 --width 256 --workers 0
 # 8c. GPU-bound: BERT-large at sequence 512, batch 32, bf16; a wide MLP at batch 2048, bf16-mixed
 want hf_large_bf16 && rec hf_large_bf16 150 python3 hf_trainer.py --hidden 1024 --layers 24 --seq 512 \

@@ -21,6 +21,21 @@ single="fp16_overflow gan starved_cnn fp32_conv manual_lstm leak_oom"
 want fp16_overflow && rec fp16_overflow python3 fp16_overflow.py --seconds 35
 want gan && rec gan python3 gan.py --seconds 45
 want starved_cnn && rec starved_cnn python3 starved_cnn.py --seconds 45
+# the same CNN with no DataLoader workers: the main process does the numpy augmentation on
+# one core (the loading the daemon alone cannot tell from a too-small batch's host cost but
+# by the size of the kernels), with the hook and with the daemon on its own
+want starved_cnn_w0 && rec starved_cnn_w0 python3 starved_cnn.py --seconds 45 --workers 0
+if want starved_cnn_w0_bare; then
+  (cd "$here" || exit
+   python3 -m gpuwatch run --quiet --web.listen-address 127.0.0.1:0 \
+      --record "$out/gpu_starved_cnn_w0_bare.jsonl" >"$out/gpu_starved_cnn_w0_bare.log" 2>&1 &
+   d=$!; sleep 5
+   timeout 120 python3 starved_cnn.py --seconds 45 --workers 0 \
+      --truth "$out/gpu_starved_cnn_w0_bare.truth.json" >>"$out/gpu_starved_cnn_w0_bare.job.log" 2>&1
+   echo "starved_cnn_w0_bare job: rc=$?"
+   sleep 5; kill -INT $d; wait $d)
+  echo "starved_cnn_w0_bare: $(wc -l <"$out/gpu_starved_cnn_w0_bare.jsonl") lines"
+fi
 want fp32_conv && rec fp32_conv python3 fp32_conv.py --seconds 45
 want manual_lstm && rec manual_lstm python3 manual_lstm.py --seconds 45
 want leak_oom && rec leak_oom python3 leak_oom.py --fill-seconds 45

@@ -43,7 +43,7 @@ model = nn.Sequential(conv(3, 32), conv(32, 64), nn.MaxPool2d(2), conv(64, 128),
                       nn.Linear(256, 100)).to(dev)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 loader = DataLoader(Augmented(), batch_size=a.batch, shuffle=True, num_workers=a.workers,
-                    pin_memory=True, persistent_workers=True)
+                    pin_memory=True, persistent_workers=a.workers > 0)
 truth = Truth(a.truth, script="starved_cnn", batch=a.batch, workers=a.workers, aug_ms=a.aug_ms)
 end = time.time() + a.seconds
 for (x, y), wait, first in timed(loader, truth):
