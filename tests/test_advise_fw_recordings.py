@@ -472,11 +472,14 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # speed-up-evaluation comes once those begin, 34 s after the first step (tested below)
     "hf_train_predict": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     # a model moved to the GPU, then 34 s of CPU preprocessing with the GPU idle (start-up,
-    # never gpu-idle), then a loader too slow for its steps; without the hook the
-    # catch-all, not an idle GPU
+    # never gpu-idle), then a loader too slow for its steps; without the hook, its main
+    # process idle 41 % of the time while the GPU idles and its two workers are 72 % busy:
+    # the wait for their batches, hedged, not an idle GPU and not the catch-all's "host"
     "plain_preprocess": ({"add-dataloader-workers"}, {"gpu-idle", "raise-batch-size",
                                                       "gpu-underused"}),
-    "plain_preprocess_bare": (set(), {"gpu-idle", "memory-leak"}),
+    "plain_preprocess_bare": ({"add-dataloader-workers"}, {"gpu-idle", "memory-leak",
+                                                           "gpu-underused",
+                                                           "raise-batch-size"}),
     # a loop that trains 20 s, computes a metric in pure Python for 70 s (GPU idle, main
     # process busy), then trains 20 s more: host work between steps, never a stall (tested
     # below; its advice comes 60 s into the pause)
@@ -1403,6 +1406,32 @@ def test_a_launchers_start_up_tree_is_not_read_as_its_loader_workers_later():
         assert "workers_busy_ratio" not in a["evidence"], (a["id"], a["gpu"])
         assert "job_workers" not in a["evidence"], (a["id"], a["gpu"])
 
+
+
+def test_without_the_hook_a_main_process_waiting_beside_busy_workers_waits_for_them():
+    """fw_plain_preprocess_bare: two DataLoader workers 72 % busy (not pegged) beside a main
+    process busy 59 % of the time, the GPU 6 % busy. The main process waits, and with its
+    GPU idle what it waits for is its workers' batches (its hooked twin measured 62 % of
+    each step waiting on data). Told so, hedged, the gain bounded by the main process's
+    own busy time (the wait gone); not the catch-all's "host" slice."""
+    report = advise_json(path_of("plain_preprocess_bare"))
+    assert report["hook"]["steps"] is False
+    (a,) = [a for a in report["advice"] if a["id"] == "add-dataloader-workers"]
+    ev = a["evidence"]
+    assert ev["job_workers"] == 2 and 0.5 <= ev["workers_busy_ratio"] < 0.8
+    assert ev["main_busy_ratio"] < 0.8 and ev["sm_active"] < 0.35
+    m = re.search(r"the main process idle (\d+) % of the time, its 2 workers (\d+) % busy",
+                  a["message"])
+    assert m and int(m.group(1)) == round(100 * (1 - ev["main_busy_ratio"]))
+    assert int(m.group(2)) == round(100 * ev["workers_busy_ratio"])
+    assert "the wait itself is not measured without the hook" in a["message"]
+    assert "while the main process waits" in a["action"]
+    assert a["confidence"] == 0.6
+    assert a["expected_gain"] == pytest.approx(1 / ev["main_busy_ratio"], rel=0.02)
+    assert "gpu-underused" not in ids(report)
+    hooked = advise_json(path_of("plain_preprocess"))
+    (h,) = [a for a in hooked["advice"] if a["id"] == "add-dataloader-workers"]
+    assert h["evidence"]["data_wait_ratio"] >= 0.5
 
 
 def test_free_cores_are_counted_per_gpu_where_gpus_share_the_host(tmp_path):
