@@ -9,6 +9,7 @@ must not get advice the data cannot support."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -1357,7 +1358,7 @@ def test_without_the_hook_a_pegged_main_process_is_told_by_the_size_of_its_kerne
     (a,) = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
     ev = a["evidence"]
     assert ev["main_busy_ratio"] >= 0.85 and ev["sm_active"] < 0.35
-    occ = re.search(r"the SMs they run on hold (\d+) % of their warps", a["message"])
+    occ = re.search(r"while active, the SMs hold (\d+) % of the warps they can", a["message"])
     assert occ and int(occ.group(1)) < 45
     assert int(occ.group(1)) == round(100 * ev["sm_occupancy"] / ev["sm_active"])
     assert "keeps one CPU core pegged" in a["message"]
@@ -1377,10 +1378,13 @@ def test_without_the_hook_a_pegged_main_process_is_told_by_the_size_of_its_kerne
     (w,) = [a for a in loop["advice"] if a["id"] == "add-dataloader-workers"]
     assert w["message"].startswith("The input pipeline may hold this job back")
     assert "the wait for data is not measured" in w["message"]
-    big = re.search(r"fill the SMs they run on \((\d+) % of their warps\)", w["message"])
+    big = re.search(r"fill the SMs \(while active, they hold (\d+) % of the warps they can\)",
+                    w["message"])
     assert big and int(big.group(1)) >= 45
     assert w["evidence"]["job_workers"] == 0 and w["evidence"]["main_busy_ratio"] >= 0.85
-    assert "raise the batch size instead" in w["action"]
+    # (its kernels are no batch too small: the batch is not the fallback it names)
+    assert "raise the batch size instead" not in w["action"]
+    assert "a loop's own per-step Python" not in w["message"]
     assert "CPU cores are free." in w["action"]  # one GPU: the host's free cores are its own
     assert w["confidence"] == 0.6
     # without GPM the Trainer's defaults look like the loop: the hedge as it was
@@ -1426,6 +1430,9 @@ def test_without_the_hook_a_main_process_waiting_beside_busy_workers_waits_for_t
     assert int(m.group(2)) == round(100 * ev["workers_busy_ratio"])
     assert "the wait itself is not measured without the hook" in a["message"]
     assert "while the main process waits" in a["action"]
+    # enough workers that their batches come as fast as the main process takes them
+    n = int(re.search(r"num_workers=2 → (\d+)", a["action"]).group(1))
+    assert n == math.ceil(1.2 * 2 / ev["main_busy_ratio"])
     assert a["confidence"] == 0.6
     assert a["expected_gain"] == pytest.approx(1 / ev["main_busy_ratio"], rel=0.02)
     assert "gpu-underused" not in ids(report)

@@ -288,7 +288,8 @@ def test_one_pegged_core_loading_without_the_hook_is_told_by_its_kernels():
     bare = advise_json(recording("starved_cnn_w0_bare"))
     assert bare["hook"]["steps"] is False
     (a,) = [a for a in bare["advice"] if a["id"] == "add-dataloader-workers"]
-    m = re.search(r"fill the SMs they run on \((\d+) % of their warps\)", a["message"])
+    m = re.search(r"fill the SMs \(while active, they hold (\d+) % of the warps they can\)",
+                  a["message"])
     assert m and int(m.group(1)) >= 45
     ev = a["evidence"]
     assert int(m.group(1)) == round(100 * ev["sm_occupancy"] / ev["sm_active"])
