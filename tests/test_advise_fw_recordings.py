@@ -1363,6 +1363,9 @@ def test_without_the_hook_a_pegged_main_process_is_told_by_the_size_of_its_kerne
     assert int(occ.group(1)) == round(100 * ev["sm_occupancy"] / ev["sm_active"])
     assert "keeps one CPU core pegged" in a["message"]
     assert "is not measured without the hook" in a["message"]
+    assert "its steps run" not in a["message"]  # no step was timed
+    (h,) = [x for x in advise_json(path)["advice"] if x["id"] == "raise-batch-size"]
+    assert "of the time its steps run" in h["message"]
     assert a["action"].startswith("Raise the batch size about x")
     assert "If the GPU's busy share does not rise with the batch" in a["action"]
     assert "DataLoader(num_workers=0 → " in a["action"]
