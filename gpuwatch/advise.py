@@ -1,6 +1,6 @@
 """`gpuwatch advise`: judge a run and say what to change, with the evidence.
 
-From a recording (``--replay FILE``, ``--demo``), a running daemon (``--url``, its
+From a recording (``--replay FILE``, ``--replay -`` for one piped in, ``--demo``), a running daemon (``--url``, its
 /api/advice) or a Prometheus server (``--prometheus URL``: the fleet report, every
 instance and GPU over ``--window`` seconds, narrowed by ``--match SELECTOR``, grouped per
 host with the jobs and ranks the hook reported). Prints text, Markdown, JSON or one
@@ -12,9 +12,13 @@ nothing listening).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.resources
 import json
+import os
+import shutil
 import sys
+import tempfile
 import urllib.parse
 from typing import Any
 
@@ -22,6 +26,7 @@ from gpuwatch.errors import UserError
 
 DEFAULT_URL = "http://127.0.0.1:9442"
 DEFAULT_WINDOW = 600.0
+STDIN_NAME = "<stdin>"  # how a recording piped to --replay - is named in the report
 
 
 def _ruleset(args: argparse.Namespace) -> Any:
@@ -66,7 +71,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             resource = importlib.resources.files("gpuwatch.data") / "demo.jsonl"
             with importlib.resources.as_file(resource) as path:
                 return sources.recording_report(str(path), ruleset, shown=sources.DEMO_NAME)
-        return sources.recording_report(args.replay, ruleset)
+        return sources.recording_report(args.replay, ruleset,
+                                        shown=getattr(args, "replay_shown", None))
     if prometheus:
         selector = sources.parse_selector(match) if match is not None else ""
         ruleset = _ruleset(args)
@@ -115,7 +121,8 @@ def build_with_timeline(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
             resource = importlib.resources.files("gpuwatch.data") / "demo.jsonl"
             with importlib.resources.as_file(resource) as path:
                 return timeline.judge_recording(str(path), ruleset, shown=sources.DEMO_NAME)
-        return timeline.judge_recording(args.replay, ruleset)
+        return timeline.judge_recording(args.replay, ruleset,
+                                        shown=getattr(args, "replay_shown", None))
     return build(args), None
 
 
@@ -347,9 +354,42 @@ def render_fleet_markdown(rep: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+@contextlib.contextmanager
+def _stdin_recording() -> Any:
+    """A recording piped in (``--replay -``), copied whole to a private temporary file: the
+    replay reads its file more than once (its span first; a long one in several processes),
+    which a pipe cannot be. Plain or gzip, as a file is. Removed when done."""
+    stdin = sys.stdin
+    if stdin is None or stdin.closed:
+        raise UserError("--replay -: there is no standard input to read a recording from")
+    if stdin.isatty():
+        raise UserError("--replay -: standard input is a terminal; pipe a recording in, e.g. "
+                        "zcat run.jsonl.gz | gpuwatch advise --replay -")
+    fd, path = tempfile.mkstemp(prefix="gpuwatch-stdin-", suffix=".jsonl")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(getattr(stdin, "buffer", stdin), out, 1 << 20)
+        if os.path.getsize(path) == 0:
+            raise UserError("--replay -: standard input was empty: expected a gpuwatch-trace/1 "
+                            "recording (gpuwatch run --record FILE makes one)")
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 def main(args: argparse.Namespace) -> int:
     from gpuwatch.advisor import report
 
+    if getattr(args, "replay", None) == "-":
+        with _stdin_recording() as path:
+            args.replay, args.replay_shown = path, STDIN_NAME
+            try:
+                return main(args)
+            except UserError as err:  # a bad line is named as the input's, not the copy's
+                if path not in str(err):
+                    raise
+                raise UserError(str(err).replace(path, STDIN_NAME)) from err
     fmt = getattr(args, "format", "text") or "text"
     if fmt == "html":
         from gpuwatch.advisor import html

@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = adv.add_mutually_exclusive_group()
     src.add_argument("--url", default=None, help=f"a running daemon (default {DEFAULT_URL})")
     src.add_argument("--replay", metavar="FILE",
-                     help="judge a gpuwatch-trace/1 recording (a long one of several GPUs in "
-                          "several processes; GPUWATCH_REPLAY_WORKERS=1 keeps one)")
+                     help="judge a gpuwatch-trace/1 recording, plain or gzip; - reads it "
+                          "from standard input (a long one of several GPUs in several "
+                          "processes; GPUWATCH_REPLAY_WORKERS=1 keeps one)")
     src.add_argument("--demo", action="store_true", help="judge the bundled recording")
     src.add_argument("--prometheus", metavar="URL", help="fleet-wide, from a Prometheus server")
     _add_log_level(adv, argparse.SUPPRESS)

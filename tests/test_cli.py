@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import re
 import stat
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import REPO, run_gpuwatch
@@ -156,3 +158,59 @@ def test_top_level_help_ends_with_the_readme_usage_block(tmp_path):
     m = re.search(r"## Usage\n\n((?:    .*\n)+)", readme)
     assert m, "README.md has no indented usage block under '## Usage'"
     assert m.group(1) == EXAMPLES, "README's usage block and `gpuwatch --help` differ"
+
+
+# -- a recording piped in (--replay -) ------------------------------------------------------
+
+def _advise_stdin(tmp_path, data: bytes, *extra: str, env: dict | None = None):
+    import subprocess
+    import sys
+
+    from conftest import daemon_env
+    return subprocess.run([sys.executable, "-m", "gpuwatch", "advise", "--replay", "-", *extra],
+                          cwd=REPO, env={**daemon_env(tmp_path), **(env or {})},
+                          input=data, capture_output=True, timeout=120, check=False)
+
+
+def _judged(report: dict) -> list:
+    return [(a["id"], a["gpu"], a["message"], a["since"], a["last_seen"]) for a in report["advice"]]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_replay_dash_reads_the_recording_from_stdin_as_a_file_would_be(tmp_path, gz):
+    import gzip
+    import json
+
+    path = REPO / "tests" / "data" / "fw_generate_device_map_bare.jsonl"
+    data = path.read_bytes()
+    fed = gzip.compress(data) if gz else data
+    want = json.loads(run_gpuwatch(["advise", "--replay", str(path), "--format", "json"],
+                                   tmp_path).stdout)
+    assert want["advice"], "the recording must give advice for the comparison to mean anything"
+    # in one process, and split over several (the replay reads its file more than once)
+    for workers in ("1", "3"):
+        got = _advise_stdin(tmp_path, fed, "--format", "json",
+                            env={"GPUWATCH_REPLAY_WORKERS": workers})
+        assert got.returncode == 0, got.stderr
+        rep = json.loads(got.stdout)
+        assert rep["source"]["path"] == "<stdin>"
+        assert rep["source"]["duration_seconds"] == want["source"]["duration_seconds"]
+        assert _judged(rep) == _judged(want)
+    text = _advise_stdin(tmp_path, fed)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.decode().startswith("gpuwatch advice: recording <stdin>, 76 s")
+    # no copy is left behind in the temporary directory
+    assert not list(Path(tempfile.gettempdir()).glob("gpuwatch-stdin-*"))
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"", "gpuwatch: error: --replay -: standard input was empty: expected a "
+          "gpuwatch-trace/1 recording (gpuwatch run --record FILE makes one)"),
+    (b"garbage\n", "gpuwatch: error: <stdin>:1: not JSON (Expecting value: line 1 column 1 "
+                   "(char 0)); the first line of a trace must be its meta line"),
+])
+def test_replay_dash_names_stdin_in_its_errors(tmp_path, data, expected):
+    got = _advise_stdin(tmp_path, data)
+    assert got.returncode == 2
+    assert got.stderr.decode().splitlines()[-1] == expected
+    assert not list(Path(tempfile.gettempdir()).glob("gpuwatch-stdin-*"))
