@@ -2082,6 +2082,19 @@ def test_accelerate_launch_ranks_are_found_with_and_without_the_hook():
         0, 1, 2, 3]
 
 
+def test_without_the_hook_the_time_split_is_not_called_training():
+    """Without the hook nothing tells training from inference: generate() over four GPUs
+    read, bare, as "training time" on each. The bare split is the job's time at work; the
+    hooked twin's trained steps keep their name."""
+    bare = advise_text(path_of("generate_device_map_bare"))
+    lines = [ln for ln in bare.splitlines() if "(estimated without the hook)" in ln]
+    assert len(lines) == 3
+    assert all(re.match(r"GPU \d \(pid \d+\) time at work: host 9\d %", ln) for ln in lines)
+    assert "training time" not in bare
+    hooked = advise_text(path_of("hf_default_b8"))
+    assert re.search(r"GPU 0 \(pid \d+, transformers\) training time: ", hooked)
+
+
 def test_a_model_spread_over_the_gpus_is_one_inference_process():
     """from_pretrained(device_map="auto") put a GPT-2's layers on all four GPUs of one
     process that only generates. The hook reports for the GPU of its first parameter; the
@@ -2704,6 +2717,24 @@ def test_a_later_process_on_the_gpu_counts_its_own_idle_evaluation(tmp_path):
 
 def _without(lines_: list[dict], kinds: tuple[str, ...]) -> list[dict]:
     return [d for d in lines_ if d.get("kind") not in kinds]
+
+
+def test_worker_restarts_that_stopped_are_not_each_epochs(tmp_path):
+    """Trainer(auto_find_batch_size=True) retried 17 batch sizes at start-up, each with a
+    new pool of DataLoader workers (17-56 s), then trained steadily. The hook's lines taken
+    out, the minute after still held those restarts: persistent_workers was told at 80 s,
+    when none had started for 25 s. It is told only while whole pools go on starting; the
+    Lightning job whose every short epoch starts its workers again keeps it."""
+    rec = _without(lines(path_of("hf_autobatch")), HOOK_KINDS)
+    t0 = rec[1]["t"]
+    starts = [d["t"] - t0 for d in rec if d.get("kind") == "host"
+              for j in d.get("jobs") or [] if j.get("loader_workers_started")]
+    assert len(starts) >= 15 and max(starts) < 60 < rec[-1]["t"] - t0 - 30
+    report = advise_json(write(tmp_path / "bare.jsonl", rec))
+    assert "enable-persistent-workers" not in ids(report)
+    epochs = advise_json(path_of("lightning_cnn_epochs_bare"))
+    (a,) = [a for a in epochs["advice"] if a["id"] == "enable-persistent-workers"]
+    assert a["evidence"]["loader_workers_started_per_minute"] >= 4 * a["evidence"]["job_workers"]
 
 
 @pytest.mark.parametrize("name", ["hf_large_oom", "lightning_cnn_oom"])

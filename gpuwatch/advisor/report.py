@@ -706,7 +706,10 @@ def job_line(j: dict[str, Any]) -> str:
     if j.get("source") == "nvml":
         tail.append("estimated without the hook")
     tail_txt = f" ({', '.join(tail)})" if tail else ""
-    return f"{job_where(j)}{who_txt} training time: {parts}{tail_txt}"
+    # without the hook nothing tells training from inference (or start-up): the split is
+    # of all the time the process worked, and not called training
+    label = "time at work" if j.get("source") == "nvml" else "training time"
+    return f"{job_where(j)}{who_txt} {label}: {parts}{tail_txt}"
 
 
 def phases_line(j: dict[str, Any]) -> str | None:
