@@ -493,7 +493,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "lightning_batch_end_metric": ({"work-every-n-steps"}, {"gpu-underused",
                                                             "add-dataloader-workers"}),
     "hf_step_end_samples": ({"work-every-n-steps"}, {"gpu-underused", "add-dataloader-workers"}),
-    "lightning_batch_end_metric_bare": (set(), {"work-every-n-steps"}),
+    # without the hook its NVML util reads 0 at most ticks (its bursts fall between the
+    # counter's samples) while GPM has its SMs 11 % active: the batch, as its hooked twin
+    "lightning_batch_end_metric_bare": ({"raise-batch-size"}, {"work-every-n-steps",
+                                                               "add-dataloader-workers"}),
     # item 65 without the hook: the pool of 8 workers started anew at each of ~68 epochs
     "lightning_cnn_epochs_bare": ({"enable-persistent-workers"}, {"add-dataloader-workers"}),
     # debugging left on while training (its steps 3.3x, 4.8x and 1.45x as long as the same
@@ -2093,6 +2096,11 @@ def test_without_the_hook_the_time_split_is_not_called_training():
     assert "training time" not in bare
     hooked = advise_text(path_of("hf_default_b8"))
     assert re.search(r"GPU 0 \(pid \d+, transformers\) training time: ", hooked)
+    md = advise_text(path_of("generate_device_map_bare"), "--format", "markdown")
+    assert "Each job's (rank's) time at work, estimated without the hook" in md
+    assert "training time" not in md
+    assert "Each job's (rank's) training time" in advise_text(path_of("hf_default_b8"),
+                                                              "--format", "markdown")
 
 
 def test_a_model_spread_over_the_gpus_is_one_inference_process():
@@ -2717,6 +2725,32 @@ def test_a_later_process_on_the_gpu_counts_its_own_idle_evaluation(tmp_path):
 
 def _without(lines_: list[dict], kinds: tuple[str, ...]) -> list[dict]:
     return [d for d in lines_ if d.get("kind") not in kinds]
+
+
+def test_without_the_hook_gpm_tells_a_working_gpu_whose_util_reads_zero(tmp_path):
+    """NVML's util is the share of its own sample period (as short as 1/6 s) in which a
+    kernel ran, and misses a job's bursts between samples: the Lightning loop whose
+    callback computes a metric between steps read util 0 at most ticks while GPM counted
+    its SMs 11 % active over each whole second. Without the hook "the GPU works" was read
+    from util's median alone, and the job was told nothing; GPM's SM activity opens the
+    training rules too (its hooked twin: raise-batch-size). Without GPM, util alone stays
+    the reading, and nothing is told."""
+    rec = lines(path_of("lightning_batch_end_metric_bare"))
+    gpu = [d for d in rec if d.get("kind") == "gpu" and d.get("processes")]
+    on = [i for i, d in enumerate(gpu) if d.get("sm_active", 0) > 0]
+    work = gpu[on[0]:on[-1] + 1]  # from the first second of work to the last
+    assert len(work) >= 30
+    half = len(work) // 2
+    assert sorted(d["util"] for d in work)[half] < 0.05
+    assert sorted(d["sm_active"] for d in work)[half] >= 0.05
+    report = advise_json(path_of("lightning_batch_end_metric_bare"))
+    (a,) = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
+    assert a["gpu"] == 0 and a["confidence"] <= 0.75
+    assert a["evidence"]["sm_active"] >= 0.05 and a["evidence"]["main_busy_ratio"] >= 0.9
+    twin = advise_json(path_of("lightning_batch_end_metric"))
+    assert "raise-batch-size" in ids(twin)
+    blind = advise_json(write(tmp_path / "no_gpm.jsonl", without_gpm(rec)))
+    assert ids(blind) == set()
 
 
 def test_worker_restarts_that_stopped_are_not_each_epochs(tmp_path):

@@ -132,7 +132,7 @@ def test_the_time_line_says_what_the_table_says(reports, name):
     # (an inference process has phases, no breakdown)
     rows = [r for r in md.splitlines() if re.match(r"\| \S+ \| (pid|rank|\?)", r)
             and r.count("|") == 10]
-    lines = [ln for ln in text.splitlines() if " time: " in ln]
+    lines = [ln for ln in text.splitlines() if " time: " in ln or " time at work: " in ln]
     jobs = [j for j in rep["jobs"] if j.get("time_share")]
     assert len(rows) == len(lines) == len(jobs)
     for job, row, line in zip(jobs, rows, lines, strict=True):

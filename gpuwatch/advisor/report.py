@@ -957,10 +957,15 @@ def render_markdown(report: dict[str, Any]) -> str:
                      f" | {_yes(s['bf16'])} | {_yes(s['tf32'])} | {_yes(s['fp8'])} "
                      f"| {_yes(g['gpm'])} |")
     if report.get("jobs"):
-        lines += ["", "## Where the time went", "",
-                  "Each job's (rank's) training time, split so the parts add up to 100 % "
-                  "(docs/advice.md, step-time attribution); evaluation, checkpoints and "
-                  "start-up are phases of their own, below.", "",
+        split = [j for j in report["jobs"] if j.get("time_share")]
+        bare = bool(split) and all(j.get("source") == "nvml" for j in split)
+        what = ("Each job's (rank's) time at work, estimated without the hook (nothing "
+                "there tells training from inference or start-up), split so the parts add "
+                "up to 100 % (docs/advice.md, step-time attribution)." if bare else
+                "Each job's (rank's) training time, split so the parts add up to 100 % "
+                "(docs/advice.md, step-time attribution); evaluation, checkpoints and "
+                "start-up are phases of their own, below.")
+        lines += ["", "## Where the time went", "", what, "",
                   "| GPU | job | data wait | waiting on peers | GPU work | host | other "
                   "| step | bottleneck |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -634,3 +634,15 @@ s2s="--width 512 --layers 6 --seq 128 --batch 32 --eval-batch 16 --eval-samples 
   --eval-every 400 --steps 100000 --seconds 60 --bf16 --workers 2"
 want hf_s2s_eval_first && rec hf_s2s_eval_first 200 python3 hf_seq2seq.py $s2s --evaluate-first
 want hf_s2s_on_start && rec hf_s2s_on_start 200 python3 hf_seq2seq.py $s2s --eval-on-start
+# 7r. (2026-12-03, twelfth session) the bare twins of three runs whose NVML util misses
+#     their work (its median 0 over most 15 s windows while GPM has the SMs at work): a
+#     TrainerCallback's text samples every 40 steps, Lightning's fp16 with a checkpoint
+#     every 40 steps, the Trainer's ViT with its augmentation on 4 workers
+want hf_step_end_samples_bare && rec_bare hf_step_end_samples_bare 150 \
+  python3 hf_step_end_samples.py --seconds 45
+want lightning_fp16_ckpt_bare && rec_bare lightning_fp16_ckpt_bare 150 \
+  python3 lightning_fp16_ckpt.py --seconds 45
+want hf_vit_aug_bare && rec_bare hf_vit_aug_bare 150 python3 hf_vit_aug.py --seconds 35
+# and the Trainer evaluating every 20 steps at eval batch 8 (1.), without the hook
+want hf_eval_heavy_bare && rec_bare hf_eval_heavy_bare 150 python3 hf_trainer.py $bert --steps 100000 \
+  --seconds 60 --batch 32 --accum 1 --eval-every 20 --eval-batch 8 --eval-samples 2048 --workers 2

@@ -14,6 +14,19 @@ rec() {  # name, then the command
       >"$out/gpu_$name.log" 2>&1
   echo "$name: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/gpu_$name.jsonl") lines"
 }
+# the same without the hook: the daemon started on its own (as a systemd service runs it)
+# and the job started beside it, not under it
+rec_bare() {  # name, then the command
+  local name=$1; shift
+  local t0=$SECONDS
+  (cd "$here" || exit
+   python3 -m gpuwatch run --quiet --web.listen-address 127.0.0.1:0 \
+      --record "$out/gpu_$name.jsonl" >"$out/gpu_$name.log" 2>&1 &
+   d=$!; sleep 5
+   timeout 200 "$@" --truth "$out/gpu_$name.truth.json" >>"$out/gpu_$name.job.log" 2>&1
+   rc=$?; sleep 5; kill -INT $d; wait $d; exit $rc)
+  echo "$name: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/gpu_$name.jsonl") lines"
+}
 want() { [ "$what" = all ] || [[ " $what " == *" $1 "* ]]; }  # "all", or a list of names
 single="fp16_overflow gan starved_cnn fp32_conv manual_lstm leak_oom"
 [ "$what" = single ] && what=$single
@@ -25,17 +38,11 @@ want starved_cnn && rec starved_cnn python3 starved_cnn.py --seconds 45
 # one core (the loading the daemon alone cannot tell from a too-small batch's host cost but
 # by the size of the kernels), with the hook and with the daemon on its own
 want starved_cnn_w0 && rec starved_cnn_w0 python3 starved_cnn.py --seconds 45 --workers 0
-if want starved_cnn_w0_bare; then
-  (cd "$here" || exit
-   python3 -m gpuwatch run --quiet --web.listen-address 127.0.0.1:0 \
-      --record "$out/gpu_starved_cnn_w0_bare.jsonl" >"$out/gpu_starved_cnn_w0_bare.log" 2>&1 &
-   d=$!; sleep 5
-   timeout 120 python3 starved_cnn.py --seconds 45 --workers 0 \
-      --truth "$out/gpu_starved_cnn_w0_bare.truth.json" >>"$out/gpu_starved_cnn_w0_bare.job.log" 2>&1
-   echo "starved_cnn_w0_bare job: rc=$?"
-   sleep 5; kill -INT $d; wait $d)
-  echo "starved_cnn_w0_bare: $(wc -l <"$out/gpu_starved_cnn_w0_bare.jsonl") lines"
-fi
+want starved_cnn_w0_bare && rec_bare starved_cnn_w0_bare python3 starved_cnn.py --seconds 45 \
+  --workers 0
+# the GAN without the hook: its steps' bursts fall between NVML util's samples (util's
+# median 0 while GPM has its SMs at work), which GPM's SM activity reads
+want gan_bare && rec_bare gan_bare python3 gan.py --seconds 45
 want fp32_conv && rec fp32_conv python3 fp32_conv.py --seconds 45
 want manual_lstm && rec manual_lstm python3 manual_lstm.py --seconds 45
 want leak_oom && rec leak_oom python3 leak_oom.py --fill-seconds 45
