@@ -16,7 +16,6 @@ import contextlib
 import importlib.resources
 import json
 import os
-import shutil
 import sys
 import tempfile
 import urllib.parse
@@ -365,15 +364,26 @@ def _stdin_recording() -> Any:
     if stdin.isatty():
         raise UserError("--replay -: standard input is a terminal; pipe a recording in, e.g. "
                         "zcat run.jsonl.gz | gpuwatch advise --replay -")
+    from gpuwatch.trace import format as trace_format
+
     fd, path = tempfile.mkstemp(prefix="gpuwatch-stdin-", suffix=".jsonl")
     try:
-        with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(getattr(stdin, "buffer", stdin), out, 1 << 20)
+        src = getattr(stdin, "buffer", stdin)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := src.read(1 << 20):
+                    # (a text stream without a binary buffer: a notebook's, a test's)
+                    out.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
+        except OSError as err:
+            raise UserError(f"--replay -: cannot copy standard input to {path}: "
+                            f"{err.strerror or err} (TMPDIR names where the copy goes)") from err
         if os.path.getsize(path) == 0:
             raise UserError("--replay -: standard input was empty: expected a gpuwatch-trace/1 "
                             "recording (gpuwatch run --record FILE makes one)")
+        trace_format.SHOWN_AS[path] = STDIN_NAME
         yield path
     finally:
+        trace_format.SHOWN_AS.pop(path, None)
         with contextlib.suppress(OSError):
             os.unlink(path)
 

@@ -8,7 +8,6 @@ import argparse
 import re
 import stat
 import tempfile
-from pathlib import Path
 
 import pytest
 from conftest import REPO, run_gpuwatch
@@ -167,8 +166,11 @@ def _advise_stdin(tmp_path, data: bytes, *extra: str, env: dict | None = None):
     import sys
 
     from conftest import daemon_env
+    copies = tmp_path / "tmp"  # where the copy of stdin goes (TMPDIR): this test's alone
+    copies.mkdir(exist_ok=True)
     return subprocess.run([sys.executable, "-m", "gpuwatch", "advise", "--replay", "-", *extra],
-                          cwd=REPO, env={**daemon_env(tmp_path), **(env or {})},
+                          cwd=REPO, env={**daemon_env(tmp_path), "TMPDIR": str(copies),
+                                         **(env or {})},
                           input=data, capture_output=True, timeout=120, check=False)
 
 
@@ -200,7 +202,7 @@ def test_replay_dash_reads_the_recording_from_stdin_as_a_file_would_be(tmp_path,
     assert text.returncode == 0, text.stderr
     assert text.stdout.decode().startswith("gpuwatch advice: recording <stdin>, 76 s")
     # no copy is left behind in the temporary directory
-    assert not list(Path(tempfile.gettempdir()).glob("gpuwatch-stdin-*"))
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 @pytest.mark.parametrize(("data", "expected"), [
@@ -213,4 +215,36 @@ def test_replay_dash_names_stdin_in_its_errors(tmp_path, data, expected):
     got = _advise_stdin(tmp_path, data)
     assert got.returncode == 2
     assert got.stderr.decode().splitlines()[-1] == expected
-    assert not list(Path(tempfile.gettempdir()).glob("gpuwatch-stdin-*"))
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_replay_dash_names_stdin_in_its_warnings(tmp_path):
+    """A recording cut short mid-line is judged (its last line skipped, with a warning):
+    the warning names the input, not the temporary copy the replay read."""
+    data = (REPO / "tests" / "data" / "fw_dp_loop.jsonl").read_bytes()[:-40]
+    got = _advise_stdin(tmp_path, data)
+    assert got.returncode == 0, got.stderr
+    err = got.stderr.decode()
+    assert re.search(r"WARNING gpuwatch\.trace\.format: <stdin>:\d+: the last line is cut "
+                     r"short", err), err
+    assert "gpuwatch-stdin-" not in err and str(tmp_path) not in err
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_replay_dash_takes_a_text_stream_too(tmp_path, monkeypatch, capsys):
+    """Where standard input is a text stream with no binary buffer under it (a notebook
+    kernel's, a test's), the recording is still read, as its bytes in UTF-8."""
+    import io
+    import json
+
+    from gpuwatch.cli import main
+
+    text = (REPO / "tests" / "data" / "fw_dp_loop.jsonl").read_text(encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    assert main(["advise", "--replay", "-", "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["source"]["path"] == "<stdin>"
+    assert "use-ddp-not-dataparallel" in {a["id"] for a in rep["advice"]}
+    assert not list(tmp_path.glob("gpuwatch-stdin-*"))

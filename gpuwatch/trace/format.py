@@ -715,11 +715,16 @@ def _parse(raw: bytes) -> Any:
     return obj
 
 
+# a file read under another name in its messages (a recording piped to `gpuwatch advise
+# --replay -` is read from a temporary copy, and named as standard input): path -> name
+SHOWN_AS: dict[str, str] = {}
+
+
 class _Reader:
     """One pass over one file: the meta line, then samples; problems collected as it goes."""
 
     def __init__(self, path: str, limit: int | None = None) -> None:
-        self.path = path
+        self.path = SHOWN_AS.get(path, path)  # as the messages name it
         self.problems: list[tuple[int | None, str]] = []
         self.more_problems = 0
         self.warnings: list[tuple[int | None, str]] = []
