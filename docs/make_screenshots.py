@@ -8,6 +8,10 @@ nothing leaves the machine): ``python3 docs/make_screenshots.py`` from the check
 - compare.png: ``gpuwatch compare`` of the starved run against the tuned one, as HTML
 - notebook.png: a notebook executed headless (nbclient, ipykernel): ``%gpuwatch``, a CPU
   training cell, ``%gpuwatch report``, shown as the notebook's cells and outputs
+
+Then ``pngquant --quality 80-95 --speed 1 --force --ext .png docs/*.png`` (Debian's
+pngquant): the pictures as chromium writes them are about twice the size, and the
+checkout, which travels whole to the lent GPU machines, must stay under their 64 MiB.
 """
 
 from __future__ import annotations
