@@ -394,12 +394,7 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "replay", None) == "-":
         with _stdin_recording() as path:
             args.replay, args.replay_shown = path, STDIN_NAME
-            try:
-                return main(args)
-            except UserError as err:  # a bad line is named as the input's, not the copy's
-                if path not in str(err):
-                    raise
-                raise UserError(str(err).replace(path, STDIN_NAME)) from err
+            return main(args)
     fmt = getattr(args, "format", "text") or "text"
     if fmt == "html":
         from gpuwatch.advisor import html
