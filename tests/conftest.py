@@ -7,6 +7,7 @@ Both are stopped at the end of the test.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -28,10 +29,40 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
-RECORDINGS = sorted(DATA.glob("*.jsonl"))
+
+
+# -- the recordings in tests/data: plain (NAME.jsonl) or gzip'd (NAME.jsonl.gz, as the
+# framework recordings are kept: a twelfth of the bytes), each known by its NAME ----------
+
+def recording_name(path: Path) -> str:
+    """``fw_hf_ddp`` for tests/data/fw_hf_ddp.jsonl and for fw_hf_ddp.jsonl.gz."""
+    name = Path(path).name
+    return name[:-len(".gz")].removesuffix(".jsonl") if name.endswith(".gz") \
+        else name.removesuffix(".jsonl")
+
+
+def recording(name: str) -> Path:
+    """The file of recording ``name`` in tests/data, plain or gzip'd."""
+    plain = DATA / f"{name}.jsonl"
+    return plain if plain.exists() else DATA / f"{name}.jsonl.gz"
+
+
+def open_recording(path: Path) -> Any:
+    """A recording's text, opened for reading (gzip'd or not)."""
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_recording(path: Path) -> str:
+    with open_recording(path) as f:
+        return f.read()
+
+
+RECORDINGS = sorted([*DATA.glob("*.jsonl"), *DATA.glob("*.jsonl.gz")], key=recording_name)
 # those with GPU lines (all but a CPU-only job's: fw_hf_eval_first_cpu)
 GPU_RECORDINGS = [p for p in RECORDINGS
-                  if re.search(r'"kind": ?"gpu"', p.read_text(encoding="utf-8"))]
+                  if re.search(r'"kind": ?"gpu"', read_recording(p))]
 SERVING = re.compile(r"serving (https?://\S+)/metrics")
 
 

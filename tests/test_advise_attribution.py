@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from test_advise_live import play, registry_for
-from test_advise_support import DATA, advise_json, one_gpu_second, run_cli
+from test_advise_support import DATA, advise_json, one_gpu_second, recording, run_cli
 
 from gpuwatch.advisor import LiveAdvisor
 from gpuwatch.advisor.attribution import (
@@ -83,7 +83,7 @@ def test_the_rank_that_waits_reports_sync_not_gpu():
     ("tuned", "gpu", 0.87),
 ])
 def test_recordings_break_down_as_their_own_timing_says(name, category, share):
-    report = advise_json(DATA / f"{name}.jsonl")
+    report = advise_json(recording(name))
     (j,) = report["jobs"]
     assert j["gpu"] == 0 and j["source"] == "hook" and j["steps"] > 100
     assert j["bottleneck"] == category
@@ -374,7 +374,7 @@ def test_ranks_that_wait_on_rank_zeros_saves_say_so():
     seconds up to the next line as checkpoint, so their wait read as their own host time
     (host 82 %, waiting on peers 2-4 %). Now each waits on its peer for as long as rank 0
     saved."""
-    rep = advise_json(DATA / "fw_hf_save_ddp.jsonl")
+    rep = advise_json(recording("fw_hf_save_ddp"))
     jobs = {j["gpu"]: j for j in rep["jobs"]}
     saved = jobs[0]["phases"]["checkpoint"] / (jobs[0]["phases"]["checkpoint"]
                                                + jobs[0]["phases"]["train"])

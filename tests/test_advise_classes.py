@@ -43,9 +43,9 @@ def job(report: dict, gpu: int = 0) -> dict:
 
 
 def test_jobs_breakdown_sums_to_one_on_every_recording():
-    from test_advise_support import DATA
+    from conftest import RECORDINGS
 
-    for path in sorted(DATA.glob("*.jsonl"))[:4]:
+    for path in RECORDINGS[:4]:
         for j in advise_json(path)["jobs"]:
             if j["time_share"] is None:  # a process that never trained: phases only
                 assert j["phase"] == "inference" and j["phases"]

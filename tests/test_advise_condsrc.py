@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import recording
 
 from gpuwatch import cli
 from gpuwatch.advisor import condsrc, expr
 from gpuwatch.advisor import engine as engine_mod
 from gpuwatch.advisor.rules import load_rules
 
-DATA = Path(__file__).parent / "data"
 _MISSING = object()
 
 
@@ -242,11 +242,11 @@ def _report(path: Path) -> dict[str, Any]:
     return rep
 
 
-@pytest.mark.parametrize("name", ["gpu_starved_cnn.jsonl", "fw_accel_clm_ddp.jsonl"])
+@pytest.mark.parametrize("name", ["gpu_starved_cnn", "fw_accel_clm_ddp"])
 def test_the_engine_judges_the_same_with_the_closures(name, monkeypatch):
     """An engine whose rules could not be compiled (condsrc gave up on each) judges with
     the closures, and says the same."""
-    path = DATA / name
+    path = recording(name)
     compiled = _report(path)
     monkeypatch.setattr(engine_mod, "compile_rule", lambda *a, **k: None)
     eng = engine_mod.Engine(load_rules())

@@ -1,4 +1,4 @@
-"""Real recordings of framework runs on H100s (tests/data/fw_*.jsonl, made by
+"""Real recordings of framework runs on H100s (tests/data/fw_*.jsonl.gz, made by
 tests/scripts/frameworks/record.sh around the scripts beside it, with transformers 5.17,
 Accelerate 1.15, Lightning 2.6.6 and timm on torch 2.11), judged by `gpuwatch advise
 --replay`: the advice each must and must not get, in the framework's own words, and what
@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import RECORDINGS, read_recording, recording, recording_name
 from test_advise_support import (
     DATA,
     advise_json,
@@ -405,6 +406,19 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                               "enable-gradient-checkpointing"}),
     "hf_clm_dynamic_bare": ({"gpu-underused"}, {"memory-leak", "add-dataloader-workers",
                                                 "enable-gradient-checkpointing"}),
+    # the same for 3.5 minutes (3,700-4,000 steps), evaluating 512 samples every 600 steps
+    # (6 evaluations, 4 % of the time): the allocator's reserve rises to 17.6 GiB in the
+    # first 35 s, then holds (1.3 GiB kept between steps): no leak; the evaluations too
+    # short to be the lever
+    "hf_clm_dynamic_long": ({"raise-batch-size"}, {"memory-leak", "add-dataloader-workers",
+                                                   "enable-gradient-checkpointing",
+                                                   "speed-up-evaluation"}),
+    "hf_clm_dynamic_long_bare": ({"gpu-underused"}, {"memory-leak", "add-dataloader-workers",
+                                                     "enable-gradient-checkpointing"}),
+    # the Trainer's BERT-base (bf16, batch 32, 4 workers) for 3.5 minutes, saving every 600
+    # steps: 8 saves of ~1.5 s (5 % of the run) beside host-bound steps (the batch)
+    "hf_save_long": ({"raise-batch-size"}, {"memory-leak", "add-dataloader-workers",
+                                            "speed-up-evaluation"}),
     # the model on the GPU, then 30 s of one-process tokenization before the Trainer trains
     # at fixed length 512 (GPU-bound, 77 % busy): the tokenization is start-up, not training
     "hf_clm_preprocess": (set(), {"gpu-underused", "raise-batch-size", "add-dataloader-workers",
@@ -514,6 +528,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                                                "add-dataloader-workers"}),
     # item 65 without the hook: the pool of 8 workers started anew at each of ~68 epochs
     "lightning_cnn_epochs_bare": ({"enable-persistent-workers"}, {"add-dataloader-workers"}),
+    # the same for 3.5 minutes (341 epochs): the restarts told all along, and the batch
+    # as its hooked twin (lightning_cnn_epochs) tells it
+    "lightning_cnn_epochs_long_bare": ({"enable-persistent-workers", "raise-batch-size"},
+                                       {"add-dataloader-workers", "memory-leak"}),
     # debugging left on while training (its steps 3.3x, 4.8x and 1.45x as long as the same
     # run's without it, on one H200): told first, and the advice that reads the host's
     # share of the steps (a larger batch, the catch-all) waits until it is off
@@ -607,6 +625,8 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "lightning_cnn_epochs": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     "lightning_cnn_epochs_ddp": ({"raise-batch-size"}, {"add-dataloader-workers",
                                                         "straggler-rank"}),
+    "hf_clm_dynamic_long": ({"raise-batch-size"}, {"memory-leak", "add-dataloader-workers"}),
+    "hf_save_long": ({"raise-batch-size"}, {"memory-leak", "add-dataloader-workers"}),
     # the death itself is the hook's exit report: from outside, a process gone right after
     # its GPU's memory was full (exited-with-memory-full, asked under an if); an evaluation
     # that died allocating its first huge batch left no full memory behind: nothing
@@ -634,7 +654,7 @@ TEARDOWN_SECONDS = 1.5
 
 
 def path_of(name: str) -> Path:
-    return DATA / f"fw_{name}.jsonl"
+    return recording(f"fw_{name}")
 
 
 def truth(name: str) -> dict:
@@ -652,7 +672,7 @@ def gpus_told(report: dict, rule: str) -> list[int]:
 
 
 def lines(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in read_recording(path).splitlines() if x.strip()]
 
 
 HOOK_KINDS = ("step", "steps", "config", "phase", "hook_problem", "job_end")
@@ -665,7 +685,7 @@ def last_config_of(path: Path) -> dict:
 
 def without_hook(src: Path, tmp_path: Path) -> Path:
     """``src`` as the daemon alone saw it: the hook's lines taken out."""
-    bare = tmp_path / f"{src.stem}.nohook.jsonl"
+    bare = tmp_path / f"{recording_name(src)}.nohook.jsonl"
     bare.write_text("".join(json.dumps(d) + "\n" for d in lines(src)
                             if d.get("kind") not in HOOK_KINDS))
     return bare
@@ -1617,14 +1637,14 @@ def test_lightnings_ranks_are_one_launch_without_the_hook(tmp_path):
 LEAKS = {"gpu_leak_oom", "fw_lightning_cnn_leak"}
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in DATA.glob("*.jsonl")))
+@pytest.mark.parametrize("name", sorted(map(recording_name, RECORDINGS)))
 def test_without_the_hook_only_a_leak_reads_as_one(tmp_path, name):
     """Every recording as NVML and psutil alone saw it: the used-memory reading of
     memory-leak fires on the two leaks and on nothing else (start-up, evaluation, the
     allocator's caching, a second process's memory do not rise in a 20 s straight line
     while the GPU works). On the leaks, it says what it read. No text shows a value the
     data lacks as "?"."""
-    report = advise_json(without_hook(DATA / f"{name}.jsonl", tmp_path))
+    report = advise_json(without_hook(recording(name), tmp_path))
     for a in report["advice"]:  # nothing the data lacks is shown as an unknown "?"
         assert not re.search(r"\?[;,)]", a["message"] + a["action"]), (a["id"], a["action"])
     leaks = [a for a in report["advice"] if a["id"] == "memory-leak"]
@@ -1638,7 +1658,7 @@ def test_without_the_hook_only_a_leak_reads_as_one(tmp_path, name):
     assert "mem_allocated_growth_bytes_per_second" not in a["evidence"]
     assert a["confidence"] == 0.7
     # with the hook, the allocator's own reading (and its words) as before
-    (h,) = [x for x in advise_json(DATA / f"{name}.jsonl")["advice"] if x["id"] == "memory-leak"]
+    (h,) = [x for x in advise_json(recording(name))["advice"] if x["id"] == "memory-leak"]
     assert h["message"].startswith("Memory torch keeps allocated between steps grows by")
     assert "mem_used_growth_bytes_per_second" not in h["evidence"]
 
@@ -1900,11 +1920,11 @@ def test_fsdp2_offload_is_seen_and_changed_in_fully_shards_words():
     of GPUs) and names each rank's GPU from its loss (the parameters' device is the CPU);
     each rank's steps are the script's own, and the change is FSDP2's."""
     name = "fw_accel_clm_fsdp2_offload"
-    cfgs = [d for d in lines(DATA / f"{name}.jsonl")
+    cfgs = [d for d in lines(recording(name))
             if d.get("kind") == "config" and d.get("fsdp_cpu_offload")]
     assert {d["fsdp_version"] for d in cfgs} == {2}
     assert {d["device"] for d in cfgs} == {f"cuda:{r}" for r in range(4)}
-    report = advise_json(DATA / f"{name}.jsonl")
+    report = advise_json(recording(name))
     t = truth("accel_clm_fsdp2_offload")
     assert steps_by_gpu(report) == [
         (g, t["steps"]) for g in range(4)]

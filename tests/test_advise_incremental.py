@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import RECORDINGS, recording_name
 
 from gpuwatch import cli
 from gpuwatch.advisor import engine as engine_mod
@@ -40,8 +41,7 @@ from gpuwatch.advisor.rules import RuleSet, load_rules
 from gpuwatch.advisor.vocabulary import VOCABULARY
 from gpuwatch.advisor.windows import GROWTH_SIGNALS, Ring, scan_stat, window_stat
 
-DATA = Path(__file__).resolve().parent / "data"
-RECORDINGS = sorted(DATA.glob("*.jsonl"))  # whatever recordings are there now
+# whatever recordings are there now
 _MISSING = object()
 _PCT = {"median": 0.5, "p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 
@@ -267,7 +267,7 @@ def _advise(path: Path, engine_class: type, monkeypatch: pytest.MonkeyPatch
     return report, activations
 
 
-@pytest.mark.parametrize("path", RECORDINGS, ids=[p.stem for p in RECORDINGS])
+@pytest.mark.parametrize("path", RECORDINGS, ids=[recording_name(p) for p in RECORDINGS])
 def test_incremental_evaluation_gives_the_same_advice_and_onsets(path: Path, monkeypatch):
     report, activations = _advise(path, IncrementalEngine, monkeypatch)
     ref_report, ref_activations = _advise(path, ReferenceEngine, monkeypatch)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from prometheus_client import CollectorRegistry
-from test_advise_support import DATA, ROOT, run_cli
+from test_advise_support import DATA, ROOT, recording, run_cli
 
 from gpuwatch.advisor import LiveAdvisor
 from gpuwatch.samples import (
@@ -35,7 +35,7 @@ def play(store: Store, advisor: LiveAdvisor, name: str, every: int = 10,
          hook: bool = True) -> None:
     """Publish a recording into the store tick by tick, evaluating as the daemon would
     (``hook`` False: without the hook's lines, as a daemon beside a job)."""
-    trace = read_trace(str(DATA / f"{name}.jsonl"))
+    trace = read_trace(str(recording(name)))
     infos = tuple(meta_infos(trace.meta).values())
     gpus: dict[int, GpuSample] = {}
     ticks = 0
@@ -142,7 +142,7 @@ def test_a_job_dead_of_cuda_oom_is_told_live_as_in_the_recording():
     idle_on(store)  # the daemon outlives the job (a service)
     advisor.evaluate()
     live = advisor.report_json()
-    proc = run_cli("advise", "--replay", str(DATA / "fw_hf_large_oom.jsonl"), "--format", "json")
+    proc = run_cli("advise", "--replay", str(recording("fw_hf_large_oom")), "--format", "json")
     (offline,) = json.loads(proc.stdout)["advice"]
     (a,) = [x for x in live["advice"] if x["id"] == "out-of-memory"]
     assert a["gpu"] == 0 and a["action"] == offline["action"]

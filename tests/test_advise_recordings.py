@@ -21,6 +21,7 @@ from test_advise_support import (
     advise_json,
     ids,
     load,
+    recording,
     run_cli,
     without_steps,
     write,
@@ -29,7 +30,7 @@ from test_advise_support import (
 
 @pytest.mark.parametrize("name", SCENARIOS + LATER)
 def test_recording_gets_what_a_careful_engineer_would_say(name):
-    report = advise_json(DATA / f"{name}.jsonl")
+    report = advise_json(recording(name))
     want = EXPECTED[name]
     assert ids(report) & SIX == ({want} if want else set())
 

@@ -10,14 +10,15 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-from test_advise_support import DATA, ROOT, load, run_cli, write
+from conftest import RECORDINGS as RECORDING_PATHS
+from test_advise_support import DATA, ROOT, load, recording, run_cli, write
 
 from gpuwatch.advise import build
 from gpuwatch.advisor.report import render_markdown, render_text
 
 TRAIN = ROOT / "tests" / "scripts" / "train_cpu.py"
 
-RECORDINGS = sorted(p.name for p in DATA.glob("*.jsonl"))
+RECORDINGS = [p.name for p in RECORDING_PATHS]
 # what a report must never print: e-notation, "(s)" plurals; nor, in its evidence,
 # key=value dumps or ratios with five digits (actions may quote code: num_workers=2)
 RAW = re.compile(r"\d\.?\d*e[+-]\d\d|piece\(s\)")
@@ -189,7 +190,7 @@ def test_a_run_too_short_to_judge_is_not_called_no_training(tmp_path):
 
 @pytest.mark.parametrize("name", ["tuned", "h200_tuned_b128", "h200_tf32"])
 def test_a_busy_run_says_what_it_judged(name):
-    rep = json.loads(advise(DATA / f"{name}.jsonl", "json"))
+    rep = json.loads(advise(recording(name), "json"))
     g = rep["judged"]["gpus"][0]
     # what was judged is the step-time breakdown's own GPU share, shown above it
     (job,) = rep["jobs"]
@@ -197,7 +198,7 @@ def test_a_busy_run_says_what_it_judged(name):
     assert g["busy_ratio"] == pytest.approx(job["time_share"]["gpu"], abs=1e-3)
     assert g["busy_ratio"] >= 0.7
     assert g["training_seconds"] >= 20
-    text = advise(DATA / f"{name}.jsonl")
+    text = advise(recording(name))
     if not rep["advice"]:
         assert NOTHING in text and f"GPU 0 worked {100 * g['busy_ratio']:.0f} % of the" in text
 
@@ -228,7 +229,7 @@ def test_an_inference_process_is_never_said_to_have_trained(tmp_path):
     """Trainer.predict on an H100 (fw_hf_predict): the report's closing line, with the
     rule that fired taken away, says the job ran inference, and its advice for an
     underused GPU is an inference process's; its ending says inference only."""
-    rep = json.loads(advise(DATA / "fw_hf_predict.jsonl", "json"))
+    rep = json.loads(advise(recording("fw_hf_predict"), "json"))
     (g,) = rep["judged"]["gpus"]
     assert g["busy_ratio"] >= 0.7
     reduced = dict(rep, advice=[])
@@ -285,7 +286,7 @@ def test_evidence_is_read_while_the_job_trains_not_from_its_teardown(name):
     6 ms of augmentation per sample). The advice holds a while after the last step; the
     evidence it shows must still be the training's, not the exited workers' (which once
     read "workers mostly idle: loading waits on storage" and `num_workers=0 -> 5`)."""
-    rep = json.loads(advise(DATA / f"{name}.jsonl", "json"))
+    rep = json.loads(advise(recording(name), "json"))
     (a,) = [x for x in rep["advice"] if x["id"] == "add-dataloader-workers"]
     truth = DATA / f"{name}.truth.json"
     workers = json.loads(truth.read_text())["workers"] if truth.exists() else 2
@@ -314,7 +315,7 @@ def test_the_same_advice_on_several_gpus_is_one_block():
     four; the header counts both; the JSON keeps one item per GPU."""
     from gpuwatch.advisor.report import evidence_value
 
-    path = DATA / "fw_accelerate_ddp.jsonl"
+    path = recording("fw_accelerate_ddp")
     rep = json.loads(advise(path, "json"))
     fused = [a for a in rep["advice"] if a["id"] == "use-fused-optimizer"]
     assert sorted(a["gpu"] for a in fused) == [0, 1, 2, 3]
@@ -352,14 +353,14 @@ def test_blocks_join_only_words_that_match_and_give_the_gains_range():
     """Two ranks told to raise the batch for different reasons (one "too little work", the
     other kept waiting by its main process) keep their own blocks; four ranks told the
     same with gains of 6.4x to 7.2x are one block whose line gives that range."""
-    hang = advise(DATA / "fw_accel_clm_fsdp_hang.jsonl", "text")
+    hang = advise(recording("fw_accel_clm_fsdp_hang"), "text")
     heads = [ln for ln in hang.splitlines() if re.match(r"^\d+\. \[", ln)]
     assert sum("raise-batch-size on GPU " in h for h in heads) == 2
-    rep = json.loads(advise(DATA / "fw_accel_clm_fsdp2_offload.jsonl", "json"))
+    rep = json.loads(advise(recording("fw_accel_clm_fsdp2_offload"), "json"))
     from gpuwatch.advisor.report import evidence_value
 
     gains = [a["expected_gain"] for a in rep["advice"] if a["id"] == "disable-fsdp-cpu-offload"]
     lo, hi = (evidence_value("expected_gain", g) for g in (min(gains), max(gains)))
     assert lo != hi
-    flat = " ".join(advise(DATA / "fw_accel_clm_fsdp2_offload.jsonl", "text").split())
+    flat = " ".join(advise(recording("fw_accel_clm_fsdp2_offload"), "text").split())
     assert f"expected gain {lo} to {hi}" in flat

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import RECORDINGS, open_recording, read_recording, recording, recording_name
 
 from gpuwatch.advisor import frame as frame_mod
 from gpuwatch.advisor import sources, split
@@ -19,8 +20,6 @@ from gpuwatch.advisor.engine import Engine
 from gpuwatch.advisor.rules import load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).resolve().parent / "data"
-RECORDINGS = sorted(DATA.glob("*.jsonl"))
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -68,7 +67,7 @@ HOOK_KINDS = ("step", "steps", "config", "phase", "hook_problem", "job_end")
 
 def _gpus_of(path: Path) -> set[int]:
     gpus = set()
-    with open(path, encoding="utf-8") as f:
+    with open_recording(path) as f:
         for line in f:
             if '"gpu"' in line and '"kind":"gpu"' in line.replace(" ", ""):
                 d = json.loads(line)
@@ -177,8 +176,8 @@ def test_a_gpu_judged_in_another_process_keeps_what_the_others_read(tmp_path: Pa
     light_rings = full_rings = 0
     recs = [_cross_reads(tmp_path / "cross_reads.jsonl")]
     for path in paths:
-        bare = tmp_path / f"{path.stem}.nohook.jsonl"
-        with open(path, encoding="utf-8") as f, open(bare, "w", encoding="utf-8") as out:
+        bare = tmp_path / f"{recording_name(path)}.nohook.jsonl"
+        with open_recording(path) as f, open(bare, "w", encoding="utf-8") as out:
             out.writelines(x for x in f if json.loads(x).get("kind") not in HOOK_KINDS)
         recs += [path, bare]
     for rec in recs:
@@ -264,7 +263,7 @@ def test_the_cli_splits_a_long_recording_of_several_gpus_by_default(tmp_path: Pa
 def test_a_child_that_fails_is_judged_again_by_the_parent(tmp_path: Path) -> None:
     """A child that raises (or dies) leaves its GPUs to the parent: the same report, and
     a warning that says so."""
-    rec = DATA / "fw_lightning_ddp4.jsonl"
+    rec = recording("fw_lightning_ddp4")
     script = (
         "import os, sys\n"
         "from gpuwatch.advisor import sources\n"
@@ -289,7 +288,7 @@ def test_a_child_that_fails_is_judged_again_by_the_parent(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
 def test_a_bad_worker_count_is_refused_with_its_name(value: str) -> None:
-    proc = _advise(DATA / "idle.jsonl", **{split.ENV: value})
+    proc = _advise(recording("idle"), **{split.ENV: value})
     assert proc.returncode == 2
     assert f"{split.ENV}={value!r}: expected a whole number of processes, 1 or more" \
         in proc.stderr
@@ -301,7 +300,7 @@ def test_what_is_judged_in_one_process(tmp_path: Path,
     threads by now: the next test holds the real check)."""
     monkeypatch.delenv(split.ENV, raising=False)
     monkeypatch.setattr(split, "can_fork", lambda: True)
-    ddp = DATA / "fw_lightning_ddp4.jsonl"
+    ddp = recording("fw_lightning_ddp4")
     assert split.peek_gpus(str(ddp)) == [0, 1, 2, 3]
     # a short recording: a child would pay the reading and bucketing again for little
     assert ddp.stat().st_size < split.MIN_BYTES
@@ -362,9 +361,9 @@ def test_the_gpus_are_dealt_to_the_least_loaded_process() -> None:
 
 def test_the_gpus_of_a_compressed_recording_are_seen(tmp_path: Path) -> None:
     import gzip
-    src = DATA / "fw_hf_ddp.jsonl"
+    src = recording("fw_hf_ddp")
     dst = tmp_path / "r.jsonl.gz"
-    dst.write_bytes(gzip.compress(src.read_bytes()))
+    dst.write_bytes(gzip.compress(read_recording(src).encode()))
     assert split.peek_gpus(str(dst)) == split.peek_gpus(str(src)) == [0, 1, 2, 3]
 
 
@@ -376,7 +375,7 @@ def test_the_html_report_is_the_same_split(name: str) -> None:
 
     def html(workers: str) -> str:
         proc = subprocess.run([sys.executable, "-m", "gpuwatch", "advise", "--replay",
-                               str(DATA / f"{name}.jsonl"), "--format", "html"],
+                               str(recording(name)), "--format", "html"],
                               capture_output=True, text=True, timeout=600,
                               env=_env(**{split.ENV: workers}))
         assert proc.returncode == 0, proc.stderr
@@ -399,7 +398,7 @@ def _script(body: str, *args: str, **env: str) -> subprocess.CompletedProcess[st
 def test_a_fork_that_fails_leaves_its_gpus_to_the_parent() -> None:
     """The second fork fails (a process limit, memory): the GPUs it was to judge are
     judged by the parent, with a warning; the same report."""
-    rec = DATA / "fw_lightning_ddp4.jsonl"
+    rec = recording("fw_lightning_ddp4")
     got = _script("real = os.fork\ncalls = []\n"
                   "def fork():\n"
                   "    calls.append(1)\n"
@@ -440,7 +439,7 @@ def _wait_until(what, seconds: float = 20.0) -> bool:
 def test_a_bad_line_late_in_the_file_stops_every_process(tmp_path: Path) -> None:
     """The same error and exit code as one process, and no child left running."""
     rec = tmp_path / "bad.jsonl"
-    rec.write_text((DATA / "fw_lightning_ddp4.jsonl").read_text() + "{not json\n")
+    rec.write_text(read_recording(recording("fw_lightning_ddp4")) + "{not json\n")
     one = _advise(rec, **{split.ENV: "1"})
     many = _advise(rec, **{split.ENV: "3"})
     assert one.returncode == many.returncode == 2
@@ -471,7 +470,7 @@ def test_a_recording_still_being_written_is_judged_to_where_it_was(tmp_path: Pat
     """Lines appended after the judging began are read by no process (else each would
     stop at its own end of file): the report of the file as it was."""
     rec = tmp_path / "growing.jsonl"
-    text = (DATA / "fw_lightning_ddp4.jsonl").read_text()
+    text = read_recording(recording("fw_lightning_ddp4"))
     rec.write_text(text)
     want = _report(_advise(rec, **{split.ENV: "1"}))
     last = [json.loads(line) for line in text.splitlines() if '"kind":"gpu"' in
@@ -514,7 +513,7 @@ def test_rule_errors_are_said_as_one_process_says_them(tmp_path: Path) -> None:
              "        raise ZeroDivisionError(f'boom at {x:.6f}')\n"
              "    return real(x)\n"
              "expr._pow2floor = pow2floor\n")
-    args = ("advise", "--replay", str(DATA / "fw_lightning_ddp4.jsonl"), "--format", "json",
+    args = ("advise", "--replay", str(recording("fw_lightning_ddp4")), "--format", "json",
             "--rules-dir", str(rules))
     one = _report(_script(patch, *args, **{split.ENV: "1"}))
     many = _report(_script(patch, *args, **{split.ENV: "5"}))

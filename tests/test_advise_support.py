@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from conftest import open_recording, read_recording, recording, recording_name  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 SCENARIOS = ["tuned", "small_batch", "input_bound", "near_oom", "fp32", "idle"]
@@ -61,7 +63,7 @@ def ids(report: dict[str, Any], gpu: int | None = None) -> set[str]:
 
 
 def load(name: str) -> list[dict[str, Any]]:
-    with open(DATA / f"{name}.jsonl", encoding="utf-8") as f:
+    with open_recording(recording(name)) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

@@ -10,7 +10,7 @@ import stat
 import tempfile
 
 import pytest
-from conftest import REPO, run_gpuwatch
+from conftest import REPO, read_recording, recording, run_gpuwatch
 
 from gpuwatch.cli import EXAMPLES, build_parser
 
@@ -183,8 +183,8 @@ def test_replay_dash_reads_the_recording_from_stdin_as_a_file_would_be(tmp_path,
     import gzip
     import json
 
-    path = REPO / "tests" / "data" / "fw_generate_device_map_bare.jsonl"
-    data = path.read_bytes()
+    path = recording("fw_generate_device_map_bare")
+    data = read_recording(path).encode()
     fed = gzip.compress(data) if gz else data
     want = json.loads(run_gpuwatch(["advise", "--replay", str(path), "--format", "json"],
                                    tmp_path).stdout)
@@ -221,7 +221,7 @@ def test_replay_dash_names_stdin_in_its_errors(tmp_path, data, expected):
 def test_replay_dash_names_stdin_in_its_warnings(tmp_path):
     """A recording cut short mid-line is judged (its last line skipped, with a warning):
     the warning names the input, not the temporary copy the replay read."""
-    data = (REPO / "tests" / "data" / "fw_dp_loop.jsonl").read_bytes()[:-40]
+    data = read_recording(recording("fw_dp_loop")).encode()[:-40]
     got = _advise_stdin(tmp_path, data)
     assert got.returncode == 0, got.stderr
     err = got.stderr.decode()
@@ -239,7 +239,7 @@ def test_replay_dash_takes_a_text_stream_too(tmp_path, monkeypatch, capsys):
 
     from gpuwatch.cli import main
 
-    text = (REPO / "tests" / "data" / "fw_dp_loop.jsonl").read_text(encoding="utf-8")
+    text = read_recording(recording("fw_dp_loop"))
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again

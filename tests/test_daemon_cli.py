@@ -23,6 +23,8 @@ from conftest import (
     http_get,
     names_of,
     parse_metrics,
+    read_recording,
+    recording_name,
     run_gpuwatch,
 )
 from prometheus_client import CollectorRegistry
@@ -210,7 +212,8 @@ def test_unparsable_config_file_points_at_the_line(tmp_path):
 
 @needs_replay
 @pytest.mark.slow
-@pytest.mark.parametrize("recording", GPU_RECORDINGS, ids=[p.stem for p in GPU_RECORDINGS])
+@pytest.mark.parametrize("recording", GPU_RECORDINGS,
+                         ids=[recording_name(p) for p in GPU_RECORDINGS])
 def test_replay_serves_the_gpu_series(gpuwatch_daemon, recording):
     d = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--replay", str(recording))
     m = d.wait_for_metric("gpuwatch_gpu_sm_active_ratio")
@@ -218,7 +221,7 @@ def test_replay_serves_the_gpu_series(gpuwatch_daemon, recording):
         assert name in names_of(m), name
     labels = frozenset({"gpu": "0", "uuid": _uuid(m)}.items())
     assert 0 <= m[("gpuwatch_gpu_utilization_ratio", labels)] <= 1
-    lines = [json.loads(x) for x in recording.read_text().splitlines()[:50]]
+    lines = [json.loads(x) for x in read_recording(recording).splitlines()[:50]]
     meta = lines[0]
     first = next(d for d in lines if d["kind"] == "gpu" and d["gpu"] == 0)
     assert m[("gpuwatch_gpu_memory_total_bytes", labels)] == first["mem_total_bytes"]
@@ -237,7 +240,7 @@ def _uuid(samples: dict) -> str:
 @needs_replay
 @pytest.mark.slow
 def test_two_replays_side_by_side(gpuwatch_daemon):
-    by_name = {p.stem: p for p in RECORDINGS}
+    by_name = {recording_name(p): p for p in RECORDINGS}
     a = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--replay",
                         str(by_name["tuned"]))
     b = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--replay",

@@ -16,12 +16,14 @@ from typing import Any
 
 import browser
 import pytest
+from conftest import RECORDINGS as RECORDING_PATHS
+from conftest import recording
 
 from gpuwatch.advisor.report import blocks_of, evidence_value, where_text
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
-RECORDINGS = sorted(p.name for p in DATA.glob("*.jsonl"))
+RECORDINGS = [p.name for p in RECORDING_PATHS]
 
 pytestmark = pytest.mark.skipif(not browser.available(), reason="no chromium")
 
@@ -230,7 +232,7 @@ def test_the_ranks_of_one_job_told_the_same_are_one_card(tmp_path):
     """Lightning's Transformer demo on 4 GPUs: each piece of advice said for all four ranks
     is one card naming GPUs 0-3 (as the text report's block), the ranks' own figures folded
     under it; the chart marks of every GPU link to that card."""
-    name = "fw_lightning_transformer_ddp.jsonl"
+    name = recording("fw_lightning_transformer_ddp").name
     report = json.loads(gpuwatch("advise", "--replay", str(DATA / name), "--format",
                                  "json").stdout)
     got = gpuwatch("advise", "--replay", str(DATA / name), "--format", "html")

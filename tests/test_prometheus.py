@@ -44,7 +44,7 @@ def test_promtool_finds_nothing_in_a_live_daemons_output(gpuwatch_daemon):
 @needs_promtool
 @needs_replay
 def test_promtool_finds_nothing_in_a_replays_output(gpuwatch_daemon):
-    recording = next(p for p in RECORDINGS if p.stem == "tuned")
+    recording = next(p for p in RECORDINGS if p.name == "tuned.jsonl")
     d = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--replay", str(recording))
     d.wait_for_metric("gpuwatch_gpu_sm_active_ratio")
     status, _, text = http_get(d.url + "/metrics")
@@ -90,7 +90,7 @@ def test_prometheus_scrapes_a_live_daemon(gpuwatch_daemon, prometheus):
 @pytest.mark.slow
 @needs_replay
 def test_prometheus_stores_the_gpu_series_of_a_replay(gpuwatch_daemon, prometheus):
-    recording = next(p for p in RECORDINGS if p.stem == "tuned")
+    recording = next(p for p in RECORDINGS if p.name == "tuned.jsonl")
     d = gpuwatch_daemon("--web.listen-address", "127.0.0.1:0", "--replay", str(recording))
     prom = prometheus([d.url.removeprefix("http://")])
     util = prom.wait_for("gpuwatch_gpu_utilization_ratio")

@@ -10,7 +10,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from conftest import RECORDINGS, REPO, wait_for
+from conftest import RECORDINGS, REPO, read_recording, wait_for
 
 from gpuwatch.errors import FileFormatError, UserError
 from gpuwatch.samples import ConfigSample, GpuInfo, GpuSample, HostSample, StepSample, StepsSample
@@ -26,7 +26,7 @@ def recording(name: str) -> str:
 
 
 def raw_lines(path: str) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()[1:]]
+    return [json.loads(line) for line in read_recording(Path(path)).splitlines()[1:]]
 
 
 def play_once(path: str, speed: float = SPEED) -> tuple[Store, Replayer]:
@@ -41,7 +41,7 @@ def play_once(path: str, speed: float = SPEED) -> tuple[Store, Replayer]:
 @pytest.mark.parametrize("path", [str(p) for p in RECORDINGS], ids=lambda p: Path(p).name)
 def test_every_recording_replays_whole(path: str) -> None:
     raw = raw_lines(path)
-    meta = json.loads(Path(path).read_text().split("\n", 1)[0])
+    meta = json.loads(read_recording(Path(path)).split("\n", 1)[0])
     started = time.time()
     store, replayer = play_once(path)
     gpu_lines = [d for d in raw if d["kind"] == "gpu"]
@@ -183,7 +183,7 @@ def test_lines_of_one_tick_make_one_snapshot(tmp_path: Path) -> None:
 
 def test_bad_recording_fails_at_construction(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
-    text = Path(RECORDINGS[0]).read_text()
+    text = read_recording(RECORDINGS[0])
     bad.write_text(text.replace('"load1":', '"load1":"x","old_load1":', 1))
     with pytest.raises(FileFormatError, match=r"bad.jsonl:3: field 'load1' must be a number"):
         Replayer(Store(), str(bad))

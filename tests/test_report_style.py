@@ -11,13 +11,14 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from conftest import RECORDINGS as RECORDING_PATHS
 from test_advise_support import DATA, run_cli
 
 from gpuwatch.advise import build
 from gpuwatch.advisor.report import evidence_value, percent, render_markdown, render_text
 from gpuwatch.advisor.rules import load_rules
 
-RECORDINGS = sorted(p.name for p in DATA.glob("*.jsonl")) + ["demo"]
+RECORDINGS = [p.name for p in RECORDING_PATHS] + ["demo"]
 # a percent written the other way: no space before the sign
 GLUED = re.compile(r"\d%")
 # every percent as the report writes it

@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_advise_support import DATA, run_cli
+from test_advise_support import DATA, recording, run_cli
 
 from gpuwatch.advisor.rules import RuleFileError, load_rules
 from gpuwatch.errors import FileFormatError
@@ -269,7 +269,7 @@ def test_a_count_agrees_with_its_noun():
     for path in sorted(rules_dir.glob("*.yaml")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             assert "(s)" not in line, f"{path.name}:{n}: {line.strip()}"
-    said = {name: " ".join(run_cli("advise", "--replay", str(DATA / f"{name}.jsonl")).stdout.split())
+    said = {name: " ".join(run_cli("advise", "--replay", str(recording(name))).stdout.split())
             for name in ("fw_generate", "fw_infer_loop", "fw_lightning_predict")}
     assert "generate() calls so far, 1 sequence each" in said["fw_generate"]
     assert "generate() calls so far, 1 sequences" not in said["fw_generate"]

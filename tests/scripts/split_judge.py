@@ -2,7 +2,7 @@
 
 Run by tests/test_advise_split.py in a process of its own (one thread: the split forks):
 
-    python3 tests/scripts/split_judge.py OUT_DIR REC.jsonl ...
+    python3 tests/scripts/split_judge.py OUT_DIR REC.jsonl[.gz] ...
 
 For each recording, and for the same recording without the hook's lines (written to
 OUT_DIR), the report and every activation (rule, GPU, start, end, time held, evidence,
@@ -13,6 +13,7 @@ children were forked. One JSON line per recording and split.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -46,9 +47,14 @@ def judged(path: Path, workers: int) -> tuple[dict[str, Any], list[Any]]:
     return rep, json.loads(json.dumps(acts))
 
 
+def lines(path: Path) -> Any:
+    """A recording's lines, plain or gzip'd."""
+    return gzip.open(path, "rt") if path.name.endswith(".gz") else open(path)
+
+
 def gpus_of(path: Path) -> int:
     seen = set()
-    with open(path) as f:
+    with lines(path) as f:
         for line in f:
             d = json.loads(line)
             if d.get("kind") == "gpu":
@@ -57,8 +63,8 @@ def gpus_of(path: Path) -> int:
 
 
 def bare(src: Path, out: Path) -> Path:
-    dst = out / f"{src.stem}.nohook.jsonl"
-    with open(src) as f, open(dst, "w") as g:
+    dst = out / (src.name.removesuffix(".gz").removesuffix(".jsonl") + ".nohook.jsonl")
+    with lines(src) as f, open(dst, "w") as g:
         for line in f:
             if json.loads(line).get("kind") not in HOOK_KINDS:
                 g.write(line)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Makes the tests/data/fw_*.jsonl recordings on a GPU machine (from the repo root, with
+# Makes the tests/data/fw_*.jsonl.gz recordings on a GPU machine (from the repo root, with
 # gpuwatch installed): each framework run under `gpuwatch run --record`, at the default
 # 1 s interval, its own truth (a TrainerCallback, a Lightning Callback, the loop's clock)
-# beside it. Usage: record.sh OUTDIR [all|'NAME NAME...']
+# beside it. Usage: record.sh OUTDIR [all|'NAME NAME...']. It writes OUTDIR/fw_NAME.jsonl;
+# tests/data keeps each as `gzip -9n fw_NAME.jsonl` makes it (tests/data/README.md).
 set -u
 out=${1:?OUTDIR}; what=${2:-all}
 mkdir -p "$out"
@@ -646,3 +647,19 @@ want hf_vit_aug_bare && rec_bare hf_vit_aug_bare 150 python3 hf_vit_aug.py --sec
 # and the Trainer evaluating every 20 steps at eval batch 8 (1.), without the hook
 want hf_eval_heavy_bare && rec_bare hf_eval_heavy_bare 150 python3 hf_trainer.py $bert --steps 100000 \
   --seconds 60 --batch 32 --accum 1 --eval-every 20 --eval-batch 8 --eval-samples 2048 --workers 2
+# 7s. (2026-12-04, thirteenth session) three and a half minutes rather than one, so the windows of a
+#     minute and more fill and what a run drifts into over time shows: GPT-2 with dynamic
+#     padding (73.) evaluating 512 samples every 600 steps, with the hook and without it;
+#     Lightning's short epochs without persistent workers (65.), without the hook; the
+#     Trainer's BERT-base (bf16, batch 32, 4 workers) saving every 600 steps
+want hf_clm_dynamic_long && rec hf_clm_dynamic_long 330 python3 hf_clm.py $clm --dynamic \
+  --min-len 64 --steps 100000 --seconds 210 --batch 16 --bf16 --workers 2 --eval-every 600 \
+  --eval-samples 512 --eval-batch 16
+want hf_clm_dynamic_long_bare && rec_bare hf_clm_dynamic_long_bare 330 python3 hf_clm.py $clm \
+  --dynamic --min-len 64 --steps 100000 --seconds 210 --batch 16 --bf16 --workers 2 \
+  --eval-every 600 --eval-samples 512 --eval-batch 16
+want lightning_cnn_epochs_long_bare && rec_bare lightning_cnn_epochs_long_bare 330 python3 \
+  lightning_cnn.py --batch 128 --workers 8 --samples 3840 --precision bf16-mixed --no-persistent \
+  --seconds 210
+want hf_save_long && rec hf_save_long 330 python3 hf_textcls.py --batch 32 --workers 4 --bf16 \
+  --save-every 600 --seconds 210
