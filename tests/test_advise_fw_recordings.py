@@ -71,6 +71,9 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # left False): the wait is each epoch's first batch, the steps between host-bound
     "lightning_cnn_epochs": ({"enable-persistent-workers", "raise-batch-size"},
                              {"add-dataloader-workers", "gpu-underused"}),
+    # the same for 3.5 minutes (312 epochs; record.sh 7s): the same two all along
+    "lightning_cnn_epochs_long": ({"enable-persistent-workers", "raise-batch-size"},
+                                  {"add-dataloader-workers", "gpu-underused", "memory-leak"}),
     "lightning_cnn_epochs_ddp": ({"enable-persistent-workers", "raise-batch-size"},
                                  {"add-dataloader-workers", "gpu-underused",
                                   "straggler-rank"}),
@@ -529,7 +532,7 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # item 65 without the hook: the pool of 8 workers started anew at each of ~68 epochs
     "lightning_cnn_epochs_bare": ({"enable-persistent-workers"}, {"add-dataloader-workers"}),
     # the same for 3.5 minutes (341 epochs): the restarts told all along, and the batch
-    # as its hooked twin (lightning_cnn_epochs) tells it
+    # as its hooked twin (lightning_cnn_epochs_long) tells it
     "lightning_cnn_epochs_long_bare": ({"enable-persistent-workers", "raise-batch-size"},
                                        {"add-dataloader-workers", "memory-leak"}),
     # debugging left on while training (its steps 3.3x, 4.8x and 1.45x as long as the same
@@ -626,6 +629,8 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "lightning_cnn_epochs_ddp": ({"raise-batch-size"}, {"add-dataloader-workers",
                                                         "straggler-rank"}),
     "hf_clm_dynamic_long": ({"raise-batch-size"}, {"memory-leak", "add-dataloader-workers"}),
+    "lightning_cnn_epochs_long": ({"raise-batch-size", "enable-persistent-workers"},
+                                  {"add-dataloader-workers"}),
     "hf_save_long": ({"raise-batch-size"}, {"memory-leak", "add-dataloader-workers"}),
     # the death itself is the hook's exit report: from outside, a process gone right after
     # its GPU's memory was full (exited-with-memory-full, asked under an if); an evaluation

@@ -650,7 +650,7 @@ want hf_eval_heavy_bare && rec_bare hf_eval_heavy_bare 150 python3 hf_trainer.py
 # 7s. (2026-12-04, thirteenth session) three and a half minutes rather than one, so the windows of a
 #     minute and more fill and what a run drifts into over time shows: GPT-2 with dynamic
 #     padding (73.) evaluating 512 samples every 600 steps, with the hook and without it;
-#     Lightning's short epochs without persistent workers (65.), without the hook; the
+#     Lightning's short epochs without persistent workers (65.), with and without it; the
 #     Trainer's BERT-base (bf16, batch 32, 4 workers) saving every 600 steps
 want hf_clm_dynamic_long && rec hf_clm_dynamic_long 330 python3 hf_clm.py $clm --dynamic \
   --min-len 64 --steps 100000 --seconds 210 --batch 16 --bf16 --workers 2 --eval-every 600 \
@@ -658,6 +658,8 @@ want hf_clm_dynamic_long && rec hf_clm_dynamic_long 330 python3 hf_clm.py $clm -
 want hf_clm_dynamic_long_bare && rec_bare hf_clm_dynamic_long_bare 330 python3 hf_clm.py $clm \
   --dynamic --min-len 64 --steps 100000 --seconds 210 --batch 16 --bf16 --workers 2 \
   --eval-every 600 --eval-samples 512 --eval-batch 16
+want lightning_cnn_epochs_long && rec lightning_cnn_epochs_long 330 python3 lightning_cnn.py \
+  --batch 128 --workers 8 --samples 3840 --precision bf16-mixed --no-persistent --seconds 210
 want lightning_cnn_epochs_long_bare && rec_bare lightning_cnn_epochs_long_bare 330 python3 \
   lightning_cnn.py --batch 128 --workers 8 --samples 3840 --precision bf16-mixed --no-persistent \
   --seconds 210
