@@ -13,6 +13,7 @@ process on the GPU. This is what docs/benchmarks.md quotes ("Time to advice").
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import tempfile
@@ -26,7 +27,8 @@ from gpuwatch.advisor.rules import load_rules  # noqa: E402
 
 
 def first_training_time(path: Path) -> tuple[float | None, str]:
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         next(f)
         first_proc = None
         for line in f:
@@ -60,7 +62,9 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--synthetic", action="store_true")
     args = ap.parse_args()
-    files = args.files or sorted((ROOT / "tests" / "data").glob("*.jsonl"))
+    data = ROOT / "tests" / "data"  # plain and gzip'd (the framework recordings)
+    files = args.files or sorted([*data.glob("*.jsonl"), *data.glob("*.jsonl.gz")],
+                                 key=lambda p: p.name.removesuffix(".gz"))
     if args.synthetic:
         sys.path.insert(0, str(ROOT / "tests"))
         import synthetic

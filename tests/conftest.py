@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,8 @@ def read_recording(path: Path) -> str:
 
 
 RECORDINGS = sorted([*DATA.glob("*.jsonl"), *DATA.glob("*.jsonl.gz")], key=recording_name)
+_twice = sorted(n for n, k in Counter(map(recording_name, RECORDINGS)).items() if k > 1)
+assert not _twice, f"tests/data holds these recordings both plain and gzip'd: {_twice}"
 # those with GPU lines (all but a CPU-only job's: fw_hf_eval_first_cpu)
 GPU_RECORDINGS = [p for p in RECORDINGS
                   if re.search(r'"kind": ?"gpu"', read_recording(p))]

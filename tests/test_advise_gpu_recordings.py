@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import open_recording, read_recording
+from conftest import recording as data_recording
 from test_advise_support import DATA, advise_json, ids, load, transform, write
 
 # the breakdown against the script's own clock (share of time, first iteration left out
@@ -46,9 +48,9 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
 
 
 def recording(name: str) -> Path:
-    path = DATA / f"gpu_{name}.jsonl"
+    path = data_recording(f"gpu_{name}")  # plain or gzip'd
     if not path.exists():
-        pytest.skip(f"{path.name} is not in tests/data yet (tests/scripts/gpu/record.sh)")
+        pytest.skip(f"gpu_{name} is not in tests/data yet (tests/scripts/gpu/record.sh)")
     return path
 
 
@@ -61,7 +63,7 @@ def truths(name: str) -> dict[int, dict]:
 
 
 def first_step_t(path: Path) -> float | None:
-    with open(path, encoding="utf-8") as f:
+    with open_recording(path) as f:
         for line in f:
             if '"step"' in line:
                 d = json.loads(line)
@@ -203,7 +205,7 @@ def _with_ranks(name: str, out: Path) -> Path:
     truth."""
     by_pid = {t["pid"]: t for t in truths(name).values()}
     assert len(by_pid) == 2
-    with open(recording(name), encoding="utf-8") as f, out.open("w") as g:
+    with open_recording(recording(name)) as f, out.open("w") as g:
         for line in f:
             d = json.loads(line)
             for j in d.get("jobs") or ():
@@ -241,7 +243,7 @@ def ddp1(name: str) -> tuple[list[dict], dict]:
     """A one-process DDP run on one H200 (tests/scripts/train_cpu.py --dist --device cuda
     under torchrun: NCCL, 3,000 steps of a small MLP, 4 ms of sleep each): its lines and
     its newest config line from training."""
-    lines = [json.loads(x) for x in recording(name).read_text().splitlines()]
+    lines = [json.loads(x) for x in read_recording(recording(name)).splitlines()]
     config = [d for d in lines if d.get("kind") == "config" and d.get("in_training")][-1]
     return lines, config
 

@@ -300,11 +300,16 @@ def test_what_is_judged_in_one_process(tmp_path: Path,
     threads by now: the next test holds the real check)."""
     monkeypatch.delenv(split.ENV, raising=False)
     monkeypatch.setattr(split, "can_fork", lambda: True)
-    ddp = recording("fw_lightning_ddp4")
+    # a short recording, plain and gzip'd: a child would pay the reading and bucketing
+    # again for little
+    ddp = tmp_path / "ddp4.jsonl"
+    ddp.write_text(read_recording(recording("fw_lightning_ddp4")))
     assert split.peek_gpus(str(ddp)) == [0, 1, 2, 3]
-    # a short recording: a child would pay the reading and bucketing again for little
     assert ddp.stat().st_size < split.MIN_BYTES
     assert split.plan(str(ddp))[0] == 1
+    gz = recording("fw_lightning_ddp4")
+    assert gz.name.endswith(".gz") and gz.stat().st_size < split.MIN_BYTES // 8
+    assert split.plan(str(gz))[0] == 1
     # one GPU: nothing to share
     one = _long_recording(tmp_path / "one.jsonl", gpus=1, seconds=9000)
     assert split.plan(str(one))[0] == 1
@@ -361,10 +366,11 @@ def test_the_gpus_are_dealt_to_the_least_loaded_process() -> None:
 
 def test_the_gpus_of_a_compressed_recording_are_seen(tmp_path: Path) -> None:
     import gzip
-    src = recording("fw_hf_ddp")
-    dst = tmp_path / "r.jsonl.gz"
-    dst.write_bytes(gzip.compress(read_recording(src).encode()))
-    assert split.peek_gpus(str(dst)) == split.peek_gpus(str(src)) == [0, 1, 2, 3]
+    text = read_recording(recording("fw_hf_ddp"))
+    plain, gz = tmp_path / "r.jsonl", tmp_path / "r.jsonl.gz"
+    plain.write_text(text)
+    gz.write_bytes(gzip.compress(text.encode()))
+    assert split.peek_gpus(str(gz)) == split.peek_gpus(str(plain)) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("name", ["fw_lightning_ddp4", "gpu_ddp_slow_rank"])

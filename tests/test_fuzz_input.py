@@ -18,7 +18,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import RECORDINGS, REPO, parse_metrics, wait_for
+from conftest import RECORDINGS, REPO, parse_metrics, read_recording, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -403,7 +403,7 @@ def test_config_billion_laughs_is_refused_fast(tmp_path) -> None:
 
 # -- recordings ----------------------------------------------------------------------------
 
-RECORDING = RECORDINGS[0].read_bytes()[:60_000].rsplit(b"\n", 1)[0] + b"\n"
+RECORDING = read_recording(RECORDINGS[0]).encode()[:60_000].rsplit(b"\n", 1)[0] + b"\n"
 
 
 @fuzz(300)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import shutil
 import tracemalloc
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import RECORDINGS, run_gpuwatch
+from conftest import RECORDINGS, read_recording, run_gpuwatch
 
 from gpuwatch.errors import FileFormatError
 from gpuwatch.samples import (
@@ -63,7 +62,7 @@ def test_every_recording_reads_cleanly(path: Path) -> None:
     trace = read_trace(str(path))
     assert trace.warnings == []
     assert trace.meta["format"] == "gpuwatch-trace/1"
-    raw = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    raw = [json.loads(line) for line in read_recording(path).splitlines()[1:]]
     assert Counter(KIND[type(s)] for s in trace.samples) == Counter(d["kind"] for d in raw)
     assert [s.t for s in trace.samples] == [d["t"] for d in raw]
     gpu = next((s for s in trace.samples if isinstance(s, GpuSample)), None)
@@ -222,7 +221,7 @@ def test_meta_problems(tmp_path: Path) -> None:
 
 def test_truncated_last_line_is_tolerated(tmp_path: Path) -> None:
     source = RECORDINGS[0]
-    text = source.read_text()
+    text = read_recording(source)
     cut = tmp_path / "cut.jsonl"
     cut.write_text(text[: len(text) - 40])  # a recorder killed in the middle of a line
     whole = read_trace(str(source))
@@ -274,7 +273,7 @@ def test_problems_are_capped(tmp_path: Path) -> None:
 
 def test_streaming_yields_as_it_reads_and_stays_small(tmp_path: Path) -> None:
     path = tmp_path / "day.jsonl"
-    line = json.loads(RECORDINGS[0].read_text().splitlines()[2])  # a full host line
+    line = json.loads(read_recording(RECORDINGS[0]).splitlines()[2])  # a full host line
     n = 20_000
     with path.open("w") as f:
         f.write(json.dumps(META) + "\n")
@@ -298,8 +297,7 @@ def test_streaming_yields_as_it_reads_and_stays_small(tmp_path: Path) -> None:
 def test_cli_names_the_bad_line(tmp_path: Path) -> None:
     # through a real surface: `gpuwatch run --replay` refuses a bad file before serving
     bad = tmp_path / "bad.jsonl"
-    shutil.copy(RECORDINGS[0], bad)
-    lines = bad.read_text().splitlines()
+    lines = read_recording(RECORDINGS[0]).splitlines()
     at = [i for i, text in enumerate(lines) if '"kind":"gpu"' in text][1]
     lines[at] = json.dumps({**json.loads(lines[at]), "util": "abc"})
     bad.write_text("\n".join(lines) + "\n")
