@@ -37,9 +37,7 @@ DATA = REPO / "tests" / "data"
 
 def recording_name(path: Path) -> str:
     """``fw_hf_ddp`` for tests/data/fw_hf_ddp.jsonl and for fw_hf_ddp.jsonl.gz."""
-    name = Path(path).name
-    return name[:-len(".gz")].removesuffix(".jsonl") if name.endswith(".gz") \
-        else name.removesuffix(".jsonl")
+    return Path(path).name.removesuffix(".gz").removesuffix(".jsonl")
 
 
 def recording(name: str) -> Path:
