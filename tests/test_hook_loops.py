@@ -589,6 +589,42 @@ def test_a_report_between_a_new_loaders_first_batch_and_its_backward_says_no_eva
     assert status["eval"]["batches"] == 2 and status["eval"]["samples"] == 8
 
 
+def test_a_new_loader_at_a_freed_training_loaders_address_is_not_taken_for_it(
+        attached: hook._Hook) -> None:
+    """The hook knows a training DataLoader by the loader itself, not by its id(): once a
+    training loader is freed (an epoch's loader made anew, a batch size finder's trial),
+    Python may give its address to the next loader made, an evaluation's. Known by id,
+    that loader read as training: its batches were steps' data, its evaluation unseen."""
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    _no_reporter(attached)
+
+    def loader() -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(list(range(40)), batch_size=4)
+
+    for _ in range(200):  # until the allocator hands the freed address on (most tries)
+        first = loader()
+        for batch in itertools.islice(first, 3):
+            (w * batch.float().mean()).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        freed = id(first)
+        del first, batch
+        ev = loader()
+        if id(ev) == freed:
+            break
+    else:
+        pytest.skip("the allocator never gave a freed loader's address to the next one")
+    with torch.no_grad():
+        it = iter(ev)
+        next(it)
+        next(it)
+    time.sleep(0.02)
+    status, seconds = attached._status(), attached._phase_seconds()
+    assert status["phase"] == hook.EVAL and seconds["eval"] >= 0.02
+    assert status["eval"]["batches"] == 2 and status["eval"]["samples"] == 8
+
+
 def test_a_loop_under_accelerates_batch_size_finder_is_reported(attached: hook._Hook) -> None:
     """accelerate's find_executable_batch_size runs the loop again at 90 % of the batch on
     every out-of-memory (the Trainer's auto_find_batch_size runs through it): the memory

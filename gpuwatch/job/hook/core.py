@@ -259,9 +259,10 @@ class _Hook:
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.phase_stack: list[str] = []
         self.excluded = 0.0  # seconds of evaluation, checkpoints, compiling, since attach
-        # the DataLoaders (by id) whose batches a backward() followed: they train; any
-        # other one, once training began, evaluates
-        self.train_loaders: set[int] = set()
+        # the DataLoaders whose batches a backward() followed: they train; any other one,
+        # once training began, evaluates. Held weakly, not by id(): a freed training
+        # loader's address may go to the next loader made, an evaluation's
+        self.train_loaders: weakref.WeakSet = weakref.WeakSet()
         self.last_info: list[Any] | None = None  # the iterator of the last batch fetched
         self.backward_seen = False
         self.opt_params = 0  # parameter tensors of the optimizer that clocks iterations
@@ -1560,6 +1561,14 @@ def _own_batch_sampler(bs: Any) -> str | None:
     return type(bs).__name__
 
 
+def _weak(obj: Any) -> weakref.ref | None:
+    """A weak reference to ``obj``, or None where its class takes none (``__slots__``)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
 def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
@@ -1579,7 +1588,8 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
                 batch = getattr(bs, "batch_size", None)
                 sampler = _own_batch_sampler(bs)
             # [batch size, config facts, seconds spent creating it until its first batch
-            # (None after it), when its creation began]
+            # (None after it), when its creation began, a weak reference to the loader,
+            # True once a backward() followed its batches (None: not known yet)]
             self._gpuwatch = [batch if isinstance(batch, int) else None, {
                 "num_workers": loader.num_workers,
                 "pin_memory": bool(loader.pin_memory),
@@ -1587,7 +1597,7 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
                 "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
                 "batch_size": batch if isinstance(batch, int) else None,
                 "batch_sampler": sampler,
-            }, init, t0, id(loader), id(loader) in h.train_loaders or None]
+            }, init, t0, _weak(loader), loader in h.train_loaders or None]
             if ("lightning.pytorch" in sys.modules or "pytorch_lightning" in sys.modules) \
                     and in_lightning_tuner(sys._getframe(1)):
                 # a loader Lightning's tuner made for a trial (each of the BatchSizeFinder's
@@ -1656,7 +1666,9 @@ def _backward_begins(h: _Hook, t: Any) -> None:
     info = h.last_info
     if info is not None and info[5] is not True:
         info[5] = True  # its batches are what trains (and its loader's next ones)
-        h.train_loaders.add(info[4])
+        loader = info[4]() if info[4] is not None else None
+        if loader is not None:
+            h.train_loaders.add(loader)
     h.bw_plain = True
 
 
