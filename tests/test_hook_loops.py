@@ -579,14 +579,7 @@ def test_a_report_between_a_new_loaders_first_batch_and_its_backward_says_no_eva
     assert status["phase"] == hook.TRAIN and "eval" not in seconds
     assert seconds["train"] >= 0.05 and status["eval"]["batches"] == 0
     # an evaluation: a loader whose two batches no backward() follows
-    with torch.no_grad():
-        ev = iter(loader())
-        next(ev)
-        next(ev)
-    time.sleep(0.02)
-    status, seconds = attached._status(), attached._phase_seconds()
-    assert status["phase"] == hook.EVAL and seconds["eval"] >= 0.02
-    assert status["eval"]["batches"] == 2 and status["eval"]["samples"] == 8
+    _evaluates_two_batches(attached, loader())
 
 
 def test_a_new_loader_at_a_freed_training_loaders_address_is_not_taken_for_it(
@@ -615,8 +608,14 @@ def test_a_new_loader_at_a_freed_training_loaders_address_is_not_taken_for_it(
             break
     else:
         pytest.skip("the allocator never gave a freed loader's address to the next one")
+    _evaluates_two_batches(attached, ev)
+
+
+def _evaluates_two_batches(attached: hook._Hook, loader: torch.utils.data.DataLoader) -> None:
+    """Two batches of ``loader`` under no_grad, no backward(): the hook reads an evaluation
+    (of 2 batches of 4 samples)."""
     with torch.no_grad():
-        it = iter(ev)
+        it = iter(loader)
         next(it)
         next(it)
     time.sleep(0.02)
