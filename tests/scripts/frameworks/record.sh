@@ -665,8 +665,8 @@ want lightning_cnn_epochs_long_bare && rec_bare lightning_cnn_epochs_long_bare 3
   --seconds 210
 want hf_save_long && rec hf_save_long 330 python3 hf_textcls.py --batch 32 --workers 4 --bf16 \
   --save-every 600 --seconds 210
-# 7t. (2026-12-04, fourteenth session) fp32 training that evaluates about half of the
-#     time, so no 15 s window is 60 % training: the Trainer's BERT-base evaluating every 40
+# 7t. (2026-12-04, fourteenth session) training that evaluates 35-65 % of the time since
+#     its first step (in fp32, in bf16): the Trainer's BERT-base evaluating every 40
 #     steps at eval batch 16 (with the hook and without it, and the same in bf16), and
 #     Lightning's MLP in 32-true validating every 50 steps
 want hf_eval_mid_fp32 && rec hf_eval_mid_fp32 150 python3 hf_trainer.py $bert --steps 100000 \
