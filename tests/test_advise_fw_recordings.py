@@ -772,8 +772,7 @@ def test_the_trainer_evaluating_most_of_the_time_is_told_so_in_its_words():
     assert all(LR not in a["action"] for a in report["advice"])
     # its 19 s of training, 20 steps at a time between evaluations in fp32 as they are:
     # a third of the time since its first step (18.7 s of 54.5; a training rule asks 60 %
-    # of a window), and told
-    # all the same (the precision is the job's, its evaluation's too)
+    # of a window), and told all the same (the precision is the job's, its evaluation's too)
     train, evaluation = job["phases"]["train"], job["phases"]["eval"]
     assert train < 0.4 * (train + evaluation)
     (mp,) = [a for a in report["advice"] if a["id"] == "enable-mixed-precision"]
@@ -781,8 +780,8 @@ def test_the_trainer_evaluating_most_of_the_time_is_told_so_in_its_words():
     assert mp["evidence"]["autocast"] == 0
     assert mp["evidence"]["fp32_active"] >= 0.2 > 0.05 >= mp["evidence"]["tensor_active"]
     # the larger win first
-    assert [a["id"] for a in report["advice"]].index("speed-up-evaluation") \
-        < [a["id"] for a in report["advice"]].index("enable-mixed-precision")
+    told = [a["id"] for a in report["advice"]]
+    assert told.index("speed-up-evaluation") < told.index("enable-mixed-precision")
     # the training steps hold no evaluation: their time is the training's alone
     assert job["steps"] == t["steps"]
 

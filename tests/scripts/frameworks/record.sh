@@ -669,14 +669,11 @@ want hf_save_long && rec hf_save_long 330 python3 hf_textcls.py --batch 32 --wor
 #     its first step (in fp32, in bf16): the Trainer's BERT-base evaluating every 40
 #     steps at eval batch 16 (with the hook and without it, and the same in bf16), and
 #     Lightning's MLP in 32-true validating every 50 steps
-want hf_eval_mid_fp32 && rec hf_eval_mid_fp32 150 python3 hf_trainer.py $bert --steps 100000 \
-  --seconds 60 --batch 32 --accum 1 --eval-every 40 --eval-batch 16 --eval-samples 2048 --workers 2
-want hf_eval_mid_fp32_bare && rec_bare hf_eval_mid_fp32_bare 150 python3 hf_trainer.py $bert \
-  --steps 100000 --seconds 60 --batch 32 --accum 1 --eval-every 40 --eval-batch 16 \
-  --eval-samples 2048 --workers 2
-want hf_eval_mid_bf16 && rec hf_eval_mid_bf16 150 python3 hf_trainer.py $bert --steps 100000 \
-  --seconds 60 --batch 32 --accum 1 --eval-every 40 --eval-batch 16 --eval-samples 2048 --workers 2 \
-  --bf16
+mid="$bert --steps 100000 --seconds 60 --batch 32 --accum 1 --eval-every 40 --eval-batch 16 \
+  --eval-samples 2048 --workers 2"
+want hf_eval_mid_fp32 && rec hf_eval_mid_fp32 150 python3 hf_trainer.py $mid
+want hf_eval_mid_fp32_bare && rec_bare hf_eval_mid_fp32_bare 150 python3 hf_trainer.py $mid
+want hf_eval_mid_bf16 && rec hf_eval_mid_bf16 150 python3 hf_trainer.py $mid --bf16
 want lightning_val_fp32 && rec lightning_val_fp32 150 python3 lightning_val.py --devices 1 \
   --steps 100000 --seconds 50 --batch 256 --val-every 50 --val-batch 32 --val-samples 4096 \
   --width 2048 --workers 2
