@@ -105,6 +105,26 @@ def test_evaluation_is_its_own_phase_and_gets_its_own_advice(tmp_path):
     assert "by phase:" in text and "evaluation" in text
 
 
+def test_a_collapsing_loss_scale_is_told_however_much_the_job_evaluates(tmp_path):
+    """fp16 under a GradScaler whose scale halves every 8 steps, every other step skipped,
+    in a job that evaluates 80 % of its time (2 s of steps, then 8 s of evaluation, over
+    and over): no 15 s window is 60 % training, and the scale and the skipped steps are
+    the training steps' own, so the collapse is judged at every bucket the job trains."""
+    run = synthetic.eval_heavy(config={"autocast_dtype": "float16"})
+    for d in run.lines:
+        if d["kind"] == "step":
+            d["loss_scale"] = 65536.0 / 2 ** (d["step"] // 8)
+            d["skipped"] = d["step"] % 2 == 1
+    report = judge(tmp_path, run)
+    (j,) = report["jobs"]
+    assert j["phases"]["train"] < 0.3 * (j["phases"]["train"] + j["phases"]["eval"])
+    a = advice(report, "loss-scale-collapse")
+    assert a["severity"] == "critical"
+    # told within a few training windows of the first step, not at the run's end
+    assert a["since"] - run.first_step <= 30.0, a["since"] - run.first_step
+    assert "raise-batch-size" not in ids(report)
+
+
 @pytest.mark.parametrize(("config", "says", "never"), [
     # Lightning's default: val_check_interval=1.0 (a float: once an epoch) with
     # check_val_every_n_epoch=1; an int val_check_interval would mean every N batches

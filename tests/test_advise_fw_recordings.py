@@ -595,6 +595,22 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                                    "raise-batch-size", "gpu-underused"}),
     "lightning_val_fp32": ({"speed-up-evaluation"}, {"enable-mixed-precision",
                                                      "add-dataloader-workers"}),
+    # (record.sh 7u, 1x H200) settings that hold however much the job evaluates: 7t's
+    # Trainer in bf16 with gradient checkpointing left on (1.8 % of memory used),
+    # evaluating 37 % of the time since its first step and, every 20 steps at eval batch
+    # 8, 68 % (that one was told the evaluation alone before
+    # disable-gradient-checkpointing's train_share: 0);
+    # the same with gc.collect() at every step (300 ms each: the steps are mostly the
+    # collection, so the every-40-steps run evaluates a tenth of its time, the every-20 a
+    # third)
+    "hf_eval_mid_grad_ckpt": ({"disable-gradient-checkpointing", "speed-up-evaluation"},
+                              {"enable-gradient-checkpointing", "add-dataloader-workers"}),
+    "hf_eval_heavy_grad_ckpt": ({"disable-gradient-checkpointing", "speed-up-evaluation"},
+                                {"enable-gradient-checkpointing", "add-dataloader-workers"}),
+    "hf_eval_mid_gc_every1": ({"stop-freeing-memory-every-step"},
+                              {"add-dataloader-workers", "raise-batch-size"}),
+    "hf_eval_heavy_gc_every1": ({"stop-freeing-memory-every-step", "speed-up-evaluation"},
+                                {"add-dataloader-workers", "raise-batch-size"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -784,6 +800,40 @@ def test_the_trainer_evaluating_most_of_the_time_is_told_so_in_its_words():
     assert told.index("speed-up-evaluation") < told.index("enable-mixed-precision")
     # the training steps hold no evaluation: their time is the training's alone
     assert job["steps"] == t["steps"]
+
+
+def test_settings_are_told_however_much_the_trainer_evaluates():
+    """Gradient checkpointing left on, and gc.collect() at every step, in a Trainer that
+    evaluates every 20 steps at eval batch 8 (record.sh 7u): what the steps, the settings
+    and the memory say holds whatever share of a window the evaluations take, so these
+    rules are judged at every bucket the job trains."""
+    name = "hf_eval_heavy_grad_ckpt"
+    report = advise_json(path_of(name))
+    t = truth(name)
+    (job,) = report["jobs"]
+    train, evaluation = job["phases"]["train"], job["phases"]["eval"]
+    assert evaluation == pytest.approx(t["eval_seconds"], rel=EVAL_TOLERANCE)
+    # under 40 % training since its first step: no 15 s window is 60 % training for long
+    assert train < 0.4 * (train + evaluation)
+    (gc,) = [a for a in report["advice"] if a["id"] == "disable-gradient-checkpointing"]
+    assert "TrainingArguments(gradient_checkpointing=False)" in gc["action"]
+    assert gc["evidence"]["gradient_checkpointing"] == 1
+    assert gc["evidence"]["mem_reserved_ratio"] < 0.25
+    told = [a["id"] for a in report["advice"]]
+    assert told.index("speed-up-evaluation") < told.index("disable-gradient-checkpointing")
+
+    # the calls counted against the steps' own time, not the step rate of windows that
+    # hold evaluation: the callback collects once a step, and the message says so
+    for name in ("hf_eval_heavy_gc_every1", "hf_eval_mid_gc_every1", "hf_bert_gc_every1"):
+        report = advise_json(path_of(name))
+        (st,) = [a for a in report["advice"] if a["id"] == "stop-freeing-memory-every-step"]
+        every = float(re.search(r"about one call every ([0-9.]+) steps", st["message"])[1])
+        assert 0.9 <= every <= 1.1, (name, st["message"])
+        steps = float(re.search(r"\(([0-9]+) steps of ", st["message"])[1])
+        calls = st["evidence"]["gc_collect_calls"]
+        assert steps == pytest.approx(calls, rel=0.1), (name, steps, calls)
+        assert "take gc.collect() out of the TrainerCallback" in st["action"]
+        assert report["jobs"][0]["steps"] == truth(name)["steps"]
 
 
 @pytest.mark.parametrize("name", ["hf_eval_first", "hf_s2s_eval_first", "hf_s2s_on_start",

@@ -677,3 +677,18 @@ want hf_eval_mid_bf16 && rec hf_eval_mid_bf16 150 python3 hf_trainer.py $mid --b
 want lightning_val_fp32 && rec lightning_val_fp32 150 python3 lightning_val.py --devices 1 \
   --steps 100000 --seconds 50 --batch 256 --val-every 50 --val-batch 32 --val-samples 4096 \
   --width 2048 --workers 2
+# 7u. (2026-12-04, fifteenth session) settings that hold however much the job evaluates:
+#     7t's BERT-base Trainer in bf16 evaluating every 40 steps at eval batch 16 (a third
+#     of the time), and 1.'s every 20 steps at eval batch 8 (two thirds), with gradient
+#     checkpointing left on (memory to spare) or a TrainerCallback calling gc.collect()
+#     at every step
+heavy="$bert --steps 100000 --seconds 60 --batch 32 --accum 1 --eval-every 20 --eval-batch 8 \
+  --eval-samples 2048 --workers 2"
+want hf_eval_mid_grad_ckpt && rec hf_eval_mid_grad_ckpt 150 python3 hf_trainer.py $mid --bf16 \
+  --grad-ckpt
+want hf_eval_mid_gc_every1 && rec hf_eval_mid_gc_every1 150 python3 hf_trainer.py $mid --bf16 \
+  --gc-every 1
+want hf_eval_heavy_grad_ckpt && rec hf_eval_heavy_grad_ckpt 150 python3 hf_trainer.py $heavy \
+  --bf16 --grad-ckpt
+want hf_eval_heavy_gc_every1 && rec hf_eval_heavy_gc_every1 150 python3 hf_trainer.py $heavy \
+  --bf16 --gc-every 1
