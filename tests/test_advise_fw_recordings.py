@@ -611,6 +611,21 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                               {"add-dataloader-workers", "raise-batch-size"}),
     "hf_eval_heavy_gc_every1": ({"stop-freeing-memory-every-step", "speed-up-evaluation"},
                                 {"add-dataloader-workers", "raise-batch-size"}),
+    # (record.sh 7v, 1x H200) what the steps say, however much the job validates:
+    # lightning_cnn_reload validating 3,200 images at batch 16 at each epoch's end (the
+    # hook took each new training loader's first batch, which came while it still read the
+    # validation, for the validation's before this session: no epoch start was seen), and
+    # lightning_batch_end_metric validating every 100 batches, half the time since its
+    # first step (told of its evaluation alone before work-every-n-steps' train_share: 0)
+    "lightning_cnn_reload_val": ({"dataloader-rebuilt-each-epoch", "speed-up-evaluation",
+                                  "raise-batch-size"},
+                                 {"enable-persistent-workers", "add-dataloader-workers",
+                                  "work-every-n-steps"}),
+    # (its third long step, the first the rule may count, comes 14 s after the first
+    # step, and validations follow: told 25 s in, past WARNING_ONSET; asserted in
+    # test_work_every_n_steps_is_told_however_much_the_job_validates)
+    "lightning_batch_end_metric_val": ({"speed-up-evaluation"},
+                                       {"gpu-underused", "add-dataloader-workers"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -1218,6 +1233,47 @@ def test_lightnings_batch_size_finder_trials_are_steps_and_its_memory_no_warning
     assert not any("eval" in d["seconds"] for d in recorded if d.get("kind") == "phase")
     configs = [d for d in lines(path_of("lightning_cnn_find")) if d.get("kind") == "config"]
     assert configs[-1]["fw_auto_batch"] is True
+
+
+def test_work_every_n_steps_is_told_however_much_the_job_validates():
+    """A Lightning Callback's 1.5 s metric every 50 batches, in a run validating every 100
+    batches half the time since its first step: the long steps are the steps' own (the
+    hook leaves the validations out of the step that holds them), judged at every bucket
+    the job trains."""
+    name = "lightning_batch_end_metric_val"
+    path = path_of(name)
+    t = truth(name)
+    report = advise_json(path)
+    (job,) = report["jobs"]
+    assert job["steps"] == t["steps"]
+    assert job["phases"]["eval"] == pytest.approx(t["eval_seconds"], rel=EVAL_TOLERANCE)
+    (a,) = [a for a in report["advice"] if a["id"] == "work-every-n-steps"]
+    assert a["evidence"]["long_step_every"] == 50
+    assert a["evidence"]["long_step_seconds"] == pytest.approx(
+        t["metric_seconds"] / t["metrics"], rel=0.15)
+    # its third long step 14 s after the first step (the first counted once 20 were
+    # timed), validations between: told within half a minute, not at the run's end
+    assert a["since"] - first_step_end(path)[0] <= 30.0
+
+
+def test_a_loader_built_each_epoch_after_each_validation_starts_an_epoch():
+    """Lightning rebuilding its training loader each epoch and validating at each epoch's
+    end: each new loader's first batch comes while the hook still reads the validation; its
+    backward() makes it the new epoch's start (its wait, 6 workers starting), and the
+    validation stays evaluation, on the H200 as on the CPU (test_hook_loops)."""
+    name = "lightning_cnn_reload_val"
+    t = truth(name)
+    kept = lines(path_of(name))
+    steps = [d for d in kept if d.get("kind") in ("step", "steps")]
+    assert sum(d.get("steps", 1) for d in steps) == t["steps"]
+    assert sum(int(d.get("first_batch") or 0) for d in steps) == t["loaders"] == t["evals"]
+    phase = [d for d in kept if d.get("kind") == "phase"][-1]
+    assert phase["eval_batches"] == t["evals"] * 3200 // 16
+    assert phase["seconds"]["eval"] == pytest.approx(t["eval_seconds"], rel=EVAL_TOLERANCE)
+    report = advise_json(path_of(name))
+    (a,) = [a for a in report["advice"] if a["id"] == "dataloader-rebuilt-each-epoch"]
+    assert a["action"].startswith("Trainer(reload_dataloaders_every_n_epochs=1 → 0)")
+    assert a["evidence"]["persistent_workers"] == 1
 
 
 def test_a_loader_built_each_epoch_is_training_every_step_and_epoch_start_counted():
@@ -3064,7 +3120,7 @@ def test_a_setting_is_told_however_much_of_the_window_checkpoints_take():
     for f in sorted((DATA.parent.parent / "rules").glob("*.yaml")):
         text = f.read_text()
         if f.name == "settings.yaml":
-            assert text.count("    train_share: 0\n") == 6
+            assert text.count("    train_share: 0\n") == 8
             text = text.replace("    train_share: 0\n", "")
         files.append((f.name, text))
     got = sources.judge_recording(str(path), load_rules(builtin=False, files=files))[0]

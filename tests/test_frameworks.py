@@ -346,6 +346,32 @@ def test_lightning_reloading_its_training_loader_each_epoch_is_still_training(
     assert a["evidence"]["persistent_workers"] == 1
 
 
+def test_lightning_reloading_its_loader_and_validating_each_epoch_is_told_so(
+        tmp_path: Path) -> None:
+    """The same with validation at each epoch's end (Lightning's default): each new
+    training loader's first batch comes while the hook still reads the validation before
+    it. Every epoch's first batch is still marked, the validation is evaluation and
+    nothing more, and the rebuilt loader is told however much of the time validates."""
+    rec, truth = record(tmp_path, "lightning_cnn", "--size", "32", "--batch", "32",
+                        "--workers", "2", "--samples", "256", "--reload",
+                        "--val-samples", "128", "--val-batch", "8", "--seconds", "12")
+    assert truth["loaders"] >= 4 and truth["evals"] >= truth["loaders"] - 1
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"]
+    firsts = sum(int(s.get("first_batch") or 0) for s in steps)
+    assert firsts == truth["loaders"]
+    phase = lines(rec, "phase")[-1]
+    # 16 batches a validation; none of the training loaders' first batches among them
+    assert phase["eval_batches"] == 16 * truth["evals"]
+    # the validations' time (the callback's clock), and a little of each epoch's end
+    # after it (to the new loader's making), not the new epochs' starts as well
+    assert 0.9 * truth["eval_seconds"] <= phase["seconds"]["eval"] \
+        <= 1.3 * truth["eval_seconds"] + 0.3, (phase["seconds"], truth["eval_seconds"])
+    report = advise(rec)
+    (a,) = [a for a in report["advice"] if a["id"] == "dataloader-rebuilt-each-epoch"]
+    assert a["action"].startswith("Trainer(reload_dataloaders_every_n_epochs=1 → 0)")
+
+
 def test_lightnings_batch_size_finder_is_reported(tmp_path: Path) -> None:
     """A BatchSizeFinder callback sizes the batch to what fits in memory on purpose: the
     hook reports it (fw_auto_batch), so no advice reads the full memory it leaves as a

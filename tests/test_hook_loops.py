@@ -582,6 +582,58 @@ def test_a_report_between_a_new_loaders_first_batch_and_its_backward_says_no_eva
     _evaluates_two_batches(attached, loader())
 
 
+def test_a_training_loader_built_anew_after_each_validation_starts_an_epoch(
+        attached: hook._Hook) -> None:
+    """Lightning validating at each epoch's end with reload_dataloaders_every_n_epochs=1, a
+    loop that makes its DataLoader each epoch and validates between epochs: the new
+    training loader's first batch comes while the hook still reads the validation. A
+    backward() after it makes it training's: that epoch's start, its wait, its samples;
+    the validation before it stays evaluation, left out of the iteration it fell in."""
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    _no_reporter(attached)
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 12
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            time.sleep(0.01)  # each item 10 ms: a first batch waits 40 ms
+            return torch.tensor(float(i))
+
+    def step(batch: torch.Tensor) -> None:
+        (w * batch.float().mean()).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    val = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
+    t_val = 0.0
+    for _ in range(3):
+        for batch in torch.utils.data.DataLoader(Slow(), batch_size=4):  # 3 steps an epoch
+            step(batch)
+        v0 = time.perf_counter()
+        with torch.no_grad():
+            for _ in val:  # the validation at the epoch's end: 4 batches
+                time.sleep(0.05)
+        t_val += time.perf_counter() - v0
+    status, seconds = attached._status(), attached._phase_seconds()
+    assert status["phase"] == hook.EVAL  # the last validation (its loader ended)
+    assert status["eval"]["batches"] == 12 and status["eval"]["samples"] == 48
+    # the last validation is evaluation until something else happens; the two before it
+    # ended at the next epoch's first batch, which trained
+    assert seconds["eval"] == pytest.approx(t_val, abs=0.05)
+    recs = hook._step_lists(list(attached.pending), None)[0]
+    assert [r[0] for r in recs] == list(range(9))
+    assert [r[4] for r in recs] == [4] * 9  # every batch's samples are training's
+    firsts = [r[0] for r in recs if r[6] is not None]
+    assert firsts == [0, 3, 6], [r[6] for r in recs]  # every epoch's first batch
+    for r in recs:
+        if r[6] is not None:
+            assert r[6][0] == 1 and r[6][1] >= 0.035  # its wait: four 10 ms items
+    # the steps after a validation hold none of it (0.2 s): a step, its 40 ms batch
+    assert all(r[2] is None or r[2] < 0.15 for r in recs), [r[2] for r in recs]
+
+
 def test_a_new_loader_at_a_freed_training_loaders_address_is_not_taken_for_it(
         attached: hook._Hook) -> None:
     """The hook knows a training DataLoader by the loader itself, not by its id(): once a

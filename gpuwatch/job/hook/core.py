@@ -433,7 +433,16 @@ class _Hook:
         if self.phase is TRAIN:
             self.switch(EVAL, t0)
             if info is not None:
-                probe = (info, t0, t1, info[2], self.eval_batch_size)
+                probe = (info, t0, t1, info[2], self.eval_batch_size, t0)
+        elif info is not None and info[2] is not None and self.phase is EVAL:
+            # a loader's first batch while evaluating: the next epoch's training loader,
+            # built anew after the evaluation (Lightning validating at each epoch's end
+            # with reload_dataloaders_every_n_epochs=1, a loop that makes its DataLoader
+            # each epoch), should a backward() follow it; else another evaluation loader.
+            # Training's, it would be from its iterator's making on (info[3]: the workers
+            # it started are the new epoch's cost, not the evaluation's)
+            probe = (info, t0, t1, info[2], self.eval_batch_size,
+                     min(t0, max(info[3], self.phase_t0)))
         self.eval_probe = probe  # a second batch, or the loader's end: evaluation it is
         self.eval_wait += t1 - t0
         if info is not None:
@@ -448,8 +457,15 @@ class _Hook:
         batch was training's, from a loader built anew (each epoch, or by a batch size
         tuner's trial). What it counted as evaluation is training's again: the time since
         it began, its data wait, its samples, and its epoch start."""
-        info, t0, t1, first_wait, eval_batch_size = self.eval_probe
+        info, t0, t1, first_wait, eval_batch_size, since = self.eval_probe
         self.eval_probe = None
+        if self.phase_t0 < since:
+            # the process evaluated before its iterator was made (the probe was made while
+            # it evaluated): that much stays evaluation, left out of the iteration
+            spent = since - self.phase_t0
+            self.phase_seconds[EVAL] += spent
+            self.excluded += spent
+            self.phase_t0 = since
         self.phase_seconds[TRAIN] += now - self.phase_t0
         self.phase = TRAIN
         self.phase_t0 = now
@@ -864,8 +880,11 @@ class _Hook:
         evaluation begun by one batch whose kind is still open: see _probe_pending)."""
         phase, t0 = self.phase, self.phase_t0
         out = dict(self.phase_seconds)
-        if self._probe_pending() is None:
+        probe = self._probe_pending()
+        if probe is None:
             out[phase] = out.get(phase, 0.0) + max(0.0, _perf() - t0)
+        elif probe[5] > t0:  # evaluating before that loader began: evaluation either way
+            out[phase] = out.get(phase, 0.0) + probe[5] - t0
         return {k: round(v, 3) for k, v in out.items() if v}
 
     def _send(self, data: bytes) -> None:

@@ -13,7 +13,9 @@ switch of its own: the tutorials compile the model they hand it). ``--no-persist
 ``persistent_workers`` at the DataLoader's default (False): each epoch starts its workers
 anew (with ``--samples`` small, epochs are short).
 ``--reload`` builds the training DataLoader in the module's ``train_dataloader()`` and asks
-``Trainer(reload_dataloaders_every_n_epochs=1)``: a new loader each epoch, the same data.
+``Trainer(reload_dataloaders_every_n_epochs=1)``: a new loader each epoch, the same data;
+with ``--val-samples N`` it also validates on N images (``--val-batch``) at each epoch's
+end, Lightning's default, and times the validations (``eval_seconds``, ``evals``).
 ``--find-batch N`` lets Lightning's ``BatchSizeFinder`` callback size the batch (power
 mode, N trials of 3 steps from ``--batch``; the module's ``batch_size`` feeds the loader).
 ``--slow-rank R`` gives rank R's loader twice the augmentation work and half the workers
@@ -28,6 +30,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,6 +60,9 @@ p.add_argument("--reload", action="store_true",
                help="a new training DataLoader each epoch (reload_dataloaders_every_n_epochs=1)")
 p.add_argument("--find-batch", type=int, default=0,
                help="BatchSizeFinder(mode='power', max_trials=N) among the callbacks (0: none)")
+p.add_argument("--val-samples", type=int, default=0,
+               help="validate on this many images at each epoch's end (0: no validation)")
+p.add_argument("--val-batch", type=int, default=16)
 p.add_argument("--seconds", type=float, default=45.0)
 p.add_argument("--detect-anomaly", action="store_true", help="Trainer(detect_anomaly=True)")
 p.add_argument("--out")
@@ -146,6 +152,32 @@ class Reloading(Classifier):
         return make_loader()
 
 
+class Validated(Reloading):
+    """Reloading, and validated at each epoch's end on ``--val-samples`` images."""
+
+    def validation_step(self, batch, i):  # noqa: ANN001, ANN201
+        x, y = batch
+        return F.cross_entropy(self.model(x), y)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        data = torch.utils.data.Subset(Images(), range(a.val_samples))
+        return torch.utils.data.DataLoader(data, batch_size=a.val_batch, num_workers=workers,
+                                           pin_memory=True,
+                                           persistent_workers=workers > 0)
+
+
+class Timed(pl.Callback):
+    def on_validation_start(self, trainer, module):  # noqa: ANN001
+        if not trainer.sanity_checking:
+            self.v0 = time.perf_counter()
+
+    def on_validation_end(self, trainer, module):  # noqa: ANN001
+        if not trainer.sanity_checking:
+            truth.data["eval_seconds"] = truth.data.get("eval_seconds", 0.0) \
+                + time.perf_counter() - self.v0
+            truth.data["evals"] = truth.data.get("evals", 0) + 1
+
+
 class Sized(Classifier):
     """The batch as the module's attribute, which BatchSizeFinder scales."""
 
@@ -168,10 +200,12 @@ trainer = pl.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu",
                      reload_dataloaders_every_n_epochs=1 if a.reload else 0,
                      max_time={"seconds": a.seconds}, logger=False,
                      enable_checkpointing=a.ckpt_every > 0, enable_progress_bar=False,
-                     enable_model_summary=False, callbacks=[Count(), *saving, *finder],
+                     enable_model_summary=False,
+                     callbacks=[Count(), *saving, *finder, *([Timed()] if a.val_samples else [])],
+                     limit_val_batches=1.0 if a.val_samples else 0, num_sanity_val_steps=0,
                      detect_anomaly=a.detect_anomaly)
 if a.reload:
-    trainer.fit(Reloading())
+    trainer.fit(Validated() if a.val_samples else Reloading())
 elif a.find_batch:
     module = Sized()
     trainer.fit(module)

@@ -692,3 +692,14 @@ want hf_eval_heavy_grad_ckpt && rec hf_eval_heavy_grad_ckpt 150 python3 hf_train
   --bf16 --grad-ckpt
 want hf_eval_heavy_gc_every1 && rec hf_eval_heavy_gc_every1 150 python3 hf_trainer.py $heavy \
   --bf16 --gc-every 1
+# 7v. (2026-12-04, fifteenth session) what the steps say, however much the job validates:
+#     7e's lightning_cnn_reload (the training DataLoader built anew each epoch, persistent
+#     workers) validating 3,200 images at batch 16 at each epoch's end, and
+#     lightning_batch_end_metric (a 1.5 s metric in Python every 50 batches) validating
+#     8,192 samples at batch 8 every 100 batches
+want lightning_cnn_reload_val && rec lightning_cnn_reload_val 150 python3 lightning_cnn.py \
+  --model resnet18 --size 64 --batch 128 --workers 6 --samples 12800 --reload \
+  --val-samples 3200 --val-batch 16 --seconds 35
+want lightning_batch_end_metric_val && rec lightning_batch_end_metric_val 150 \
+  python3 lightning_batch_end_metric.py --seconds 45 --val-every 100 --val-samples 8192 \
+  --val-batch 8
