@@ -616,17 +616,25 @@ def test_a_training_loader_built_anew_after_each_validation_starts_an_epoch(
             for _ in val:  # the validation at the epoch's end: 4 batches
                 time.sleep(0.05)
         t_val += time.perf_counter() - v0
-    status, seconds = attached._status(), attached._phase_seconds()
+    status = attached._status()
     assert status["phase"] == hook.EVAL  # the last validation (its loader ended)
     assert status["eval"]["batches"] == 12 and status["eval"]["samples"] == 48
-    # the last validation is evaluation until something else happens; the two before it
-    # ended at the next epoch's first batch, which trained
+    # the next epoch's loader: until its first batch's backward(), reports say the
+    # evaluation it may still be, without that batch
+    it = iter(torch.utils.data.DataLoader(Slow(), batch_size=4))
+    batch = next(it)
+    status = attached._status()
+    assert status["phase"] == hook.EVAL and status["eval"]["batches"] == 12
+    step(batch)
+    status, seconds = attached._status(), attached._phase_seconds()
+    assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 12
+    # each validation ended where the next epoch's loader was made
     assert seconds["eval"] == pytest.approx(t_val, abs=0.05)
     recs = hook._step_lists(list(attached.pending), None)[0]
-    assert [r[0] for r in recs] == list(range(9))
-    assert [r[4] for r in recs] == [4] * 9  # every batch's samples are training's
+    assert [r[0] for r in recs] == list(range(10))
+    assert [r[4] for r in recs] == [4] * 10  # every batch's samples are training's
     firsts = [r[0] for r in recs if r[6] is not None]
-    assert firsts == [0, 3, 6], [r[6] for r in recs]  # every epoch's first batch
+    assert firsts == [0, 3, 6, 9], [r[6] for r in recs]  # every epoch's first batch
     for r in recs:
         if r[6] is not None:
             assert r[6][0] == 1 and r[6][1] >= 0.035  # its wait: four 10 ms items

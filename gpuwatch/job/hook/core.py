@@ -844,7 +844,8 @@ class _Hook:
         probe = self._probe_pending()
         if probe is not None:
             info, t0, t1 = probe[0], probe[1], probe[2]
-            phase = TRAIN
+            if probe[5] >= t0:  # its batch began the evaluation: training until it says
+                phase = TRAIN  # otherwise (one made while evaluating stays evaluation)
             eval_batches -= 1
             eval_samples -= info[0] or 0
             eval_wait -= t1 - t0
