@@ -364,9 +364,11 @@ def test_lightning_reloading_its_loader_and_validating_each_epoch_is_told_so(
     # 16 batches a validation; none of the training loaders' first batches among them
     assert phase["eval_batches"] == 16 * truth["evals"]
     # the validations' time (the callback's clock), and a little of each epoch's end
-    # after it (to the new loader's making), not the new epochs' starts as well
+    # after it (to the new loader's making: Lightning's epoch-end work, the old loader's
+    # workers shut down; 40 ms an epoch on an H200), not the new epochs' starts as well
     assert 0.9 * truth["eval_seconds"] <= phase["seconds"]["eval"] \
-        <= 1.3 * truth["eval_seconds"] + 0.3, (phase["seconds"], truth["eval_seconds"])
+        <= 1.3 * truth["eval_seconds"] + 0.15 * truth["evals"] + 0.3, \
+        (phase["seconds"], truth["eval_seconds"])
     report = advise(rec)
     (a,) = [a for a in report["advice"] if a["id"] == "dataloader-rebuilt-each-epoch"]
     assert a["action"].startswith("Trainer(reload_dataloaders_every_n_epochs=1 → 0)")

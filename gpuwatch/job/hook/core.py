@@ -1503,7 +1503,13 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             h.other_batch(info if got else None, t0, t1)
             return
         if h.phase is EVAL:
-            h.switch(TRAIN, t0)  # the training loader again: evaluation is over
+            # the training loader again: evaluation is over, where this iterator was made
+            # if that came after it began (an epoch's new iterator: the workers it started
+            # are the epoch's cost, counted in its first batch's wait, not evaluation)
+            since = t0
+            if info is not None and info[2] is not None and h.phase_t0 < info[3] < t0:
+                since = info[3]
+            h.switch(TRAIN, since)
             h.eval_probe = None
         elif h.phase is INFERENCE:
             # where an evaluation ahead of training ends, should the process train: a
