@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -129,6 +129,20 @@ def _no_reporter(h: hook._Hook) -> None:
         thread.join(timeout=10)
         assert not thread.is_alive()
     h.thread = object()  # and none started at the next step
+
+
+def _training_step(attached: hook._Hook) -> Callable[[torch.Tensor], None]:
+    """One parameter and its SGD optimizer, the reporter stopped (_no_reporter): a
+    training step on a batch (its backward() and optimizer step)."""
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    _no_reporter(attached)
+
+    def step(batch: torch.Tensor) -> None:
+        (w * batch.float().mean()).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return step
 
 
 def test_an_optimizer_that_never_steps_falls_back_to_backward(
@@ -552,17 +566,10 @@ def test_a_report_between_a_new_loaders_first_batch_and_its_backward_says_no_eva
     either: the next report would take it back, and the daemon would have counted it (0.2 s
     of evaluation in Lightning's BatchSizeFinder on an H200). A real evaluation (a second
     batch) is said as before."""
-    w = torch.nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([w], lr=0.1)
-    _no_reporter(attached)
+    step = _training_step(attached)
 
     def loader() -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader(list(range(40)), batch_size=4)
-
-    def step(batch: torch.Tensor) -> None:
-        (w * batch.float().mean()).sum().backward()
-        opt.step()
-        opt.zero_grad()
 
     for batch in itertools.islice(loader(), 3):
         step(batch)
@@ -589,9 +596,7 @@ def test_a_training_loader_built_anew_after_each_validation_starts_an_epoch(
     training loader's first batch comes while the hook still reads the validation. A
     backward() after it makes it training's: that epoch's start, its wait, its samples;
     the validation before it stays evaluation, left out of the iteration it fell in."""
-    w = torch.nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([w], lr=0.1)
-    _no_reporter(attached)
+    step = _training_step(attached)
 
     class Slow(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -600,11 +605,6 @@ def test_a_training_loader_built_anew_after_each_validation_starts_an_epoch(
         def __getitem__(self, i: int) -> torch.Tensor:
             time.sleep(0.01)  # each item 10 ms: a first batch waits 40 ms
             return torch.tensor(float(i))
-
-    def step(batch: torch.Tensor) -> None:
-        (w * batch.float().mean()).sum().backward()
-        opt.step()
-        opt.zero_grad()
 
     val = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
     t_val = 0.0
@@ -648,9 +648,7 @@ def test_an_epochs_new_iterator_after_a_validation_is_the_epochs_cost(
     evaluation at each epoch's end. Making an epoch's iterator (starting its workers, a
     sampler's shuffle: here a sampler that takes 0.1 s) is that epoch's cost, in its first
     batch's wait; the evaluation ends where the iterator was made, not at its first batch."""
-    w = torch.nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([w], lr=0.1)
-    _no_reporter(attached)
+    step = _training_step(attached)
 
     class SlowBatches(torch.utils.data.Sampler):
         def __len__(self) -> int:
@@ -665,9 +663,7 @@ def test_an_epochs_new_iterator_after_a_validation_is_the_epochs_cost(
     t_val = 0.0
     for _ in range(3):
         for batch in train:  # 2 steps an epoch
-            (w * batch.float().mean()).sum().backward()
-            opt.step()
-            opt.zero_grad()
+            step(batch)
         v0 = time.perf_counter()
         with torch.no_grad():
             for _ in val:
@@ -693,10 +689,13 @@ def test_a_validation_begun_by_model_eval_reads_as_evaluation_throughout(
     _no_reporter(attached)
     train = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=4)
     val = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=4)
-    for batch in train:
-        net(batch).sum().backward()
-        opt.step()
-        opt.zero_grad()
+
+    def epoch() -> None:
+        for batch in train:
+            net(batch).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    epoch()
     net.eval()
     assert attached.phase == hook.EVAL
     it = iter(val)
@@ -708,10 +707,7 @@ def test_a_validation_begun_by_model_eval_reads_as_evaluation_throughout(
         status = attached._status()
         assert status["phase"] == hook.EVAL and status["eval"]["batches"] == 2
     net.train()
-    for batch in train:  # training again: its loader's next epoch
-        net(batch).sum().backward()
-        opt.step()
-        opt.zero_grad()
+    epoch()  # training again: its loader's next epoch
     assert attached._status()["phase"] == hook.TRAIN
     assert attached._status()["eval"]["batches"] == 2
 
@@ -722,9 +718,7 @@ def test_a_new_loader_at_a_freed_training_loaders_address_is_not_taken_for_it(
     training loader is freed (an epoch's loader made anew, a batch size finder's trial),
     Python may give its address to the next loader made, an evaluation's. Known by id,
     that loader read as training: its batches were steps' data, its evaluation unseen."""
-    w = torch.nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([w], lr=0.1)
-    _no_reporter(attached)
+    step = _training_step(attached)
 
     def loader() -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader(list(range(40)), batch_size=4)
@@ -732,9 +726,7 @@ def test_a_new_loader_at_a_freed_training_loaders_address_is_not_taken_for_it(
     for _ in range(200):  # until the allocator hands the freed address on (most tries)
         first = loader()
         for batch in itertools.islice(first, 3):
-            (w * batch.float().mean()).sum().backward()
-            opt.step()
-            opt.zero_grad()
+            step(batch)
         freed = id(first)
         del first, batch
         ev = loader()

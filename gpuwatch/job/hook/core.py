@@ -433,16 +433,13 @@ class _Hook:
         if self.phase is TRAIN:
             self.switch(EVAL, t0)
             if info is not None:
-                probe = (info, t0, t1, info[2], self.eval_batch_size, t0)
+                probe = (info, t0, t1, info[2], self.eval_batch_size)
         elif info is not None and info[2] is not None and self.phase is EVAL:
             # a loader's first batch while evaluating: the next epoch's training loader,
             # built anew after the evaluation (Lightning validating at each epoch's end
             # with reload_dataloaders_every_n_epochs=1, a loop that makes its DataLoader
-            # each epoch), should a backward() follow it; else another evaluation loader.
-            # Training's, it would be from its iterator's making on (info[3]: the workers
-            # it started are the new epoch's cost, not the evaluation's)
-            probe = (info, t0, t1, info[2], self.eval_batch_size,
-                     min(t0, max(info[3], self.phase_t0)))
+            # each epoch), should a backward() follow it; else another evaluation loader
+            probe = (info, t0, t1, info[2], self.eval_batch_size)
         self.eval_probe = probe  # a second batch, or the loader's end: evaluation it is
         self.eval_wait += t1 - t0
         if info is not None:
@@ -452,13 +449,22 @@ class _Hook:
                 self.eval_samples += info[0]
                 self.eval_batch_size = info[0]
 
+    def eval_end(self, info: list[Any], t0: float) -> float:
+        """Where the evaluation in force ends for a training iterator's first batch, asked
+        for at ``t0``: where the iterator was made (``info[3]``) if that came after the
+        evaluation began (the workers it started are the new epoch's cost, in its first
+        batch's wait), else ``t0``."""
+        made = info[3]
+        return made if self.phase_t0 < made < t0 else t0
+
     def undo_eval(self, now: float) -> None:
         """A backward() came right after the one batch that began an evaluation: that
         batch was training's, from a loader built anew (each epoch, or by a batch size
         tuner's trial). What it counted as evaluation is training's again: the time since
         it began, its data wait, its samples, and its epoch start."""
-        info, t0, t1, first_wait, eval_batch_size, since = self.eval_probe
+        info, t0, t1, first_wait, eval_batch_size = self.eval_probe
         self.eval_probe = None
+        since = self.eval_end(info, t0)
         if self.phase_t0 < since:
             # the process evaluated before its iterator was made (the probe was made while
             # it evaluated): that much stays evaluation, left out of the iteration
@@ -844,8 +850,8 @@ class _Hook:
         probe = self._probe_pending()
         if probe is not None:
             info, t0, t1 = probe[0], probe[1], probe[2]
-            if probe[5] >= t0:  # its batch began the evaluation: training until it says
-                phase = TRAIN  # otherwise (one made while evaluating stays evaluation)
+            if self.phase_t0 >= t0:  # its batch began the evaluation: training until it
+                phase = TRAIN  # says otherwise (one made while evaluating stays evaluation)
             eval_batches -= 1
             eval_samples -= info[0] or 0
             eval_wait -= t1 - t0
@@ -884,8 +890,8 @@ class _Hook:
         probe = self._probe_pending()
         if probe is None:
             out[phase] = out.get(phase, 0.0) + max(0.0, _perf() - t0)
-        elif probe[5] > t0:  # evaluating before that loader began: evaluation either way
-            out[phase] = out.get(phase, 0.0) + probe[5] - t0
+        else:  # evaluating before that loader began: evaluation either way
+            out[phase] = out.get(phase, 0.0) + self.eval_end(probe[0], probe[1]) - t0
         return {k: round(v, 3) for k, v in out.items() if v}
 
     def _send(self, data: bytes) -> None:
@@ -1506,10 +1512,7 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             # the training loader again: evaluation is over, where this iterator was made
             # if that came after it began (an epoch's new iterator: the workers it started
             # are the epoch's cost, counted in its first batch's wait, not evaluation)
-            since = t0
-            if info is not None and info[2] is not None and h.phase_t0 < info[3] < t0:
-                since = info[3]
-            h.switch(TRAIN, since)
+            h.switch(TRAIN, t0 if info is None or info[2] is None else h.eval_end(info, t0))
             h.eval_probe = None
         elif h.phase is INFERENCE:
             # where an evaluation ahead of training ends, should the process train: a
