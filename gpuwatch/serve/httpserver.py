@@ -342,6 +342,9 @@ class _Server(ThreadingHTTPServer):
             self.deadlines.notify_all()
             thread = threads.Thread(target=self._serve_conn, args=(conn, client_address),
                                     name="gpuwatch-http-conn", daemon=True)
+            # a thread stays in the set until it has ended, not until its connection has:
+            # a stop joins it after its socket is closed, so none outlives the stop
+            self.conn_threads = {t for t in self.conn_threads if t.is_alive()}
             self.conn_threads.add(thread)
         thread.start()
 
@@ -353,7 +356,6 @@ class _Server(ThreadingHTTPServer):
         finally:
             with self.conns_lock:
                 self.conns.pop(id(conn), None)
-                self.conn_threads.discard(threading.current_thread())
             self.shutdown_request(conn.sock)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -391,7 +393,8 @@ class _Server(ThreadingHTTPServer):
         with self.conns_lock:
             serving = list(self.conn_threads)
         for thread in serving:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.ident is not None:  # started (the accept loop has ended before this)
+                thread.join(max(0.0, deadline - time.monotonic()))
         with self.conns_lock:
             left = list(self.conns.values())
         for conn in left:  # still writing to a reader that does not read: cut it
