@@ -364,23 +364,30 @@ def _stdin_recording() -> Any:
     if stdin.isatty():
         raise UserError("--replay -: standard input is a terminal; pipe a recording in, e.g. "
                         "zcat run.jsonl.gz | gpuwatch advise --replay -")
+    with _copied(getattr(stdin, "buffer", stdin), "-", "standard input", STDIN_NAME) as path:
+        yield path
+
+
+@contextlib.contextmanager
+def _copied(src: Any, flag: str, what: str, shown: str) -> Any:
+    """``src`` (a binary stream, or a text one) read to its end into a private temporary
+    file, named ``shown`` in messages; removed when done."""
     from gpuwatch.trace import format as trace_format
 
     fd, path = tempfile.mkstemp(prefix="gpuwatch-stdin-", suffix=".jsonl")
     try:
-        src = getattr(stdin, "buffer", stdin)
         try:
             with os.fdopen(fd, "wb") as out:
                 while chunk := src.read(1 << 20):
                     # (a text stream without a binary buffer: a notebook's, a test's)
                     out.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
         except OSError as err:
-            raise UserError(f"--replay -: cannot copy standard input to {path}: "
+            raise UserError(f"--replay {flag}: cannot copy {what} to {path}: "
                             f"{err.strerror or err} (TMPDIR names where the copy goes)") from err
         if os.path.getsize(path) == 0:
-            raise UserError("--replay -: standard input was empty: expected a gpuwatch-trace/1 "
+            raise UserError(f"--replay {flag}: {what} was empty: expected a gpuwatch-trace/1 "
                             "recording (gpuwatch run --record FILE makes one)")
-        trace_format.SHOWN_AS[path] = STDIN_NAME
+        trace_format.SHOWN_AS[path] = shown
         yield path
     finally:
         trace_format.SHOWN_AS.pop(path, None)
@@ -388,20 +395,40 @@ def _stdin_recording() -> Any:
             os.unlink(path)
 
 
+@contextlib.contextmanager
+def _pipe_recording(name: str) -> Any:
+    """A recording given by the name of a pipe (``<(zcat run.jsonl.gz)``, /dev/stdin, a
+    FIFO): read once, into a copy, as ``--replay -`` is (a pipe cannot be read twice)."""
+    try:
+        src = open(name, "rb")  # noqa: SIM115 (closed below, after the copy)
+    except OSError as err:
+        raise UserError(f"--replay {name}: cannot read it: {err.strerror or err}") from err
+    with src, _copied(src, name, "the pipe", name) as path:
+        yield path
+
+
 def main(args: argparse.Namespace) -> int:
     from gpuwatch.advisor import report
 
-    if getattr(args, "replay", None) == "-":
+    replay = getattr(args, "replay", None)
+    if replay == "":
+        raise UserError("--replay: expected a recording's file name (or - for standard "
+                        "input), got an empty one")
+    if replay == "-":
         with _stdin_recording() as path:
             args.replay, args.replay_shown = path, STDIN_NAME
+            return main(args)
+    if replay and os.path.exists(replay) and not os.path.isfile(replay) \
+            and not os.path.isdir(replay):
+        with _pipe_recording(replay) as path:
+            args.replay, args.replay_shown = path, replay
             return main(args)
     fmt = getattr(args, "format", "text") or "text"
     if fmt == "html":
         from gpuwatch.advisor import html
 
         rep, timeline = build_with_timeline(args)
-        sys.stdout.write(html.render(rep, timeline))
-        sys.stdout.flush()
+        _emit(html.render(rep, timeline))
         return 0
     rep = build(args)
     fleet = rep.get("source", {}).get("kind") == "prometheus" and "hosts" in rep
@@ -411,6 +438,17 @@ def main(args: argparse.Namespace) -> int:
         out = render_fleet_markdown(rep) if fleet else report.render_markdown(rep)
     else:
         out = render_fleet_text(rep) if fleet else report.render_text(rep)
-    sys.stdout.write(out)
-    sys.stdout.flush()
+    _emit(out)
     return 0
+
+
+def _emit(text: str) -> None:
+    """The report to standard output; what its encoding cannot write (a lone surrogate
+    from a JSON escape in a recording, a file name that is not UTF-8) as a backslash
+    escape rather than a traceback."""
+    try:
+        sys.stdout.write(text)
+    except UnicodeEncodeError:
+        enc = sys.stdout.encoding or "utf-8"
+        sys.stdout.write(text.encode(enc, "backslashreplace").decode(enc))
+    sys.stdout.flush()

@@ -14,6 +14,7 @@ import gc
 import itertools
 import json
 import math
+import queue
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import clean_env
@@ -676,6 +678,202 @@ def test_an_epochs_new_iterator_after_a_validation_is_the_epochs_cost(
     recs = hook._step_lists(list(attached.pending), None)[0]
     firsts = [r[6] for r in recs if r[6] is not None]
     assert len(firsts) == 3 and all(wait >= 0.1 for _, wait in firsts), firsts
+
+
+def test_an_iterator_made_before_a_validation_ends_it_after_the_validation(
+        attached: hook._Hook) -> None:
+    """A loop that switches the model to eval mode, makes the next epoch's training
+    iterator, then validates, then trains: the evaluation ends after its last batch, not
+    where the iterator was made (that put the validation's seconds in the first step)."""
+    step = _training_step(attached)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    train = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
+    val = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
+    for batch in train:
+        step(batch)
+    t_val = 0.0
+    for _ in range(2):
+        v0 = time.perf_counter()
+        net.eval()
+        it = iter(train)  # made before the validation
+        with torch.no_grad():
+            for _ in val:
+                time.sleep(0.05)
+        net.train()
+        t_val += time.perf_counter() - v0
+        for batch in it:
+            step(batch)
+    seconds = attached._phase_seconds()
+    assert seconds["eval"] == pytest.approx(t_val, abs=0.03)
+    durations = [r[2] for r in hook._step_lists(list(attached.pending), None)[0]]
+    assert max(d for d in durations if d is not None) < 0.1, durations  # not 0.2 s in one
+
+
+def test_an_evaluation_batch_that_ends_the_process_is_in_its_exit_report(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One batch drawn from a validation loader after model.eval(), then a long pass with
+    no batch (sampling, generating) and the process ends: nothing says what that batch
+    was, and the exit report holds nothing back (the evaluation's seconds were lost)."""
+    sent: list[bytes] = []
+    monkeypatch.setattr(hook._Hook, "_send", lambda _self, data: sent.append(data))
+    step = _training_step(attached)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    train = torch.utils.data.DataLoader(list(range(8)), batch_size=4)
+    val = torch.utils.data.DataLoader(list(range(8)), batch_size=4)
+    for batch in train:
+        step(batch)
+    net.eval()
+    e0 = time.perf_counter()
+    next(iter(val))
+    time.sleep(0.3)
+    # while it runs, its kind is open: held back, as before
+    assert attached._status()["eval"]["batches"] == 0
+    attached.report(final=True)
+    evaluated = time.perf_counter() - e0
+    exit_report = protocol.decode(sent[-1])
+    assert exit_report.kind == "exit"
+    assert exit_report.phases["eval"] == pytest.approx(evaluated, abs=0.05)
+    assert exit_report.eval.batches == 1 and exit_report.eval.samples == 4
+
+
+def test_a_fetch_begun_before_an_evaluation_never_makes_negative_seconds(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training loader pulled by a prefetching thread (prefetch_generator's
+    BackgroundGenerator): its next() is under way when the main thread switches the
+    model to eval mode. Its batch ends the evaluation where it came, never before the
+    evaluation began: phase seconds that ran backwards made the daemon refuse every report
+    after (the hook dark)."""
+    sent: list[bytes] = []
+    monkeypatch.setattr(hook._Hook, "_send", lambda _self, data: sent.append(data))
+    step = _training_step(attached)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            time.sleep(0.01)
+            return torch.tensor(float(i))
+
+    def background(it: Any) -> Iterator[Any]:
+        q: queue.Queue = queue.Queue(1)
+        end = object()
+
+        def run() -> None:
+            for x in it:
+                q.put(x)
+            q.put(end)
+        threading.Thread(target=run, daemon=True).start()
+        while (x := q.get()) is not end:
+            yield x
+
+    train = torch.utils.data.DataLoader(Slow(), batch_size=4)
+    val = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
+    for i, batch in enumerate(background(train)):
+        step(batch)
+        time.sleep(0.03)
+        if i % 5 == 4:
+            net.eval()  # the prefetching thread's next() is under way
+            with torch.no_grad():
+                for _ in val:
+                    time.sleep(0.002)
+            net.train()
+            assert min(attached.phase_seconds.values()) >= 0.0, attached.phase_seconds
+    attached.report(final=True)
+    report = protocol.decode(sent[-1])  # the daemon's own check: accepted
+    assert all(v >= 0 for v in report.phases.values())
+    assert report.eval.batches == 8
+
+
+def test_validating_between_a_batch_and_its_backward_leaves_the_loaders_as_they_are(
+        attached: hook._Hook) -> None:
+    """``for i, batch in enumerate(train): if i % 5 == 4: validate(); step(batch)``: the
+    validation runs between a training batch and its backward(). The backward() said the
+    validation loader trained (the last loader fetched): its batches were read as steps'
+    data, its iterators as epoch starts, and its time as training."""
+    step = _training_step(attached)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    train = torch.utils.data.DataLoader(list(range(40)), batch_size=4)
+    val = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
+    t_val = 0.0
+    for _ in range(2):
+        for i, batch in enumerate(train):
+            if i % 5 == 4:
+                v0 = time.perf_counter()
+                net.eval()
+                with torch.no_grad():
+                    for _ in val:
+                        time.sleep(0.02)
+                net.train()
+                t_val += time.perf_counter() - v0
+            step(batch)
+    assert val not in attached.train_loaders and train in attached.train_loaders
+    recs = hook._step_lists(list(attached.pending), None)[0]
+    assert [r[4] for r in recs] == [4] * 20  # each step its own batch, no validation's
+    assert [r[0] for r in recs if r[6] is not None] == [0, 10]  # the two epochs' starts
+    status = attached._status()
+    assert status["eval"]["batches"] == 16 and status["eval"]["samples"] == 64
+    assert attached._phase_seconds()["eval"] == pytest.approx(t_val, abs=0.03)
+
+
+def test_making_an_evaluation_iterator_is_the_evaluations_wait(
+        attached: hook._Hook) -> None:
+    """An evaluation loader whose iterator takes 0.3 s to make (its workers' start, a
+    sampler's set-up): that is the evaluation's wait, not the next training step's data
+    wait (which came out longer than the step itself)."""
+    step = _training_step(attached)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+
+    class SlowStart(torch.utils.data.Sampler):
+        def __len__(self) -> int:
+            return 2
+
+        def __iter__(self):  # noqa: ANN204 - iter() of it runs as the iterator is made
+            time.sleep(0.3)
+            return iter([[0, 1, 2, 3], [4, 5, 6, 7]])
+
+    train = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
+    val = torch.utils.data.DataLoader(list(range(8)), batch_sampler=SlowStart())
+    for i, batch in enumerate(train):
+        step(batch)
+        if i == 3:
+            net.eval()
+            with torch.no_grad():
+                for _ in val:
+                    pass
+            net.train()
+    recs = hook._step_lists(list(attached.pending), None)[0]
+    for r in recs[1:]:
+        assert r[3] <= r[2], recs  # no step waits on data longer than it took
+    assert max(r[3] for r in recs[1:]) < 0.1
+    assert attached._status()["eval"]["wait_seconds"] >= 0.3
+
+
+def test_a_loop_that_takes_its_gradients_without_backward_trains(
+        attached: hook._Hook) -> None:
+    """Gradients from torch.autograd.grad, set by hand, then an optimizer step: no
+    backward() says which loader trains, and every batch after the first iteration read
+    as an evaluation's (each step's time left out of it, its samples unknown). The
+    optimizer step after the batch says it as well."""
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    _no_reporter(attached)
+    train = torch.utils.data.DataLoader(list(range(40)), batch_size=4)
+    for _ in range(2):
+        for batch in train:
+            time.sleep(0.01)
+            loss = (w * batch.float().mean()).sum()
+            (w.grad,) = torch.autograd.grad(loss, [w])
+            opt.step()
+            opt.zero_grad()
+    assert train in attached.train_loaders
+    status = attached._status()
+    assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 0
+    assert "eval" not in attached._phase_seconds()
+    recs = hook._step_lists(list(attached.pending), None)[0]
+    assert len(recs) == 20 and [r[4] for r in recs] == [4] * 20
+    assert all(r[2] >= 0.01 for r in recs[1:]), [r[2] for r in recs]
 
 
 def test_a_validation_begun_by_model_eval_reads_as_evaluation_throughout(

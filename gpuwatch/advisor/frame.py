@@ -1918,7 +1918,7 @@ class Frame:
                                     "batch_size": info.get("inference_batch_size"),
                                     "generate_calls": info.get("generate_calls")}
         framework = self.config_value(subj, "framework")
-        if framework:
+        if framework and isinstance(framework, str):  # (a name, or nothing to say)
             out["framework"] = framework
         table, _ = self._job_table(subj)
         if table is not None and subj.micro_n:
@@ -2265,5 +2265,8 @@ def _config_value(v: Any) -> Any:
     if isinstance(v, bool):
         return 1.0 if v else 0.0
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # a whole number past the largest float: none to judge by
+            return None
     return v

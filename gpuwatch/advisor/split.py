@@ -29,6 +29,7 @@ import pickle
 import signal
 import sys
 import threading
+import zlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -109,7 +110,7 @@ def peek_gpus(path: str, limit: int = PEEK_BYTES) -> list[int]:
     try:
         with _open_binary(path) as f:  # plain or gzip, as the reader opens it
             data = f.read(limit)
-    except (OSError, EOFError, UserError):
+    except (OSError, EOFError, zlib.error, UserError):
         return []
     seen: set[int] = set()
     for line in data.splitlines()[:-1] if len(data) >= limit else data.splitlines():
@@ -117,7 +118,7 @@ def peek_gpus(path: str, limit: int = PEEK_BYTES) -> list[int]:
             continue
         try:
             d = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(d, dict) and d.get("kind") == "gpu" and type(d.get("gpu")) is int:
             seen.add(d["gpu"])

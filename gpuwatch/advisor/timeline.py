@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -366,13 +367,13 @@ def scan_phases(path: str) -> Iterable[dict[str, Any]]:
                     continue
                 try:
                     d = json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
                 if isinstance(d, dict) and d.get("kind") == "phase" and isinstance(
                         d.get("t"), (int, float)):
                     yield d
-    except OSError:
-        return
+    except (OSError, EOFError, zlib.error):
+        return  # a file cut short or damaged: the reader says so; the charts end there
 
 
 def judge_recording(path: str, ruleset: Any, shown: str | None = None

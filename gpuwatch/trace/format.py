@@ -30,6 +30,7 @@ import math
 import sys
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -71,6 +72,21 @@ class _Bad(Exception):
     pass
 
 
+def _json_error(raw: bytes, err: BaseException) -> str:
+    """Why ``raw`` is not a JSON line, in the words of what is wrong with it (json.loads
+    on bytes guesses UTF-16 or UTF-32 from NUL bytes, and its error names that codec)."""
+    if isinstance(err, RecursionError):
+        return "nested too deeply"
+    if b"\0" in raw:
+        return ("it holds NUL bytes: not UTF-8 text (a file saved as UTF-16, or zeros a "
+                "crash left behind)")
+    try:
+        raw.decode()
+    except UnicodeDecodeError as bad:
+        return f"not UTF-8 text ({bad.reason} at byte {bad.start})"
+    return str(err)
+
+
 def _show(value: object) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -90,8 +106,8 @@ def _number(lo: float | None = None, hi: float | None = None, what: str = "a num
                 return None  # NaN is how some sources say "not measured"
             if low <= v <= high and v not in (math.inf, -math.inf):
                 return v
-        elif kind is int and low <= v <= high:
-            return v
+        elif kind is int and low <= v <= high and -_FINITE <= v <= _FINITE:
+            return v  # (an int past the largest float is no number the advisor can use)
         raise _Bad(f"field '{name}' must be {what}, got {_show(v)}")
     return check
 
@@ -100,7 +116,8 @@ def _integer(lo: int | None = 0, what: str = "a whole number >= 0") -> Check:
     def check(name: str, v: Any) -> Any:
         if isinstance(v, float) and v.is_integer():
             v = int(v)  # 1.5e11 from a writer that does not keep ints
-        if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
+        if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo) \
+                or not -_FINITE <= v <= _FINITE:
             raise _Bad(f"field '{name}' must be {what}, got {_show(v)}")
         return v
     return check
@@ -111,7 +128,7 @@ def _loss(name: str, v: Any) -> Any:
     the fact to tell, not a value "not measured"). A NaN literal, as older recordings wrote
     it, is the loss's NaN too."""
     kind = type(v)
-    if kind is float or kind is int:
+    if kind is float or (kind is int and -_FINITE <= v <= _FINITE):
         return v
     if kind is str and v in NONFINITE_LOSS:
         return NONFINITE_LOSS[v]
@@ -155,9 +172,9 @@ def _fast_rule(check: Check) -> Any:
     if check is _anynum or check is _loss:  # (a loss that is not finite: the full check)
         return (_NUMERIC, -_FINITE, _FINITE)
     if check is _count:
-        return (_INT, 0, math.inf)
+        return (_INT, 0, _FINITE)
     if check is _any_int:
-        return (_INT, None, None)
+        return (_INT, -_FINITE, _FINITE)
     if check is _string:
         return (frozenset({str}), None, None)
     if check is _boolean:
@@ -167,7 +184,8 @@ def _fast_rule(check: Check) -> Any:
 
 def _capability(name: str, v: Any) -> Any:
     if (not isinstance(v, list) or len(v) != 2
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)):
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1000
+                       for x in v)):
         raise _Bad(f"field '{name}' must be [major, minor], got {_show(v)}")
     return (v[0], v[1])
 
@@ -618,7 +636,8 @@ def meta_infos(meta: Mapping[str, Any]) -> dict[int, GpuInfo]:
     base = GpuInfo(gpu=0, name=meta.get("gpu_name"), driver_version=meta.get("driver_version"),
                    compute_capability=_cc_or_none(meta.get("compute_capability")))
     out: dict[int, GpuInfo] = {}
-    for g in meta.get("gpus") or ():
+    gpus = meta.get("gpus")
+    for g in gpus if isinstance(gpus, list) else ():  # (anything else tells nothing)
         if not isinstance(g, dict) or not isinstance(g.get("gpu"), int):
             continue
         out[g["gpu"]] = GpuInfo(
@@ -630,7 +649,8 @@ def meta_infos(meta: Mapping[str, Any]) -> dict[int, GpuInfo]:
             or base.compute_capability,
             pci_bus_id=g.get("pci_bus_id") if isinstance(g.get("pci_bus_id"), str) else None,
             mem_total_bytes=g.get("mem_total_bytes")
-            if isinstance(g.get("mem_total_bytes"), int) else None,
+            if isinstance(g.get("mem_total_bytes"), int)
+            and 0 < g["mem_total_bytes"] <= _FINITE else None,
         )
     if not out and base.name is not None:
         out[0] = base
@@ -747,8 +767,11 @@ class _Reader:
                 if prev is not None:
                     yield prev[0], prev[1], False
                 prev = (n, raw)
-        except (EOFError, gzip.BadGzipFile, OSError) as err:
-            self.warnings.append((n + 1, f"the file ends early ({err}); read up to here"))
+        except (EOFError, gzip.BadGzipFile, OSError, zlib.error) as err:
+            why = ("is damaged" if isinstance(err, zlib.error)
+                   else "is not a readable gzip file" if isinstance(err, gzip.BadGzipFile)
+                   else "ends early")
+            self.warnings.append((n + 1, f"the file {why} ({err}); read up to here"))
         if prev is not None:
             yield prev[0], prev[1], True
 
@@ -771,9 +794,10 @@ class _Reader:
                 continue
             try:
                 meta = json.loads(raw)
-            except ValueError as err:
-                raise FileFormatError(self.path, [(n, (f"not JSON ({err}); the first line of a "
-                                                      f"trace must be its meta line"))]) from None
+            except (ValueError, RecursionError) as err:
+                raise FileFormatError(self.path, [(n, (f"not JSON ({_json_error(raw, err)}); "
+                                                      f"the first line of a trace must be "
+                                                      f"its meta line"))]) from None
             if not isinstance(meta, dict) or meta.get("kind") != "meta":
                 got = meta.get("kind") if isinstance(meta, dict) else meta
                 raise FileFormatError(self.path, [(n, (
@@ -792,7 +816,10 @@ class _Reader:
             except _Bad as bad:
                 raise FileFormatError(self.path, [(n, f"meta: {bad}")]) from None
             return meta
-        raise FileFormatError(self.path, [(None, "empty file: no meta line")])
+        # a compressed file damaged or cut short before its first line ends says why
+        why = "; ".join(w.removesuffix("; read up to here") for _, w in self.warnings)
+        raise FileFormatError(self.path, [(None, f"no meta line: {why}" if why
+                                           else "empty file: no meta line")])
 
     def samples(self) -> Iterator[Sample]:
         for values in self.lines():
@@ -820,12 +847,12 @@ class _Reader:
                     else:
                         if end != len(text) and text[end:].strip(" \t\n\r"):
                             d = json.loads(raw)
-                except ValueError as err:
+                except (ValueError, RecursionError) as err:
                     if is_last and not raw.endswith(b"\n"):
                         self.warnings.append((n, ("the last line is cut short (a recorder "
                                                  "stopped mid-write?); skipped")))
                         continue
-                    self._fail(n, f"not JSON: {err}")
+                    self._fail(n, f"not JSON: {_json_error(raw, err)}")
                     continue
                 values = None
                 if type(d) is dict:

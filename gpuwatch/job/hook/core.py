@@ -167,7 +167,7 @@ class _Hook:
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
                  "last_info", "prev_step", "mem_due", "mem_end",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
-                 "eval_batch_size", "eval_wait", "eval_probe", "infer_batches", "infer_t0",
+                 "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
@@ -275,6 +275,9 @@ class _Hook:
         # batch size before). A backward() right after it says it was training's after all
         # (a training DataLoader built anew each epoch, a tuner's trial): undo_eval()
         self.eval_probe: tuple[Any, ...] | None = None
+        # where the newest evaluation batch (or an evaluation loader's end) came: no
+        # evaluation ends before it (eval_end)
+        self.eval_t1 = 0.0
         self.infer_batches = 0  # batches and generate() calls of a process that never trained
         self.infer_t0: float | None = None  # when the first of them came
         self.infer_compile0 = 0.0  # compile seconds by then
@@ -403,6 +406,11 @@ class _Hook:
         """The process moves to ``phase``; time in an interruption (evaluation, a
         checkpoint, compiling) is left out of the iteration it falls in."""
         old = self.phase
+        if now < self.phase_t0:
+            # a batch whose fetch began before the phase in force did (a loader pulled by
+            # a thread of its own, a Dataset that switches a model to eval mode): the
+            # switch is now, never before, or the phase's seconds would run backwards
+            now = self.phase_t0
         spent = now - self.phase_t0
         self.phase_seconds[old] += spent
         if old is EVAL or old is CHECKPOINT or old is COMPILE:
@@ -442,6 +450,13 @@ class _Hook:
             probe = (info, t0, t1, info[2], self.eval_batch_size)
         self.eval_probe = probe  # a second batch, or the loader's end: evaluation it is
         self.eval_wait += t1 - t0
+        if probe is None:
+            self.eval_t1 = t1
+            # a backward() after this says nothing of the loader of this batch: it is the
+            # evaluation's (a loop validating between a batch's fetch and its backward())
+            self.last_info = None
+        if info is not None and info[2] is not None:
+            self.eval_wait += info[2]  # making its iterator (its workers' start)
         if info is not None:
             self.eval_batches += 1
             info[2] = None  # its first batch is no training epoch's start
@@ -455,7 +470,9 @@ class _Hook:
         evaluation began (the workers it started are the new epoch's cost, in its first
         batch's wait), else ``t0``."""
         made = info[3]
-        return made if self.phase_t0 < made < t0 else t0
+        if made < self.eval_t1:
+            made = self.eval_t1  # the evaluation's batches went on after it was made
+        return made if self.phase_t0 < made < t0 else max(t0, self.phase_t0)
 
     def undo_eval(self, now: float) -> None:
         """A backward() came right after the one batch that began an evaluation: that
@@ -475,17 +492,25 @@ class _Hook:
         self.phase_seconds[TRAIN] += now - self.phase_t0
         self.phase = TRAIN
         self.phase_t0 = now
-        self.eval_wait -= t1 - t0
+        self.eval_wait -= t1 - t0 + (first_wait or 0.0)
         self.eval_batches -= 1
         self.loader = info
         if info[0]:
             self.eval_samples -= info[0]
             self.samples += info[0]
         self.eval_batch_size = eval_batch_size
-        self.wait += t1 - t0
+        self.wait += t1 - t0 + (first_wait or 0.0)
         if first_wait is not None:
             firsts, waited = self.first
             self.first = (firsts + 1, waited + first_wait + (t1 - t0))
+
+    def trains(self, info: list[Any]) -> None:
+        """The batches of ``info``'s iterator are what trains, and its loader's next
+        ones."""
+        info[5] = True
+        loader = info[4]() if info[4] is not None else None
+        if loader is not None:
+            self.train_loaders.add(loader)
 
     def inference_work(self, batch: int | None, now: float, wait: float = 0.0) -> None:
         """A batch (or a generate() call) before any backward(): a process that keeps
@@ -611,7 +636,14 @@ class _Hook:
         and the framework driving the loop is looked for), or the first after an
         evaluation that no training batch closed."""
         phase = self.phase
-        if phase is EVAL or phase is STARTUP or phase is INFERENCE:
+        probe = self.eval_probe
+        if phase is EVAL and probe is not None and probe[0] is self.last_info:
+            # the batch that began the evaluation ends in this optimizer step with no
+            # backward() between: training's, its gradients taken another way
+            # (torch.autograd.grad, torch.func), its loader a training one
+            self.undo_eval(now)
+            self.trains(probe[0])
+        elif phase is EVAL or phase is STARTUP or phase is INFERENCE:
             self.switch(TRAIN, now)
         if self.phase_seconds[INFERENCE]:
             self._evaluated_first(now)
@@ -761,7 +793,7 @@ class _Hook:
         except Exception as err:  # each fact has its own guard: this is a bug of ours
             self.problems.add("config", err)
             config = self.last_config
-        status = self._status()
+        status = self._status(final)
         config_due = config is not None and (
             config != self.last_config or now - self.last_config_time >= CONFIG_INTERVAL)
         status_due = status != self.last_status
@@ -817,7 +849,7 @@ class _Hook:
             "exit_reason": (self.exit_reason or "exited") if final else None,
             "error": self.error, "sender_dropped": dict(self.dropped),
             "hook_errors": self.errors, **status,
-            "phases": self._phase_seconds(),
+            "phases": self._phase_seconds(final),
         }
         self._send(protocol.encode(header, records))
         self.seq += 1
@@ -833,28 +865,31 @@ class _Hook:
             self.problems.add(what, err)
             return default
 
-    def _probe_pending(self) -> tuple[Any, ...] | None:
+    def _probe_pending(self, final: bool = False) -> tuple[Any, ...] | None:
         """The one batch that began an evaluation while no second batch or backward() has
         said what it was (a new training loader's first batch is taken back by its
         backward(): undo_eval). What it counted is not reported until then, or a report
         taken in between (a new loader's workers can take a second to start) would say an
-        evaluation that the next report takes back."""
+        evaluation that the next report takes back. The exit report (``final``) holds
+        nothing back: no backward() comes after it, and what the batch began was the
+        evaluation (a sample drawn from a validation loader before the process ended)."""
         probe = self.eval_probe
-        return probe if probe is not None and self.phase is EVAL else None
+        return probe if probe is not None and self.phase is EVAL and not final else None
 
-    def _status(self) -> dict[str, Any]:
-        """What changes rarely: the phase, evaluation and inference counts, problems."""
+    def _status(self, final: bool = False) -> dict[str, Any]:
+        """What changes rarely: the phase, evaluation and inference counts, problems
+        (``final``: for the exit report, see _probe_pending)."""
         eval_batches, eval_samples, eval_wait = (self.eval_batches, self.eval_samples,
                                                  self.eval_wait)
         phase = self.phase
-        probe = self._probe_pending()
+        probe = self._probe_pending(final)
         if probe is not None:
             info, t0, t1 = probe[0], probe[1], probe[2]
             if self.phase_t0 >= t0:  # its batch began the evaluation: training until it
                 phase = TRAIN  # says otherwise (one made while evaluating stays evaluation)
             eval_batches -= 1
             eval_samples -= info[0] or 0
-            eval_wait -= t1 - t0
+            eval_wait -= t1 - t0 + (probe[3] or 0.0)
         return {
             "phase": phase,
             "compiles": self.compiles,
@@ -882,17 +917,18 @@ class _Hook:
         return {"calls": {k: int(v[0]) for k, v in got.items()},
                 "call_seconds": {k: round(v[1], 4) for k, v in got.items()}}
 
-    def _phase_seconds(self) -> dict[str, float]:
+    def _phase_seconds(self, final: bool = False) -> dict[str, float]:
         """Seconds in each phase so far, the one in force included (but not an
-        evaluation begun by one batch whose kind is still open: see _probe_pending)."""
+        evaluation begun by one batch whose kind is still open, unless ``final``: see
+        _probe_pending). Never below 0: the daemon refuses a report that says so."""
         phase, t0 = self.phase, self.phase_t0
         out = dict(self.phase_seconds)
-        probe = self._probe_pending()
+        probe = self._probe_pending(final)
         if probe is None:
             out[phase] = out.get(phase, 0.0) + max(0.0, _perf() - t0)
         else:  # evaluating before that loader began: evaluation either way
-            out[phase] = out.get(phase, 0.0) + self.eval_end(probe[0], probe[1]) - t0
-        return {k: round(v, 3) for k, v in out.items() if v}
+            out[phase] = out.get(phase, 0.0) + max(0.0, self.eval_end(probe[0], probe[1]) - t0)
+        return {k: round(max(0.0, v), 3) for k, v in out.items() if v > 0}
 
     def _send(self, data: bytes) -> None:
         if self.sock is None:
@@ -1534,6 +1570,7 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             if info[0] is not None:
                 h.samples += info[0]
             if info[2] is not None:  # this iterator's first batch
+                h.wait += info[2]  # making the iterator (_wrap_iter_init)
                 firsts, first_wait = h.first
                 h.first = (firsts + 1, first_wait + info[2] + (t1 - t0))
                 info[2] = None
@@ -1632,9 +1669,9 @@ def _wrap_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
                 # a loader Lightning's tuner made for a trial (each of the BatchSizeFinder's
                 # batch sizes): its first batch is no epoch's start
                 self._gpuwatch[2] = None
-            # starting the workers is waiting for data too: the cost that persistent
-            # workers save at each epoch
-            h.wait += init
+            # starting the workers is waiting for data too (the cost that persistent
+            # workers save at each epoch): counted with its first batch, as the training's
+            # wait or the evaluation's, once that batch says which (_fetched)
             if h.iter_start is None:
                 h.iter_start = t0
             h.loader_made = True
@@ -1694,10 +1731,7 @@ def _backward_begins(h: _Hook, t: Any) -> None:
             h.switch(TRAIN, _perf())
     info = h.last_info
     if info is not None and info[5] is not True:
-        info[5] = True  # its batches are what trains (and its loader's next ones)
-        loader = info[4]() if info[4] is not None else None
-        if loader is not None:
-            h.train_loaders.add(loader)
+        h.trains(info)
     h.bw_plain = True
 
 
@@ -1892,7 +1926,6 @@ def _wrap_get_iterator(orig: Callable[..., Any]) -> Callable[..., Any]:
             total = _perf() - t0
             info = getattr(it, "_gpuwatch", None)  # not __dict__: see _fetched()
             if info is not None and info[2] is not None:
-                h.wait += max(0.0, total - info[2])
                 info[2] = total
                 if h.iter_start == info[3]:
                     h.iter_start = t0
