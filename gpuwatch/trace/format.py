@@ -80,10 +80,6 @@ def _json_error(raw: bytes, err: BaseException) -> str:
     if b"\0" in raw:
         return ("it holds NUL bytes: not UTF-8 text (a file saved as UTF-16, or zeros a "
                 "crash left behind)")
-    try:
-        raw.decode()
-    except UnicodeDecodeError as bad:
-        return f"not UTF-8 text ({bad.reason} at byte {bad.start})"
     return str(err)
 
 
