@@ -403,7 +403,7 @@ def _pipe_recording(name: str) -> Any:
         src = open(name, "rb")  # noqa: SIM115 (closed below, after the copy)
     except OSError as err:
         raise UserError(f"--replay {name}: cannot read it: {err.strerror or err}") from err
-    with src, _copied(src, name, "the pipe", name) as path:
+    with src, _copied(src, name, "what it gave", name) as path:
         yield path
 
 
