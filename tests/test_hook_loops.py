@@ -147,6 +147,21 @@ def _training_step(attached: hook._Hook) -> Callable[[torch.Tensor], None]:
     return step
 
 
+class _SlowStart(torch.utils.data.Sampler):
+    """Two batches of four, whose iterator takes ``seconds`` to make (a sampler's
+    shuffle, a loader's workers starting): iter() of it runs as the iterator is made."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __len__(self) -> int:
+        return 2
+
+    def __iter__(self):  # noqa: ANN204
+        time.sleep(self.seconds)
+        return iter([[0, 1, 2, 3], [4, 5, 6, 7]])
+
+
 def test_an_optimizer_that_never_steps_falls_back_to_backward(
         attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
     """An optimizer built (say, only for its learning rate) but never stepped: backward()
@@ -652,15 +667,7 @@ def test_an_epochs_new_iterator_after_a_validation_is_the_epochs_cost(
     batch's wait; the evaluation ends where the iterator was made, not at its first batch."""
     step = _training_step(attached)
 
-    class SlowBatches(torch.utils.data.Sampler):
-        def __len__(self) -> int:
-            return 2
-
-        def __iter__(self):  # noqa: ANN204 - iter() of it runs as the iterator is made
-            time.sleep(0.1)
-            return iter([[0, 1, 2, 3], [4, 5, 6, 7]])
-
-    train = torch.utils.data.DataLoader(list(range(8)), batch_sampler=SlowBatches())
+    train = torch.utils.data.DataLoader(list(range(8)), batch_sampler=_SlowStart(0.1))
     val = torch.utils.data.DataLoader(list(range(8)), batch_size=4)
     t_val = 0.0
     for _ in range(3):
@@ -825,16 +832,8 @@ def test_making_an_evaluation_iterator_is_the_evaluations_wait(
     step = _training_step(attached)
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
 
-    class SlowStart(torch.utils.data.Sampler):
-        def __len__(self) -> int:
-            return 2
-
-        def __iter__(self):  # noqa: ANN204 - iter() of it runs as the iterator is made
-            time.sleep(0.3)
-            return iter([[0, 1, 2, 3], [4, 5, 6, 7]])
-
     train = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
-    val = torch.utils.data.DataLoader(list(range(8)), batch_sampler=SlowStart())
+    val = torch.utils.data.DataLoader(list(range(8)), batch_sampler=_SlowStart(0.3))
     for i, batch in enumerate(train):
         step(batch)
         if i == 3:
