@@ -162,6 +162,24 @@ class _SlowStart(torch.utils.data.Sampler):
         return iter([[0, 1, 2, 3], [4, 5, 6, 7]])
 
 
+def _model() -> torch.nn.Module:
+    """A model as the hook tells one from a frozen layer (two children): its eval()
+    begins an evaluation."""
+    return torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+
+
+def _after_an_epoch(attached: hook._Hook, samples: int) -> tuple[Any, ...]:
+    """One epoch trained on a loader of ``samples`` (batches of 4): the training step
+    (_training_step), a model (_model), the training loader and an evaluation loader of
+    the same size."""
+    step = _training_step(attached)
+    train = torch.utils.data.DataLoader(list(range(samples)), batch_size=4)
+    val = torch.utils.data.DataLoader(list(range(samples)), batch_size=4)
+    for batch in train:
+        step(batch)
+    return step, _model(), train, val
+
+
 def test_an_optimizer_that_never_steps_falls_back_to_backward(
         attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
     """An optimizer built (say, only for its learning rate) but never stepped: backward()
@@ -692,12 +710,7 @@ def test_an_iterator_made_before_a_validation_ends_it_after_the_validation(
     """A loop that switches the model to eval mode, makes the next epoch's training
     iterator, then validates, then trains: the evaluation ends after its last batch, not
     where the iterator was made (that put the validation's seconds in the first step)."""
-    step = _training_step(attached)
-    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
-    train = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
-    val = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
-    for batch in train:
-        step(batch)
+    step, net, train, val = _after_an_epoch(attached, 16)
     t_val = 0.0
     for _ in range(2):
         v0 = time.perf_counter()
@@ -723,12 +736,7 @@ def test_an_evaluation_batch_that_ends_the_process_is_in_its_exit_report(
     was, and the exit report holds nothing back (the evaluation's seconds were lost)."""
     sent: list[bytes] = []
     monkeypatch.setattr(hook._Hook, "_send", lambda _self, data: sent.append(data))
-    step = _training_step(attached)
-    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
-    train = torch.utils.data.DataLoader(list(range(8)), batch_size=4)
-    val = torch.utils.data.DataLoader(list(range(8)), batch_size=4)
-    for batch in train:
-        step(batch)
+    step, net, train, val = _after_an_epoch(attached, 8)
     net.eval()
     e0 = time.perf_counter()
     next(iter(val))
@@ -753,7 +761,7 @@ def test_a_fetch_begun_before_an_evaluation_never_makes_negative_seconds(
     sent: list[bytes] = []
     monkeypatch.setattr(hook._Hook, "_send", lambda _self, data: sent.append(data))
     step = _training_step(attached)
-    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    net = _model()
 
     class Slow(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -800,7 +808,7 @@ def test_validating_between_a_batch_and_its_backward_leaves_the_loaders_as_they_
     validation loader trained (the last loader fetched): its batches were read as steps'
     data, its iterators as epoch starts, and its time as training."""
     step = _training_step(attached)
-    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    net = _model()
     train = torch.utils.data.DataLoader(list(range(40)), batch_size=4)
     val = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
     t_val = 0.0
@@ -830,7 +838,7 @@ def test_making_an_evaluation_iterator_is_the_evaluations_wait(
     sampler's set-up): that is the evaluation's wait, not the next training step's data
     wait (which came out longer than the step itself)."""
     step = _training_step(attached)
-    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    net = _model()
 
     train = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
     val = torch.utils.data.DataLoader(list(range(8)), batch_sampler=_SlowStart(0.3))
