@@ -242,6 +242,51 @@ def test_lightning_validation_is_a_phase(tmp_path: Path) -> None:
     assert phase["eval_batch_size"] == 8 and phase["eval_batches"] >= 4 * 64
 
 
+@pytest.mark.parametrize("loop", ["plain", "lightning"])
+def test_evaluating_on_the_training_data_is_evaluation(tmp_path: Path, loop: str) -> None:
+    """A loop measuring its training accuracy after each epoch (model.eval(), the training
+    loader again under torch.no_grad(), then the test set), and Lightning validating on
+    the loader it trains on: the passes over the training data are evaluation, as the
+    script's clock says, and its samples are the steps' only. Before, the first read as
+    training (its seconds in the next step), the second hid Lightning's validation whole."""
+    rec, truth = record(tmp_path, "train_acc", "--loop", loop, "--samples", "1024",
+                        "--test-samples", "256", "--batch", "64", "--seconds", "4")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"]
+    samples = sum(s.get("batch_size") or 0 for s in lines(rec, "step")) \
+        + sum(s.get("samples") or 0 for s in lines(rec, "steps"))
+    assert samples == truth["samples"]
+    phase = lines(rec, "phase")[-1]
+    print(f"hook: {phase['seconds']}, the script's evaluations: "
+          f"{truth['eval_seconds']:.2f} s in {truth['evals']}")
+    assert phase["seconds"]["eval"] == pytest.approx(truth["eval_seconds"],
+                                                     rel=EVAL_TOLERANCE, abs=0.3)
+    per_eval = (1024 + 256) // 64 if loop == "plain" else 1024 // 64
+    assert phase["eval_batches"] == truth["evals"] * per_eval
+
+
+def test_lightning_training_on_two_loaders_at_once_is_training(tmp_path: Path) -> None:
+    """Lightning's CombinedLoader reads two training loaders side by side for each step (a
+    dict from train_dataloader()), and validates on a third: both loaders train (every
+    sample the steps'), the validation is evaluation. Before, each batch of the first
+    loader read as an evaluation that the second's batch ended (as many "evaluations"
+    as steps) and its samples were no step's."""
+    rec, truth = record(tmp_path, "lightning_combined", "--samples", "1024", "--second",
+                        "256", "--val-samples", "256", "--batch", "64", "--workers", "0",
+                        "--seconds", "4")
+    steps = lines(rec, "step") + lines(rec, "steps")
+    assert sum(s.get("steps", 1) for s in steps) == truth["steps"]
+    samples = sum(s.get("batch_size") or 0 for s in lines(rec, "step")) \
+        + sum(s.get("samples") or 0 for s in lines(rec, "steps"))
+    assert samples == truth["samples"] == truth["steps"] * 2 * 64
+    phase = lines(rec, "phase")[-1]
+    print(f"hook: {phase['seconds']}, the script's validations: "
+          f"{truth['eval_seconds']:.2f} s in {truth['evals']}")
+    assert phase["eval_batches"] == truth["evals"] * 256 // 64
+    assert phase["seconds"]["eval"] == pytest.approx(truth["eval_seconds"],
+                                                     rel=EVAL_TOLERANCE, abs=0.3)
+
+
 def test_debugging_left_on_in_a_framework_is_reported_while_it_trains(tmp_path: Path) -> None:
     """Lightning's Trainer(detect_anomaly=True) turns autograd's anomaly detection on
     around its loop, and off after: the hook reads it on while the job trains (the

@@ -917,6 +917,100 @@ def test_a_validation_begun_by_model_eval_reads_as_evaluation_throughout(
     assert attached._status()["eval"]["batches"] == 2
 
 
+@pytest.mark.parametrize("then", ["validation", "training"])
+def test_a_pass_over_the_training_data_in_eval_mode_is_evaluation(
+        attached: hook._Hook, then: str) -> None:
+    """A loop that measures its training accuracy after each epoch: model.eval(), then the
+    training loader again under torch.no_grad() (pytorch's tutorials, many notebooks).
+    The loader trains, but these batches do not: the pass is evaluation, its batches the
+    evaluation's, and the next epoch's first step does not carry it. Before, its first
+    batch read as training again (the training loader's batch ends an evaluation): the
+    pass's seconds and samples went into the next step."""
+    step, net, train, val = _after_an_epoch(attached, 16)
+    e0 = time.perf_counter()
+    net.eval()
+    with torch.no_grad():
+        for _ in train:  # the training accuracy
+            time.sleep(0.03)
+        if then == "validation":
+            for _ in val:
+                time.sleep(0.01)
+    net.train()
+    evaluated = time.perf_counter() - e0
+    status = attached._status()
+    assert status["phase"] == hook.EVAL
+    assert status["eval"]["batches"] == (8 if then == "validation" else 4)
+    assert status["eval"]["samples"] == (32 if then == "validation" else 16)
+    for batch in train:
+        step(batch)
+    assert attached._status()["phase"] == hook.TRAIN
+    seconds = attached._phase_seconds()
+    assert seconds["eval"] == pytest.approx(evaluated, abs=0.03)
+    records = hook._step_lists(list(attached.pending), None)[0]
+    assert sum(r[4] or 0 for r in records) == 32  # the two epochs' samples, no pass's
+    durations = [r[2] for r in records if r[2] is not None]
+    assert max(durations) < 0.1, durations  # not the pass's 0.12 s in one step
+
+
+def test_a_training_batch_fetched_before_model_train_after_an_evaluation_trains(
+        attached: hook._Hook) -> None:
+    """The Trainer evaluates, then fetches its next batches (all of an accumulation's
+    micro-batches at once) before its training_step calls model.train(): gradients on,
+    those batches are training's, as they were."""
+    step, net, train, val = _after_an_epoch(attached, 16)
+    net.eval()
+    with torch.no_grad():
+        for _ in val:
+            pass
+    it = iter(train)
+    batches = [next(it), next(it)]  # the model still in eval mode, gradients on
+    net.train()
+    for batch in batches:
+        step(batch)
+    status = attached._status()
+    assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 4
+    records = hook._step_lists(list(attached.pending), None)[0]
+    assert sum(r[4] or 0 for r in records) == 24
+
+
+def test_two_loaders_read_side_by_side_both_train(attached: hook._Hook) -> None:
+    """Two training loaders zipped for each step (labeled and unlabeled data, two
+    domains; Lightning's CombinedLoader does the same): a backward() follows the second
+    one's batch, so only it was known to train, and from the second step on each batch of
+    the first began an "evaluation" that the second's batch ended. Both train: no
+    evaluation, every sample the steps'."""
+    step = _training_step(attached)
+    labeled = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
+    unlabeled = torch.utils.data.DataLoader(list(range(64)), batch_size=8)
+    for _ in range(2):
+        for x, u in zip(labeled, unlabeled, strict=True):
+            step(torch.cat([x, u]))
+    status = attached._status()
+    assert status["phase"] == hook.TRAIN
+    assert status["eval"]["batches"] == 0 and attached._phase_seconds().get("eval", 0) == 0
+    records = hook._step_lists(list(attached.pending), None)[0]
+    assert len(records) == 16 and sum(r[4] or 0 for r in records) == 2 * (32 + 64)
+
+
+def test_one_batch_of_another_loader_under_no_grad_between_steps_is_evaluation(
+        attached: hook._Hook) -> None:
+    """A validation loss taken on one batch now and then, under torch.no_grad() (no
+    model.eval()), between training batches: evaluation, not a loader read beside the
+    training one (two_loaders_read_side_by_side), however soon the next batch comes."""
+    step = _training_step(attached)
+    train = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
+    val = iter(torch.utils.data.DataLoader(list(range(32)), batch_size=4))
+    for i, batch in enumerate(train):
+        if i in (2, 5):
+            with torch.no_grad():
+                next(val)
+        step(batch)
+    status = attached._status()
+    assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 2
+    records = hook._step_lists(list(attached.pending), None)[0]
+    assert sum(r[4] or 0 for r in records) == 32
+
+
 def test_a_new_loader_at_a_freed_training_loaders_address_is_not_taken_for_it(
         attached: hook._Hook) -> None:
     """The hook knows a training DataLoader by the loader itself, not by its id(): once a

@@ -167,7 +167,8 @@ class _Hook:
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
                  "last_info", "prev_step", "mem_due", "mem_end",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
-                 "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "infer_batches", "infer_t0",
+                 "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "eval_model",
+                 "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
@@ -272,12 +273,19 @@ class _Hook:
         self.eval_wait = 0.0  # their data wait, seconds
         # the first batch of a loader not known to train, which began an evaluation:
         # (its facts, fetch start and end, its first-batch wait, the evaluation's
-        # batch size before). A backward() right after it says it was training's after all
-        # (a training DataLoader built anew each epoch, a tuner's trial): undo_eval()
+        # batch size before, whether gradients were on). A backward() right after it says
+        # it was training's after all (a training DataLoader built anew each epoch, a
+        # tuner's trial: undo_eval), unless gradients were off as it came (a validation
+        # batch taken between a training batch and its backward()); so does a training
+        # loader's batch right after it (two loaders read side by side: _fetched)
         self.eval_probe: tuple[Any, ...] | None = None
         # where the newest evaluation batch (or an evaluation loader's end) came: no
         # evaluation ends before it (eval_end)
         self.eval_t1 = 0.0
+        # the model whose eval() began the evaluation in force (a weak reference; None:
+        # begun by a batch): the training loader's batches while it stays in eval mode
+        # with gradients off are the evaluation's (_evaluating_on)
+        self.eval_model: Any = None
         self.infer_batches = 0  # batches and generate() calls of a process that never trained
         self.infer_t0: float | None = None  # when the first of them came
         self.infer_compile0 = 0.0  # compile seconds by then
@@ -417,6 +425,7 @@ class _Hook:
             self.excluded += spent
         if old is EVAL:
             self.eval_probe = None  # only an evaluation of one batch, straight after
+            self.eval_model = None
         self.phase = phase
         self.phase_t0 = now
         # the short ways of the per-step wrappers hold only while training
@@ -441,13 +450,13 @@ class _Hook:
         if self.phase is TRAIN:
             self.switch(EVAL, t0)
             if info is not None:
-                probe = (info, t0, t1, info[2], self.eval_batch_size)
+                probe = (info, t0, t1, info[2], self.eval_batch_size, torch.is_grad_enabled())
         elif info is not None and info[2] is not None and self.phase is EVAL:
             # a loader's first batch while evaluating: the next epoch's training loader,
             # built anew after the evaluation (Lightning validating at each epoch's end
             # with reload_dataloaders_every_n_epochs=1, a loop that makes its DataLoader
             # each epoch), should a backward() follow it; else another evaluation loader
-            probe = (info, t0, t1, info[2], self.eval_batch_size)
+            probe = (info, t0, t1, info[2], self.eval_batch_size, torch.is_grad_enabled())
         self.eval_probe = probe  # a second batch, or the loader's end: evaluation it is
         self.eval_wait += t1 - t0
         if probe is None:
@@ -479,7 +488,7 @@ class _Hook:
         batch was training's, from a loader built anew (each epoch, or by a batch size
         tuner's trial). What it counted as evaluation is training's again: the time since
         it began, its data wait, its samples, and its epoch start."""
-        info, t0, t1, first_wait, eval_batch_size = self.eval_probe
+        info, t0, t1, first_wait, eval_batch_size = self.eval_probe[:5]
         self.eval_probe = None
         since = self.eval_end(info, t0)
         if self.phase_t0 < since:
@@ -637,7 +646,7 @@ class _Hook:
         evaluation that no training batch closed."""
         phase = self.phase
         probe = self.eval_probe
-        if phase is EVAL and probe is not None and probe[0] is self.last_info:
+        if phase is EVAL and probe is not None and probe[0] is self.last_info and probe[5]:
             # the batch that began the evaluation ends in this optimizer step with no
             # backward() between: training's, its gradients taken another way
             # (torch.autograd.grad, torch.func), its loader a training one
@@ -1545,11 +1554,27 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             h.other_batch(info if got else None, t0, t1)
             return
         if h.phase is EVAL:
-            # the training loader again: evaluation is over, where this iterator was made
-            # if that came after it began (an epoch's new iterator: the workers it started
-            # are the epoch's cost, counted in its first batch's wait, not evaluation)
-            h.switch(TRAIN, t0 if info is None or info[2] is None else h.eval_end(info, t0))
-            h.eval_probe = None
+            if info is not None and _evaluating_on(h):
+                # the training loader read by the evaluation (a training accuracy): its
+                # batches are the evaluation's, and its end is no training's
+                h.other_batch(info if got else None, t0, t1)
+                return
+            probe = h.eval_probe
+            if got and probe is not None and probe[5] and h.eval_model is None \
+                    and info is not None and info[5] is True and probe[0] is not info:
+                # the one batch that began this evaluation came with gradients on, no
+                # model.eval() before it, and a training loader's batch follows it: two
+                # loaders read side by side for each step (zip(), Lightning's
+                # CombinedLoader), and the first trains too
+                h.undo_eval(t0)
+                h.trains(probe[0])
+            else:
+                # the training loader again: evaluation is over, where this iterator was
+                # made if that came after it began (an epoch's new iterator: the workers it
+                # started are the epoch's cost, counted in its first batch's wait)
+                h.switch(TRAIN, t0 if info is None or info[2] is None
+                         else h.eval_end(info, t0))
+                h.eval_probe = None
         elif h.phase is INFERENCE:
             # where an evaluation ahead of training ends, should the process train: a
             # loader's end, or another loader's first batch (after the last one's batch)
@@ -1582,6 +1607,16 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             h.inference_work(info[0] if info is not None else None, t1, t1 - t0)
     except Exception:
         h.fault()
+
+
+def _evaluating_on(h: _Hook) -> bool:
+    """Whether a training loader's batch now is the evaluation's: the model whose eval()
+    began it is in eval mode still, and gradients are off (a training accuracy measured
+    under torch.no_grad()). The Trainer fetches its next batches after an evaluation
+    before its training_step calls model.train(), with gradients on: training's."""
+    ref = h.eval_model
+    model = ref() if ref is not None else None
+    return model is not None and not model.training and not torch.is_grad_enabled()
 
 
 def _generated(h: _Hook, t: float) -> None:
@@ -1726,7 +1761,13 @@ def _backward_begins(h: _Hook, t: Any) -> None:
     if h.phase is EVAL:
         probe = h.eval_probe
         if probe is not None and probe[0] is h.last_info:
-            h.undo_eval(_perf())
+            if probe[5]:
+                h.undo_eval(_perf())
+            else:
+                # fetched with gradients off (a validation batch between a training
+                # batch and its backward()): the evaluation's, its loader no training one
+                h.last_info = None
+                h.switch(TRAIN, _perf())
         else:
             h.switch(TRAIN, _perf())
     info = h.last_info
@@ -1975,6 +2016,7 @@ def _wrap_module_eval(orig: Callable[..., Any]) -> Callable[..., Any]:
                 if h.phase is TRAIN:
                     if h.is_model(self):
                         h.switch(EVAL, _perf())
+                        h.eval_model = _weak(self)
                 elif not h.backward_seen and not h.optimizer_made:
                     _watch_forwards(h, self)
             except Exception:
