@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import io
 import itertools
 import json
 import math
@@ -977,8 +978,9 @@ def test_two_loaders_read_side_by_side_both_train(attached: hook._Hook) -> None:
     """Two training loaders zipped for each step (labeled and unlabeled data, two
     domains; Lightning's CombinedLoader does the same): a backward() follows the second
     one's batch, so only it was known to train, and from the second step on each batch of
-    the first began an "evaluation" that the second's batch ended. Both train: no
-    evaluation, every sample the steps'."""
+    the first began an "evaluation" that the second's batch ended. Seen so in two steps
+    in a row, both train: of the whole run only the first of those batches stays the
+    evaluation's (one sample drawn now and then is no second loader: the next test)."""
     step = _training_step(attached)
     labeled = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
     unlabeled = torch.utils.data.DataLoader(list(range(64)), batch_size=8)
@@ -987,9 +989,73 @@ def test_two_loaders_read_side_by_side_both_train(attached: hook._Hook) -> None:
             step(torch.cat([x, u]))
     status = attached._status()
     assert status["phase"] == hook.TRAIN
-    assert status["eval"]["batches"] == 0 and attached._phase_seconds().get("eval", 0) == 0
+    assert status["eval"]["batches"] == 1 and status["eval"]["samples"] == 4
     records = hook._step_lists(list(attached.pending), None)[0]
-    assert len(records) == 16 and sum(r[4] or 0 for r in records) == 2 * (32 + 64)
+    assert len(records) == 16 and sum(r[4] or 0 for r in records) == 2 * (32 + 64) - 4
+
+
+def test_a_sample_drawn_now_and_then_from_another_loader_is_evaluation(
+        attached: hook._Hook) -> None:
+    """Every few steps one batch of the validation loader, gradients on, no model.eval(),
+    to generate a sample under no_grad (language and diffusion loops log samples so): a
+    training batch follows it at once, as with two loaders read side by side, but not in
+    two steps in a row. Evaluation, and the validation loader no training one."""
+    step = _training_step(attached)
+    train = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
+    val = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
+    slept = 0.0
+    for _ in range(3):
+        for i, batch in enumerate(train):
+            step(batch)
+            if i % 4 == 3:
+                next(iter(val))
+                with torch.no_grad():
+                    time.sleep(0.05)  # generating
+                    slept += 0.05
+    status = attached._status()
+    assert status["eval"]["batches"] == 6 and val not in attached.train_loaders
+    assert attached._phase_seconds()["eval"] == pytest.approx(slept, abs=0.03)
+    records = hook._step_lists(list(attached.pending), None)[0]
+    assert sum(r[4] or 0 for r in records) == 96
+
+
+def test_a_loop_with_gradients_on_only_around_its_steps_trains(attached: hook._Hook) -> None:
+    """Gradients off for the whole process (torch.set_grad_enabled(False)) and on around
+    each step, its DataLoader built each epoch: each epoch's first batch comes with
+    gradients off and its backward() follows, so it is training's, as a new loader's first
+    batch is (not a validation batch taken before a backward(): those come after the
+    iteration's training batch)."""
+    step = _training_step(attached)
+    was = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
+    try:
+        for _ in range(3):
+            for batch in torch.utils.data.DataLoader(list(range(32)), batch_size=4):
+                with torch.enable_grad():
+                    step(batch)
+    finally:
+        torch.set_grad_enabled(was)
+    status = attached._status()
+    assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 0
+    records = hook._step_lists(list(attached.pending), None)[0]
+    assert sum(r[4] or 0 for r in records) == 96
+
+
+def test_an_evaluation_that_saves_a_checkpoint_goes_on_after_it(attached: hook._Hook) -> None:
+    """model.eval(), the validation, the best model saved (torch.save), then the training
+    accuracy: the save is a checkpoint inside the evaluation, which goes on after it, the
+    training data's pass included."""
+    step, net, train, val = _after_an_epoch(attached, 16)
+    net.eval()
+    with torch.no_grad():
+        for _ in val:
+            pass
+        torch.save(net.state_dict(), io.BytesIO())
+        for _ in train:
+            time.sleep(0.01)
+    status = attached._status()
+    assert status["phase"] == hook.EVAL and status["eval"]["batches"] == 8
+    assert attached.samples == 0  # nothing of the pass waits for the next step
 
 
 def test_one_batch_of_another_loader_under_no_grad_between_steps_is_evaluation(

@@ -167,7 +167,7 @@ class _Hook:
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
                  "last_info", "prev_step", "mem_due", "mem_end",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
-                 "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "eval_model",
+                 "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "eval_model", "side",
                  "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
@@ -286,6 +286,10 @@ class _Hook:
         # begun by a batch): the training loader's batches while it stays in eval mode
         # with gradients off are the evaluation's (_evaluating_on)
         self.eval_model: Any = None
+        # a loader whose one batch began an evaluation that a training loader's batch ended
+        # at once, and the iteration it came in: (its iterator's facts, n). The same again
+        # in the next iteration: two loaders read side by side, both training (_fetched)
+        self.side: tuple[Any, int] | None = None
         self.infer_batches = 0  # batches and generate() calls of a process that never trained
         self.infer_t0: float | None = None  # when the first of them came
         self.infer_compile0 = 0.0  # compile seconds by then
@@ -425,6 +429,8 @@ class _Hook:
             self.excluded += spent
         if old is EVAL:
             self.eval_probe = None  # only an evaluation of one batch, straight after
+        if phase is not CHECKPOINT and phase is not COMPILE and phase is not EVAL:
+            # (a save or a compilation inside an evaluation comes back to it: kept)
             self.eval_model = None
         self.phase = phase
         self.phase_t0 = now
@@ -501,6 +507,7 @@ class _Hook:
         self.phase_seconds[TRAIN] += now - self.phase_t0
         self.phase = TRAIN
         self.phase_t0 = now
+        self.eval_model = None
         self.eval_wait -= t1 - t0 + (first_wait or 0.0)
         self.eval_batches -= 1
         self.loader = info
@@ -646,7 +653,8 @@ class _Hook:
         evaluation that no training batch closed."""
         phase = self.phase
         probe = self.eval_probe
-        if phase is EVAL and probe is not None and probe[0] is self.last_info and probe[5]:
+        if phase is EVAL and probe is not None and probe[0] is self.last_info \
+                and (probe[5] or not self.samples):
             # the batch that began the evaluation ends in this optimizer step with no
             # backward() between: training's, its gradients taken another way
             # (torch.autograd.grad, torch.func), its loader a training one
@@ -1560,12 +1568,18 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
                 h.other_batch(info if got else None, t0, t1)
                 return
             probe = h.eval_probe
+            side = None
             if got and probe is not None and probe[5] and h.eval_model is None \
                     and info is not None and info[5] is True and probe[0] is not info:
                 # the one batch that began this evaluation came with gradients on, no
-                # model.eval() before it, and a training loader's batch follows it: two
-                # loaders read side by side for each step (zip(), Lightning's
-                # CombinedLoader), and the first trains too
+                # model.eval() before it, and a training loader's batch follows it at
+                # once: two loaders read side by side for each step (zip(), Lightning's
+                # CombinedLoader), where it comes so in two iterations in a row (a sample
+                # drawn now and then from another loader comes so once)
+                side = h.side
+                h.side = (probe[0], h.n)
+            if side is not None and side[0] is probe[0] and side[1] == h.n - 1:
+                h.side = None
                 h.undo_eval(t0)
                 h.trains(probe[0])
             else:
@@ -1761,11 +1775,12 @@ def _backward_begins(h: _Hook, t: Any) -> None:
     if h.phase is EVAL:
         probe = h.eval_probe
         if probe is not None and probe[0] is h.last_info:
-            if probe[5]:
+            if probe[5] or not h.samples:
                 h.undo_eval(_perf())
             else:
-                # fetched with gradients off (a validation batch between a training
-                # batch and its backward()): the evaluation's, its loader no training one
+                # fetched with gradients off after this iteration's training batch (a
+                # validation batch between a batch and its backward()): the evaluation's,
+                # its loader no training one
                 h.last_info = None
                 h.switch(TRAIN, _perf())
         else:
@@ -2017,6 +2032,8 @@ def _wrap_module_eval(orig: Callable[..., Any]) -> Callable[..., Any]:
                     if h.is_model(self):
                         h.switch(EVAL, _perf())
                         h.eval_model = _weak(self)
+                elif h.phase is EVAL and h.eval_model is None and h.n and h.is_model(self):
+                    h.eval_model = _weak(self)  # an evaluation its first batch began
                 elif not h.backward_seen and not h.optimizer_made:
                     _watch_forwards(h, self)
             except Exception:
