@@ -1019,6 +1019,59 @@ def test_a_sample_drawn_now_and_then_from_another_loader_is_evaluation(
     assert sum(r[4] or 0 for r in records) == 96
 
 
+def test_a_validation_batch_drawn_at_every_step_is_evaluation(attached: hook._Hook) -> None:
+    """One validation batch drawn after each step, gradients on, its loss taken under
+    no_grad (no model.eval()) before the next training batch: at every step, unlike a
+    sample drawn now and then, but the forward pass between the two fetches says they are
+    not two loaders read side by side."""
+    step = _training_step(attached)
+    train = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
+    val = iter(torch.utils.data.DataLoader(list(range(400)), batch_size=4))
+    for _ in range(2):
+        for batch in train:
+            step(batch)
+            next(val)
+            with torch.no_grad():
+                time.sleep(0.01)  # the validation loss
+    status = attached._status()
+    assert status["eval"]["batches"] == 16
+    records = hook._step_lists(list(attached.pending), None)[0]
+    assert sum(r[4] or 0 for r in records) == 64
+
+
+class _Buckets(torch.utils.data.Sampler):
+    """A batch sampler with no batch_size (token-budget bucketing): batches of 4 whose
+    size the hook cannot read, so it counts no samples for them."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n // 4
+
+    def __iter__(self):  # noqa: ANN204
+        return iter([list(range(i, i + 4)) for i in range(0, self.n, 4)])
+
+
+def test_a_validation_batch_between_a_batch_of_unknown_size_and_its_backward(
+        attached: hook._Hook) -> None:
+    """The training loader's batches have no size the hook can read (a batch sampler of
+    its own): one validation batch under no_grad between a training batch's fetch and its
+    backward() is the evaluation's all the same, and its loader no training one."""
+    step = _training_step(attached)
+    train = torch.utils.data.DataLoader(list(range(32)), batch_sampler=_Buckets(32))
+    val_loader = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
+    val = iter(val_loader)
+    for i, batch in enumerate(train):
+        if i in (2, 5):
+            with torch.no_grad():
+                next(val)
+        step(batch)
+    status = attached._status()
+    assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 2
+    assert val_loader not in attached.train_loaders
+
+
 def test_a_loop_with_gradients_on_only_around_its_steps_trains(attached: hook._Hook) -> None:
     """Gradients off for the whole process (torch.set_grad_enabled(False)) and on around
     each step, its DataLoader built each epoch: each epoch's first batch comes with

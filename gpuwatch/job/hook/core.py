@@ -91,6 +91,12 @@ _DDP: Any = getattr(torch.nn.parallel, "DistributedDataParallel", ())
 # the parameter tensors the optimizer trains (a frozen BatchNorm's eval() in every step is
 # not an evaluation)
 EVAL_MODULE_SHARE = 0.5
+# two loaders read side by side (zip(), Lightning's CombinedLoader) call next() on one
+# right after the other: at most this long between the first's batch and the second's
+# call (Python's thread switch interval, which another thread holding the interpreter
+# may put between them); a sample drawn from another loader and run through the model
+# before the training batch is fetched takes longer
+SIDE_BY_SIDE_GAP = 0.005
 # a process is an inference process once it has fetched this many batches, or called
 # generate() this often, and kept at it this long, without a single backward(): more
 # batches than any training step fetches before its first backward() (accumulation
@@ -168,6 +174,7 @@ class _Hook:
                  "last_info", "prev_step", "mem_due", "mem_end",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "eval_model", "side",
+                 "fetched_n",
                  "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
@@ -290,6 +297,9 @@ class _Hook:
         # at once, and the iteration it came in: (its iterator's facts, n). The same again
         # in the next iteration: two loaders read side by side, both training (_fetched)
         self.side: tuple[Any, int] | None = None
+        # the iteration (n) in which a training batch last came by next()'s long way (a
+        # loader of unknown batch size counts no samples: this says a batch came)
+        self.fetched_n = -1
         self.infer_batches = 0  # batches and generate() calls of a process that never trained
         self.infer_t0: float | None = None  # when the first of them came
         self.infer_compile0 = 0.0  # compile seconds by then
@@ -654,7 +664,7 @@ class _Hook:
         phase = self.phase
         probe = self.eval_probe
         if phase is EVAL and probe is not None and probe[0] is self.last_info \
-                and (probe[5] or not self.samples):
+                and (probe[5] or not (self.samples or self.fetched_n == self.n)):
             # the batch that began the evaluation ends in this optimizer step with no
             # backward() between: training's, its gradients taken another way
             # (torch.autograd.grad, torch.func), its loader a training one
@@ -1570,12 +1580,14 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             probe = h.eval_probe
             side = None
             if got and probe is not None and probe[5] and h.eval_model is None \
-                    and info is not None and info[5] is True and probe[0] is not info:
+                    and info is not None and info[5] is True and probe[0] is not info \
+                    and t0 - probe[2] < SIDE_BY_SIDE_GAP:
                 # the one batch that began this evaluation came with gradients on, no
                 # model.eval() before it, and a training loader's batch follows it at
-                # once: two loaders read side by side for each step (zip(), Lightning's
-                # CombinedLoader), where it comes so in two iterations in a row (a sample
-                # drawn now and then from another loader comes so once)
+                # once (nothing ran between the two): two loaders read side by side for
+                # each step (zip(), Lightning's CombinedLoader), where it comes so in two
+                # iterations in a row (a sample drawn now and then from another loader
+                # comes so once; one drawn each step has its forward pass between)
                 side = h.side
                 h.side = (probe[0], h.n)
             if side is not None and side[0] is probe[0] and side[1] == h.n - 1:
@@ -1606,6 +1618,7 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             h.iter_start = t0
         if info is not None and got:
             h.loader = info
+            h.fetched_n = h.n
             if info[0] is not None:
                 h.samples += info[0]
             if info[2] is not None:  # this iterator's first batch
@@ -1775,7 +1788,7 @@ def _backward_begins(h: _Hook, t: Any) -> None:
     if h.phase is EVAL:
         probe = h.eval_probe
         if probe is not None and probe[0] is h.last_info:
-            if probe[5] or not h.samples:
+            if probe[5] or not (h.samples or h.fetched_n == h.n):
                 h.undo_eval(_perf())
             else:
                 # fetched with gradients off after this iteration's training batch (a
