@@ -249,7 +249,7 @@ def test_evaluating_on_the_training_data_is_evaluation(tmp_path: Path, loop: str
     the loader it trains on: the passes over the training data are evaluation, as the
     script's clock says, and its samples are the steps' only. Before, the first read as
     training (its seconds in the next step), the second hid Lightning's validation whole."""
-    rec, truth = record(tmp_path, "train_acc", "--loop", loop, "--samples", "1024",
+    rec, truth = record(tmp_path, "shared_loaders", "--loop", loop, "--samples", "1024",
                         "--test-samples", "256", "--batch", "64", "--seconds", "4")
     steps = lines(rec, "step") + lines(rec, "steps")
     assert sum(s.get("steps", 1) for s in steps) == truth["steps"]
@@ -272,9 +272,9 @@ def test_lightning_training_on_two_loaders_at_once_is_training(tmp_path: Path) -
     a row showed the pairing), the validation is evaluation. Before, each batch of the
     first loader read as an evaluation that the second's batch ended (as many
     "evaluations" as steps) and its samples were no step's."""
-    rec, truth = record(tmp_path, "lightning_combined", "--samples", "1024", "--second",
-                        "256", "--val-samples", "256", "--batch", "64", "--workers", "0",
-                        "--seconds", "4")
+    rec, truth = record(tmp_path, "shared_loaders", "--loop", "combined", "--samples", "1024",
+                        "--second", "256", "--test-samples", "256", "--batch", "64",
+                        "--workers", "0", "--seconds", "4")
     steps = lines(rec, "step") + lines(rec, "steps")
     assert sum(s.get("steps", 1) for s in steps) == truth["steps"]
     samples = sum(s.get("batch_size") or 0 for s in lines(rec, "step")) \

@@ -1053,25 +1053,6 @@ class _Buckets(torch.utils.data.Sampler):
         return iter([list(range(i, i + 4)) for i in range(0, self.n, 4)])
 
 
-def test_a_validation_batch_between_a_batch_of_unknown_size_and_its_backward(
-        attached: hook._Hook) -> None:
-    """The training loader's batches have no size the hook can read (a batch sampler of
-    its own): one validation batch under no_grad between a training batch's fetch and its
-    backward() is the evaluation's all the same, and its loader no training one."""
-    step = _training_step(attached)
-    train = torch.utils.data.DataLoader(list(range(32)), batch_sampler=_Buckets(32))
-    val_loader = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
-    val = iter(val_loader)
-    for i, batch in enumerate(train):
-        if i in (2, 5):
-            with torch.no_grad():
-                next(val)
-        step(batch)
-    status = attached._status()
-    assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 2
-    assert val_loader not in attached.train_loaders
-
-
 def test_a_loop_with_gradients_on_only_around_its_steps_trains(attached: hook._Hook) -> None:
     """Gradients off for the whole process (torch.set_grad_enabled(False)) and on around
     each step, its DataLoader built each epoch: each epoch's first batch comes with
@@ -1111,14 +1092,19 @@ def test_an_evaluation_that_saves_a_checkpoint_goes_on_after_it(attached: hook._
     assert attached.samples == 0  # nothing of the pass waits for the next step
 
 
+@pytest.mark.parametrize("sized", [True, False])
 def test_one_batch_of_another_loader_under_no_grad_between_steps_is_evaluation(
-        attached: hook._Hook) -> None:
+        attached: hook._Hook, sized: bool) -> None:
     """A validation loss taken on one batch now and then, under torch.no_grad() (no
-    model.eval()), between training batches: evaluation, not a loader read beside the
-    training one (two_loaders_read_side_by_side), however soon the next batch comes."""
+    model.eval()), between a training batch's fetch and its backward(): evaluation, and
+    its loader no training one, not a new training loader's first batch (that is an
+    iteration's only batch); also where the training batches have no size the hook can
+    read (a batch sampler of its own), so that it counts no samples for them."""
     step = _training_step(attached)
-    train = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
-    val = iter(torch.utils.data.DataLoader(list(range(32)), batch_size=4))
+    train = torch.utils.data.DataLoader(list(range(32)), batch_size=4) if sized \
+        else torch.utils.data.DataLoader(list(range(32)), batch_sampler=_Buckets(32))
+    val_loader = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
+    val = iter(val_loader)
     for i, batch in enumerate(train):
         if i in (2, 5):
             with torch.no_grad():
@@ -1126,8 +1112,9 @@ def test_one_batch_of_another_loader_under_no_grad_between_steps_is_evaluation(
         step(batch)
     status = attached._status()
     assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 2
+    assert val_loader not in attached.train_loaders
     records = hook._step_lists(list(attached.pending), None)[0]
-    assert sum(r[4] or 0 for r in records) == 32
+    assert sum(r[4] or 0 for r in records) == (32 if sized else 0)
 
 
 def test_a_new_loader_at_a_freed_training_loaders_address_is_not_taken_for_it(

@@ -707,9 +707,10 @@ want lightning_batch_end_metric_val && rec lightning_batch_end_metric_val 150 \
 #     loop measuring its training accuracy after each epoch (model.eval(), the training
 #     loader again under torch.no_grad(), then the test set), and Lightning validating on
 #     the loader it trains on; each with the loop's own clock around the evaluations
-want plain_train_acc && rec plain_train_acc 150 python3 train_acc.py --loop plain --seconds 35
-want lightning_val_on_train && rec lightning_val_on_train 150 python3 train_acc.py \
+want plain_train_acc && rec plain_train_acc 150 python3 shared_loaders.py --loop plain --seconds 35
+want lightning_val_on_train && rec lightning_val_on_train 150 python3 shared_loaders.py \
   --loop lightning --seconds 35
 #     Lightning training on two loaders read side by side (a dict from train_dataloader():
 #     its CombinedLoader), validating on a third each epoch
-want lightning_combined && rec lightning_combined 150 python3 lightning_combined.py --seconds 35
+want lightning_combined && rec lightning_combined 150 python3 shared_loaders.py --loop combined \
+  --seconds 35

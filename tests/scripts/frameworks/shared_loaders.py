@@ -1,13 +1,21 @@
-"""Evaluating on the training data: the tutorials' CNN loop that measures its training
-accuracy after each epoch (``model.eval()``, then the training DataLoader again under
-``torch.no_grad()``, then the test set), or Lightning validating on the loader it trains
-on (``trainer.fit(model, train_dataloaders=loader, val_dataloaders=loader)``, as quick
-examples do). Synthetic CIFAR-sized images already in memory, a small CNN in fp32.
+"""Loaders that training and evaluation share, or that a step reads two at a time. A small
+CNN in fp32 on synthetic CIFAR-sized images already in memory, ``--loop``:
 
-``--loop plain|lightning``; ``--seconds``: epochs are run until then (whole ones). The
-script's own clock (--out): optimizer steps, training samples, and the seconds spent in
-the evaluation passes (``eval_seconds``, ``evals``: the training-accuracy pass and the
-test pass together, per epoch, or each Lightning validation)."""
+- ``plain``: the tutorials' loop measuring its training accuracy after each epoch
+  (``model.eval()``, the training DataLoader again under ``torch.no_grad()``, then the
+  test set);
+- ``lightning``: Lightning validating on the loader it trains on
+  (``trainer.fit(model, train_dataloaders=loader, val_dataloaders=loader)``, as quick
+  examples do);
+- ``combined``: Lightning training on two loaders at once (a dict from
+  ``train_dataloader()``, which its ``CombinedLoader`` reads side by side for each step,
+  the second, ``--second`` images, cycling: semi-supervised and multi-domain examples),
+  validating on the test set.
+
+Epochs run until ``--seconds`` (whole ones). The script's own clock (--out): optimizer
+steps, the training samples the steps took, and the evaluations' seconds
+(``eval_seconds``, ``evals``: per epoch the training-accuracy pass and the test pass
+together, or each Lightning validation)."""
 
 from __future__ import annotations
 
@@ -20,11 +28,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _truth import Truth  # noqa: E402
+from _truth import Truth, lightning_clock  # noqa: E402
 
 p = argparse.ArgumentParser()
-p.add_argument("--loop", choices=["plain", "lightning"], default="plain")
+p.add_argument("--loop", choices=["plain", "lightning", "combined"], default="plain")
 p.add_argument("--samples", type=int, default=20_000)
+p.add_argument("--second", type=int, default=5_000, help="combined: the second loader's")
 p.add_argument("--test-samples", type=int, default=5_000)
 p.add_argument("--batch", type=int, default=128)
 p.add_argument("--workers", type=int, default=2)
@@ -35,14 +44,11 @@ truth = Truth(a.out)
 torch.manual_seed(0)
 
 
-def images(n: int) -> torch.utils.data.TensorDataset:
-    return torch.utils.data.TensorDataset(torch.randn(n, 3, 32, 32),
-                                          torch.randint(0, 10, (n,)))
-
-
-def loader(data: torch.utils.data.Dataset, shuffle: bool) -> torch.utils.data.DataLoader:
+def loader(n: int, shuffle: bool) -> torch.utils.data.DataLoader:
+    data = torch.utils.data.TensorDataset(torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,)))
     return torch.utils.data.DataLoader(data, batch_size=a.batch, shuffle=shuffle,
-                                       num_workers=a.workers, pin_memory=torch.cuda.is_available(),
+                                       num_workers=a.workers,
+                                       pin_memory=torch.cuda.is_available(),
                                        persistent_workers=a.workers > 0)
 
 
@@ -54,8 +60,8 @@ def net() -> torch.nn.Module:
         torch.nn.Linear(256, 10))
 
 
-train = loader(images(a.samples), shuffle=True)
-test = loader(images(a.test_samples), shuffle=False)
+train = loader(a.samples, shuffle=True)
+test = loader(a.test_samples, shuffle=False)
 
 if a.loop == "plain":
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -94,14 +100,16 @@ if a.loop == "plain":
 else:
     import lightning.pytorch as pl
 
+    def pairs(batch: tuple | dict) -> list:
+        return list(batch.values()) if isinstance(batch, dict) else [batch]
+
     class Module(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.net = net()
 
         def training_step(self, batch, i):  # noqa: ANN001, ANN201
-            x, y = batch
-            return F.cross_entropy(self.net(x), y)
+            return sum(F.cross_entropy(self.net(x), y) for x, y in pairs(batch))
 
         def validation_step(self, batch, i):  # noqa: ANN001, ANN201
             x, y = batch
@@ -110,20 +118,18 @@ else:
         def configure_optimizers(self):  # noqa: ANN201
             return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
-    class Clock(pl.Callback):
+    class Clock(lightning_clock(truth)):
         def __init__(self) -> None:
+            super().__init__()
             self.t0 = time.time()
             self.samples = 0
 
         def on_train_batch_end(self, trainer, module, outputs, batch, i):  # noqa: ANN001
-            truth.data["steps"] += 1
-            self.samples += len(batch[1])
-
-        def on_validation_start(self, trainer, module):  # noqa: ANN001
-            truth.eval_begins()
+            super().on_train_batch_end(trainer, module, outputs, batch, i)
+            self.samples += sum(len(y) for _, y in pairs(batch))
 
         def on_validation_end(self, trainer, module):  # noqa: ANN001
-            truth.eval_ends()
+            super().on_validation_end(trainer, module)
             if time.time() - self.t0 >= a.seconds:
                 trainer.should_stop = True
 
@@ -131,5 +137,10 @@ else:
     trainer = pl.Trainer(accelerator="auto", devices=1, max_epochs=1000, precision="32-true",
                          num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, callbacks=[clock])
-    trainer.fit(Module(), train_dataloaders=train, val_dataloaders=train)
+    if a.loop == "lightning":
+        trainer.fit(Module(), train_dataloaders=train, val_dataloaders=train)
+    else:
+        trainer.fit(Module(), train_dataloaders={"labeled": train,
+                                                 "second": loader(a.second, True)},
+                    val_dataloaders=test)
     truth.write(samples=clock.samples)
