@@ -173,9 +173,8 @@ class _Hook:
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
                  "last_info", "prev_step", "mem_due", "mem_end",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
-                 "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "eval_model", "side",
-                 "fetched_n",
-                 "infer_batches", "infer_t0",
+                 "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "eval_model",
+                 "side", "fetched_n", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
@@ -530,6 +529,14 @@ class _Hook:
             firsts, waited = self.first
             self.first = (firsts + 1, waited + first_wait + (t1 - t0))
 
+    def probe_trains(self, probe: tuple[Any, ...]) -> bool:
+        """Whether the batch that began an evaluation (``probe``), now followed by a
+        backward() or an optimizer step, was training's: it came with gradients on, or it
+        is the iteration's only batch (a loop that turns gradients on around its steps
+        alone). A validation batch taken under no_grad between a batch and its backward()
+        comes after the iteration's training batch (of known size or not)."""
+        return probe[5] or not (self.samples or self.fetched_n == self.n)
+
     def trains(self, info: list[Any]) -> None:
         """The batches of ``info``'s iterator are what trains, and its loader's next
         ones."""
@@ -664,7 +671,7 @@ class _Hook:
         phase = self.phase
         probe = self.eval_probe
         if phase is EVAL and probe is not None and probe[0] is self.last_info \
-                and (probe[5] or not (self.samples or self.fetched_n == self.n)):
+                and self.probe_trains(probe):
             # the batch that began the evaluation ends in this optimizer step with no
             # backward() between: training's, its gradients taken another way
             # (torch.autograd.grad, torch.func), its loader a training one
@@ -1788,7 +1795,7 @@ def _backward_begins(h: _Hook, t: Any) -> None:
     if h.phase is EVAL:
         probe = h.eval_probe
         if probe is not None and probe[0] is h.last_info:
-            if probe[5] or not (h.samples or h.fetched_n == h.n):
+            if h.probe_trains(probe):
                 h.undo_eval(_perf())
             else:
                 # fetched with gradients off after this iteration's training batch (a
