@@ -21,6 +21,8 @@ one part of the engine replaced, best CPU of ``--rounds``:
    what split.py's ``PARENT_LOAD`` and ``CHARTS_LOAD`` weigh, in GPUs' worth.
 3. **Rules**: each rule's condition timed (a timer around each call: its own cost is in
    the figures), and each rule's evidence refresh.
+4. With ``--counts``: the values the first GPU's rules compute per bucket, by kind
+   (windows, newest values, attribution reads, settings...), judged alone under cProfile.
 
 Measurement only: the parts are replaced on the classes for the length of a row and put
 back after it.
@@ -89,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("recording", help="a trace of several GPUs (plain or gzip)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each row (best CPU)")
+    ap.add_argument("--counts", action="store_true",
+                    help="also count, for the first GPU judged alone, the values its "
+                         "rules compute per bucket, by kind (cProfile's call counts)")
     args = ap.parse_args(argv)
     path = args.recording
     rules = load_rules([])
@@ -189,7 +194,45 @@ def main(argv: list[str] | None = None) -> int:
     if total_n:
         print(f"\nevidence refreshes: {total_n}, {sum(refresh.values()):.2f} s "
               f"({1e6 * sum(refresh.values()) / total_n:.0f} µs each on average)")
+    if args.counts:
+        value_counts(path, rules, gpus[0])
     return 0
+
+
+# the engine's value readers (engine.py), by the name of the function that computes each
+# kind of value: what a judged GPU's rules ask at each bucket
+_READERS = {
+    "full": "windowed statistics (mean, min, max, percentiles)",
+    "partial": "counter windows (delta, increase, rate, count)",
+    "newest": "newest values (last)",
+    "attribution": "step-time attribution reads",
+    "fit": "memory fits",
+    "<lambda>": "settings, facts and the other small readers",
+}
+
+
+def value_counts(path: str, rules: Any, gpu: int) -> None:
+    """How many values of each kind GPU ``gpu``'s rules compute per bucket, judged alone
+    (the others bucketed lightly): cProfile's call counts of the engine's readers."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    with judging(lambda g: g == gpu):
+        prof.enable()
+        _, engine, _ = sources.judge_recording(path, rules)
+        prof.disable()
+    calls: Counter[str] = Counter()
+    for (file, _line, name), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        if file.endswith("advisor/engine.py") and name in _READERS:
+            calls[name] += row[1]  # primitive calls
+    buckets = max(1, engine.ticks)
+    print(f"\nvalues computed per bucket for GPU {gpu} judged alone ({buckets} buckets, "
+          "cProfile's call counts):\n")
+    print("| kind | per bucket |\n| --- | --- |")
+    for name, label in _READERS.items():
+        print(f"| {label} | {calls[name] / buckets:.1f} |")
+    print(f"| **all** | {sum(calls.values()) / buckets:.1f} |")
 
 
 if __name__ == "__main__":
