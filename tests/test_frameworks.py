@@ -64,6 +64,14 @@ def lines(path: Path, kind: str) -> list[dict]:
     return [x for x in out if x.get("kind") == kind]
 
 
+def steps_and_samples(rec: Path) -> tuple[int, int]:
+    """The steps a recording counted, and their samples (per-step lines and summaries)."""
+    step, steps = lines(rec, "step"), lines(rec, "steps")
+    return (len(step) + sum(s["steps"] for s in steps),
+            sum(s.get("batch_size") or 0 for s in step)
+            + sum(s.get("samples") or 0 for s in steps))
+
+
 def advise(path: Path) -> dict:
     run = subprocess.run([sys.executable, "-m", "gpuwatch", "advise", "--replay", str(path),
                           "--format", "json"], check=True, capture_output=True, text=True,
@@ -251,11 +259,8 @@ def test_evaluating_on_the_training_data_is_evaluation(tmp_path: Path, loop: str
     training (its seconds in the next step), the second hid Lightning's validation whole."""
     rec, truth = record(tmp_path, "shared_loaders", "--loop", loop, "--samples", "1024",
                         "--test-samples", "256", "--batch", "64", "--seconds", "4")
-    steps = lines(rec, "step") + lines(rec, "steps")
-    assert sum(s.get("steps", 1) for s in steps) == truth["steps"]
-    samples = sum(s.get("batch_size") or 0 for s in lines(rec, "step")) \
-        + sum(s.get("samples") or 0 for s in lines(rec, "steps"))
-    assert samples == truth["samples"]
+    steps, samples = steps_and_samples(rec)
+    assert steps == truth["steps"] and samples == truth["samples"]
     phase = lines(rec, "phase")[-1]
     print(f"hook: {phase['seconds']}, the script's evaluations: "
           f"{truth['eval_seconds']:.2f} s in {truth['evals']}")
@@ -275,10 +280,8 @@ def test_lightning_training_on_two_loaders_at_once_is_training(tmp_path: Path) -
     rec, truth = record(tmp_path, "shared_loaders", "--loop", "combined", "--samples", "1024",
                         "--second", "256", "--test-samples", "256", "--batch", "64",
                         "--workers", "0", "--seconds", "4")
-    steps = lines(rec, "step") + lines(rec, "steps")
-    assert sum(s.get("steps", 1) for s in steps) == truth["steps"]
-    samples = sum(s.get("batch_size") or 0 for s in lines(rec, "step")) \
-        + sum(s.get("samples") or 0 for s in lines(rec, "steps"))
+    steps, samples = steps_and_samples(rec)
+    assert steps == truth["steps"]
     assert truth["samples"] == truth["steps"] * 2 * 64
     assert samples == truth["samples"] - 64
     phase = lines(rec, "phase")[-1]

@@ -163,6 +163,20 @@ class _SlowStart(torch.utils.data.Sampler):
         return iter([[0, 1, 2, 3], [4, 5, 6, 7]])
 
 
+class _Buckets(torch.utils.data.Sampler):
+    """A batch sampler with no batch_size (token-budget bucketing): batches of 4 whose
+    size the hook cannot read, so it counts no samples for them."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n // 4
+
+    def __iter__(self):  # noqa: ANN204
+        return iter([list(range(i, i + 4)) for i in range(0, self.n, 4)])
+
+
 def _model() -> torch.nn.Module:
     """A model as the hook tells one from a frozen layer (two children): its eval()
     begins an evaluation."""
@@ -179,6 +193,17 @@ def _after_an_epoch(attached: hook._Hook, samples: int) -> tuple[Any, ...]:
     for batch in train:
         step(batch)
     return step, _model(), train, val
+
+
+def _records(attached: hook._Hook) -> list[list[Any]]:
+    """The iterations recorded so far, as the reporter reads them (_step_lists: step
+    seconds at [2], samples at [4], None where none was counted)."""
+    return hook._step_lists(list(attached.pending), None)[0]
+
+
+def _step_samples(attached: hook._Hook) -> int:
+    """The samples the recorded iterations counted, all together."""
+    return sum(r[4] or 0 for r in _records(attached))
 
 
 def test_an_optimizer_that_never_steps_falls_back_to_backward(
@@ -947,9 +972,8 @@ def test_a_pass_over_the_training_data_in_eval_mode_is_evaluation(
     assert attached._status()["phase"] == hook.TRAIN
     seconds = attached._phase_seconds()
     assert seconds["eval"] == pytest.approx(evaluated, abs=0.03)
-    records = hook._step_lists(list(attached.pending), None)[0]
-    assert sum(r[4] or 0 for r in records) == 32  # the two epochs' samples, no pass's
-    durations = [r[2] for r in records if r[2] is not None]
+    assert _step_samples(attached) == 32  # the two epochs' samples, no pass's
+    durations = [r[2] for r in _records(attached) if r[2] is not None]
     assert max(durations) < 0.1, durations  # not the pass's 0.12 s in one step
 
 
@@ -970,8 +994,7 @@ def test_a_training_batch_fetched_before_model_train_after_an_evaluation_trains(
         step(batch)
     status = attached._status()
     assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 4
-    records = hook._step_lists(list(attached.pending), None)[0]
-    assert sum(r[4] or 0 for r in records) == 24
+    assert _step_samples(attached) == 24
 
 
 def test_two_loaders_read_side_by_side_both_train(attached: hook._Hook) -> None:
@@ -990,8 +1013,7 @@ def test_two_loaders_read_side_by_side_both_train(attached: hook._Hook) -> None:
     status = attached._status()
     assert status["phase"] == hook.TRAIN
     assert status["eval"]["batches"] == 1 and status["eval"]["samples"] == 4
-    records = hook._step_lists(list(attached.pending), None)[0]
-    assert len(records) == 16 and sum(r[4] or 0 for r in records) == 2 * (32 + 64) - 4
+    assert len(_records(attached)) == 16 and _step_samples(attached) == 2 * (32 + 64) - 4
 
 
 def test_a_sample_drawn_now_and_then_from_another_loader_is_evaluation(
@@ -1015,8 +1037,7 @@ def test_a_sample_drawn_now_and_then_from_another_loader_is_evaluation(
     status = attached._status()
     assert status["eval"]["batches"] == 6 and val not in attached.train_loaders
     assert attached._phase_seconds()["eval"] == pytest.approx(slept, abs=0.03)
-    records = hook._step_lists(list(attached.pending), None)[0]
-    assert sum(r[4] or 0 for r in records) == 96
+    assert _step_samples(attached) == 96
 
 
 def test_a_validation_batch_drawn_at_every_step_is_evaluation(attached: hook._Hook) -> None:
@@ -1035,22 +1056,7 @@ def test_a_validation_batch_drawn_at_every_step_is_evaluation(attached: hook._Ho
                 time.sleep(0.01)  # the validation loss
     status = attached._status()
     assert status["eval"]["batches"] == 16
-    records = hook._step_lists(list(attached.pending), None)[0]
-    assert sum(r[4] or 0 for r in records) == 64
-
-
-class _Buckets(torch.utils.data.Sampler):
-    """A batch sampler with no batch_size (token-budget bucketing): batches of 4 whose
-    size the hook cannot read, so it counts no samples for them."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n // 4
-
-    def __iter__(self):  # noqa: ANN204
-        return iter([list(range(i, i + 4)) for i in range(0, self.n, 4)])
+    assert _step_samples(attached) == 64
 
 
 def test_a_loop_with_gradients_on_only_around_its_steps_trains(attached: hook._Hook) -> None:
@@ -1071,8 +1077,7 @@ def test_a_loop_with_gradients_on_only_around_its_steps_trains(attached: hook._H
         torch.set_grad_enabled(was)
     status = attached._status()
     assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 0
-    records = hook._step_lists(list(attached.pending), None)[0]
-    assert sum(r[4] or 0 for r in records) == 96
+    assert _step_samples(attached) == 96
 
 
 def test_an_evaluation_that_saves_a_checkpoint_goes_on_after_it(attached: hook._Hook) -> None:
@@ -1113,8 +1118,7 @@ def test_one_batch_of_another_loader_under_no_grad_between_steps_is_evaluation(
     status = attached._status()
     assert status["phase"] == hook.TRAIN and status["eval"]["batches"] == 2
     assert val_loader not in attached.train_loaders
-    records = hook._step_lists(list(attached.pending), None)[0]
-    assert sum(r[4] or 0 for r in records) == (32 if sized else 0)
+    assert _step_samples(attached) == (32 if sized else 0)
 
 
 def test_a_new_loader_at_a_freed_training_loaders_address_is_not_taken_for_it(
