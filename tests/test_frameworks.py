@@ -292,6 +292,35 @@ def test_lightning_training_on_two_loaders_at_once_is_training(tmp_path: Path) -
                                                      rel=EVAL_TOLERANCE, abs=0.3)
 
 
+def test_a_lightning_gan_counts_its_iterations_and_no_micro_batches(tmp_path: Path) -> None:
+    """Lightning's manual optimization as its GAN example writes it: per batch the
+    generator's backward() and step, then the discriminator's (Lightning's global_step
+    counts both). One iteration a batch, the samples the steps took from an
+    IterableDataset, the validations as a phase, and no micro-batches: the two
+    backward() calls are two optimizers' losses, not gradient accumulation (before, every
+    step said 2, which the advisor reads as accumulating micro-batches)."""
+    rec, truth = record(tmp_path, "lightning_gan", "--val", "--iterable", "--samples", "3200",
+                        "--seconds", "6")
+    assert truth["global_step"] == 2 * truth["steps"]
+    steps, samples = steps_and_samples(rec)
+    assert steps == truth["steps"]
+    # Lightning reads an iterable loader one batch ahead (to know its last): when the
+    # training stops, that batch was fetched and no step trained on it
+    assert samples - truth["samples"] in (0, 64)
+    assert all("micro_batches" not in s for s in lines(rec, "step"))
+    assert all(not s.get("micro_batches") for s in lines(rec, "steps"))
+    phase = lines(rec, "phase")[-1]
+    print(f"hook: {phase['seconds']}, the script's validations: "
+          f"{truth['eval_seconds']:.2f} s in {truth['evals']}")
+    assert phase["seconds"]["eval"] == pytest.approx(truth["eval_seconds"],
+                                                     rel=EVAL_TOLERANCE, abs=0.3)
+    # 800 images a validation, streamed by two workers of 400 each: 7 batches each
+    assert phase["eval_batches"] == truth["evals"] * 14
+    (job,) = advise(rec)["jobs"]
+    assert job["steps"] == truth["steps"] and job["framework"] == "lightning"
+    assert "micro_batches" not in job
+
+
 def test_debugging_left_on_in_a_framework_is_reported_while_it_trains(tmp_path: Path) -> None:
     """Lightning's Trainer(detect_anomaly=True) turns autograd's anomaly detection on
     around its loop, and off after: the hook reads it on while the job trains (the

@@ -85,6 +85,8 @@ def test_a_gan_counts_one_iteration_per_generator_step_and_marks_epoch_starts(
     assert "eval" not in final["seconds"] and final["eval_batches"] == 0
     assert sum(s["batch_size"] for s in steps) == 12 * 8
     assert [s["step"] for s in steps] == [s["step"] for s in truth] == list(range(12))
+    # three backward() calls of two optimizers' losses: no micro-batches of one step
+    assert all("micro_batches" not in s for s in steps)
     config = configs[-1]
     assert config["step_source"] == "optimizer"
     assert config["uses_dataloader"] is True and config["persistent_workers"] is False
@@ -108,6 +110,7 @@ def test_gradient_accumulation_counts_optimizer_steps_only(tmp_path: Path) -> No
     steps, configs, truth = record_loop(tmp_path, "accumulate", "--steps", "15",
                                         "--accumulate", "4")
     assert [s["step"] for s in steps] == [s["step"] for s in truth] == list(range(15))
+    assert {s["micro_batches"] for s in steps} == {4}
     assert configs[-1]["step_source"] == "optimizer"
 
 
@@ -1187,6 +1190,152 @@ def test_a_loop_under_accelerates_batch_size_finder_is_reported(attached: hook._
     cfg: dict = {}
     attached.framework.settings(cfg, Problems())
     assert cfg == {"fw_auto_batch": True}  # no framework: a plain loop
+
+
+def _sent_steps(attached: hook._Hook, monkeypatch: pytest.MonkeyPatch
+                ) -> Callable[[], list[list[Any]]]:
+    """The reporter stopped (_no_reporter) and its sender replaced: a function that
+    reports by hand and returns the step records each report sent so far, one list a
+    report."""
+    _no_reporter(attached)
+    sent: list[bytes] = []
+    # the hook's state has fixed slots: its sender is replaced on the class
+    monkeypatch.setattr(hook._Hook, "_send", lambda _self, data: sent.append(data))
+
+    def report(final: bool = False) -> list[list[Any]]:
+        attached.report(final)
+        return [list(protocol.decode(data).steps) for data in sent]
+    return report
+
+
+def test_optimizers_stepping_in_turn_report_no_micro_batches(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DCGAN's iteration: two backward() calls and the discriminator's step, then the
+    generator's backward() and step. The first optimizer to step clocks iterations, and
+    their backward() calls are two optimizers' losses, not micro-batches of one step
+    (before: 2 for the first iteration, 3 for each after, which the advisor reads as
+    gradient accumulation). The first iteration's record, sent before the generator ever
+    stepped, waits until the discriminator steps again."""
+    d, g = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt_d, opt_g = torch.optim.Adam([d]), torch.optim.Adam([g])
+    report = _sent_steps(attached, monkeypatch)
+    for i in range(5):
+        (d * 2).sum().backward()
+        (d * 3).sum().backward()
+        opt_d.step()
+        if i == 0:
+            assert report() == [[]]  # its two backward() calls undecided: held
+        (d * g).sum().backward()
+        opt_g.step()
+    sent = report()
+    assert attached.n == 5 and attached.several_opts
+    steps = [s for batch in sent for s in batch]
+    assert [s.step for s in steps] == list(range(5))
+    assert [s.micro_batches for s in steps] == [None] * 5
+
+
+def test_a_held_first_iteration_goes_with_the_next_report(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradient accumulation with one optimizer: the first iteration's record waits for
+    the second iteration's end, then goes with its micro-batches as every other one;
+    a process that ends after one iteration sends it in its exit report."""
+    w = torch.nn.Parameter(torch.ones(3))
+
+    def iteration(opt: torch.optim.Optimizer) -> None:
+        for _ in range(4):
+            (w * 2).sum().backward()
+        opt.step()
+    opt = torch.optim.SGD([w], lr=0.1)
+    report = _sent_steps(attached, monkeypatch)
+    iteration(opt)
+    assert report() == [[]]
+    iteration(opt)
+    iteration(opt)
+    sent = report()
+    assert [[s.step for s in batch] for batch in sent] == [[], [0, 1, 2]]
+    assert {s.micro_batches for s in sent[1]} == {4}
+    assert not attached.several_opts
+    hook.detach()  # a fresh hook, ended after its first iteration: the exit report
+    assert hook.attach(str(attached.paths[0]))
+    report = _sent_steps(hook._hook, monkeypatch)
+    iteration(torch.optim.SGD([w], lr=0.1))
+    assert [s.micro_batches for s in report(final=True)[-1]] == [4]
+
+
+def test_a_new_optimizer_for_a_later_phase_clocks_while_the_first_lives_on(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fine-tuning in two phases: the head trained with one optimizer, then the whole
+    model with a new one, the first kept (a list, a scheduler or an old Trainer holding
+    it). Before: the first optimizer stayed the clock, so the second phase counted no
+    iteration at all (a stalled job to the advisor). Now the new optimizer's second step
+    with the first idle between makes it the clock, its first step counted too."""
+    head, body = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    first = torch.optim.SGD([head], lr=0.1)
+    report = _sent_steps(attached, monkeypatch)
+    for _ in range(3):
+        (head * 2).sum().backward()
+        first.step()
+    kept = [first]  # noqa: F841 (what keeps it alive)
+    second = torch.optim.AdamW([body, head], lr=1e-4)
+    for _ in range(4):
+        (head * body).sum().backward()
+        second.step()
+    assert attached.n == 7 and not attached.several_opts
+    steps = [s for batch in report() for s in batch]
+    assert [s.step for s in steps] == list(range(7))
+    assert {s.micro_batches for s in steps} == {1}
+    assert all(s.step_seconds is not None for s in steps[1:])
+    assert attached.primary() is second
+
+
+class _StepsInside(torch.optim.Optimizer):
+    """A wrapper over ``params`` that steps the optimizer it holds inside its own step:
+    Lookahead's shape (the same parameters), or ZeroRedundancyOptimizer's (the inner one
+    holds this rank's share of them). Both steps reach torch's step hooks."""
+
+    def __init__(self, params: list[torch.Tensor], inner: torch.optim.Optimizer) -> None:
+        self.inner = inner
+        super().__init__(params, inner.defaults)
+
+    def step(self, closure: Any = None) -> Any:
+        return self.inner.step(closure)
+
+
+@pytest.mark.parametrize("share", ["all", "a shard"])
+def test_an_optimizer_stepped_inside_a_wrapper_over_its_parameters_is_one(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch, share: str) -> None:
+    """Two optimizers step each iteration, one inside the other, over the same
+    parameters or the inner over a share of them: one iteration each, and accumulation's
+    micro-batches as they are."""
+    w, v = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt = _StepsInside([w, v], torch.optim.SGD([w, v] if share == "all" else [v], lr=0.1))
+    report = _sent_steps(attached, monkeypatch)
+    for _ in range(4):
+        (w * v).sum().backward()
+        (w * 3 * v).sum().backward()
+        opt.step()
+    assert attached.n == 4 and not attached.several_opts
+    steps = [s for batch in report() for s in batch]
+    assert [(s.step, s.micro_batches) for s in steps] == [(i, 2) for i in range(4)]
+
+
+def test_optimizers_stepped_in_turn_by_one_scaler_report_no_micro_batches(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GAN under one GradScaler: the scaler's update() clocks iterations, and the two
+    optimizers it steps make the backward() calls no micro-batches."""
+    d, g = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt_d, opt_g = torch.optim.SGD([d], lr=0.1), torch.optim.SGD([g], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    report = _sent_steps(attached, monkeypatch)
+    for _ in range(3):
+        scaler.scale((d * 2).sum()).backward()
+        scaler.scale((d * 3).sum()).backward()
+        scaler.step(opt_d)
+        scaler.scale((d * g).sum()).backward()
+        scaler.step(opt_g)
+        scaler.update()
+    assert attached.n == 3 and attached.several_opts
+    assert [s.micro_batches for batch in report() for s in batch] == [None] * 3
 
 
 def test_steps_lost_to_a_stalled_reporter_leave_the_others_exact(

@@ -168,7 +168,7 @@ class _Hook:
                  "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
                  "uses_conv", "data_parallel", "fsdp", "fsdp_version", "compute_device", "ddp",
                  "scaler_mode", "in_scaler_step", "opt_stepped", "found_inf",
-                 "primary", "clock", "scaler", "stream", "amp_iter", "amp_n",
+                 "primary", "other_opt", "several_opts", "shared_opts", "clock", "scaler", "stream", "amp_iter", "amp_n",
                  "autocast_seen", "checkpointing", "backwards", "bw_plain", "phase",
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
                  "last_info", "prev_step", "mem_due", "mem_end",
@@ -241,6 +241,18 @@ class _Hook:
         self.opt_stepped = False
         self.found_inf: list[Any] = []  # fused optimizers: skip flags still on the device
         self.primary: weakref.ref | None = None  # the optimizer that clocks iterations
+        # another optimizer that stepped since the primary last did (_turns): a weak
+        # reference to it, and the totals when it stepped (end, wait, samples, backward()
+        # calls, excluded seconds, first batches)
+        self.other_opt: tuple[Any, ...] | None = None
+        # optimizers over parameters of their own step in turn (a GAN's generator and
+        # discriminator): an iteration's backward() calls are theirs, not micro-batches
+        # of one step, and are not reported
+        self.several_opts = False
+        # the optimizers seen stepping in turn with the primary over some of its
+        # parameters (a wrapper stepping the one it holds: Lookahead, ZeroRedundancy-
+        # Optimizer), so that their parameters are compared once
+        self.shared_opts: weakref.WeakSet = weakref.WeakSet()
         # the same, once its steps may take the short way (_on_optimizer_step): set while
         # the hook is on, no GradScaler clocks iterations and steps do (source OPTIMIZER);
         # whatever ends one of those sets it back to None
@@ -807,7 +819,7 @@ class _Hook:
         held = self.held
         ready = 0
         while ready < len(held) and not isinstance(held[ready][5], _Flags) \
-                and held[ready][7] is not _PENDING:
+                and held[ready][7] is not _PENDING and not self._first_undecided(held[ready]):
             ready += 1
         if final:
             for rec in held[ready:]:
@@ -840,7 +852,11 @@ class _Hook:
                   "iterators": 0, "first_batch_wait_seconds": 0.0, "micro_batches": 0,
                   "micro_counted": 0}
         records = []
+        # backward() calls of several optimizers stepping in turn are no micro-batches
+        several = self.several_opts
         for n, end, dur, wait, batch, skipped, first, loss, micro in steps:
+            if several:
+                micro = None
             if micro is not None:
                 window["micro_batches"] += micro
                 window["micro_counted"] += 1
@@ -891,6 +907,13 @@ class _Hook:
         self.last_status = status
         if config_due:
             self.last_config, self.last_config_time = config, now
+
+    def _first_undecided(self, rec: list[Any]) -> bool:
+        """Whether ``rec`` is the first iteration's record with several backward() calls
+        while the primary optimizer has not stepped a second time: until then nothing
+        says whether they were micro-batches or the calls of several optimizers stepping
+        in turn (_turns), so it waits for that (or for the exit report, which takes all)."""
+        return rec[0] == 0 and (rec[8] or 0) > 1 and self.n < 2
 
     def _guarded(self, fn: Callable[[], Any], what: str, default: Any) -> Any:
         try:
@@ -1426,14 +1449,16 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
                     h.stream = torch.cuda.current_stream(flag.device)
             if h.primary is None:
                 h.primary = weakref.ref(optimizer)
+            else:
+                _turns(h, optimizer, False)
             return
         if h.scaler_mode:
             return  # an extra optimizer stepped outside the scaler: the scaler clocks
         ref = h.primary
         if ref is None or ref() is None:
             h.primary = weakref.ref(optimizer)
-        elif ref() is not optimizer:
-            return  # several optimizers: the first one to step is the iteration clock
+        elif not _turns(h, optimizer, True):
+            return  # several optimizers: the primary's steps are the iteration clock
         if h.source is OPTIMIZER:
             h.end_iteration(False)
         else:
@@ -1443,6 +1468,58 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
             h.clock = h.primary  # its next steps take the short way (switch() ends it)
     except Exception:
         h.fault()
+
+
+def _turns(h: _Hook, optimizer: Any, clocks: bool) -> bool:
+    """``optimizer`` stepped, the primary one known: whether it is the primary (now).
+    Another optimizer's step is noted (``other_opt``), and the primary's steps leave the
+    short way until the primary steps again. The same other one stepping twice with the
+    primary idle between becomes the primary: a new optimizer for a later phase of
+    training (more layers unfrozen, a second Trainer) while the first one lives on (a
+    list, a scheduler or an old Trainer holds it); ``clocks``: steps end iterations, and
+    its first step, noted, was one. The primary stepping after another optimizer over
+    parameters of its own means that several step in turn (a GAN's two): ``several_opts``
+    (a wrapper that steps the primary inside its own step, as Lookahead and
+    ZeroRedundancyOptimizer do, holds some of the same parameters)."""
+    primary = h.primary()
+    other = h.other_opt
+    if primary is optimizer:
+        if other is not None:
+            h.other_opt = None
+            them = other[0]()
+            if them is not None and not h.several_opts and them not in h.shared_opts:
+                if _disjoint(primary, them):
+                    h.several_opts = True
+                else:
+                    h.shared_opts.add(them)
+        return True
+    h.clock = None  # the primary's next step takes the long way, to see the turn
+    again = other is not None and other[0]() is optimizer
+    if primary is None or again:
+        h.primary = weakref.ref(optimizer)
+        h.other_opt = None
+        if again and clocks and h.source is OPTIMIZER:
+            # the iteration its first step ended, from the totals then
+            _, end, wait, samples, backwards, excluded, first = other
+            samples_now, backwards_now = h.samples, h.backwards
+            h.samples, h.backwards = samples, backwards
+            h.end_iteration(False, end, (wait, first, excluded))
+            h.samples = max(samples_now - samples, 0)
+            h.backwards = max(backwards_now - backwards, 0)
+        return True
+    h.other_opt = (weakref.ref(optimizer), _perf(), h.wait, h.samples, h.backwards,
+                   h.excluded, h.first)
+    return False
+
+
+def _disjoint(a: Any, b: Any) -> bool:
+    """Whether optimizers ``a`` and ``b`` update no parameter in common (False where their
+    parameters cannot be read)."""
+    try:
+        mine = {id(p) for group in a.param_groups for p in group["params"]}
+        return not any(id(p) in mine for group in b.param_groups for p in group["params"])
+    except Exception:
+        return False
 
 
 def _wrap_scaler_step(orig: Callable[..., Any]) -> Callable[..., Any]:

@@ -714,3 +714,11 @@ want lightning_val_on_train && rec lightning_val_on_train 150 python3 shared_loa
 #     its CombinedLoader), validating on a third each epoch
 want lightning_combined && rec lightning_combined 150 python3 shared_loaders.py --loop combined \
   --seconds 35
+# 7x. (2026-12-05, eighteenth session) Lightning's manual optimization as its GAN example
+#     writes it (the generator's backward() and step, then the discriminator's, each
+#     batch), streamed from an IterableDataset, validated each epoch: iterations, no
+#     micro-batches, and so no accumulation advice; with the hook and without it
+want lightning_gan && rec lightning_gan 150 python3 lightning_gan.py --val --iterable \
+  --batch 256 --samples 51200 --workers 4 --seconds 45
+want lightning_gan_bare && rec_bare lightning_gan_bare 150 python3 lightning_gan.py --val \
+  --iterable --batch 256 --samples 51200 --workers 4 --seconds 45
