@@ -292,6 +292,21 @@ def test_lightning_training_on_two_loaders_at_once_is_training(tmp_path: Path) -
                                                      rel=EVAL_TOLERANCE, abs=0.3)
 
 
+def test_a_second_trainer_in_the_same_process_is_counted(tmp_path: Path) -> None:
+    """Two models trained one after the other, each by a Trainer of its own, the first
+    Trainer (and its optimizer) kept: every step of both, with their micro-batches.
+    Before, the first optimizer stayed the iteration clock while it lived, so the second
+    Trainer's 20 steps were never counted (on a GPU: a stalled job to the advisor)."""
+    rec, truth = record(tmp_path, "hf_trainer", "--runs", "2", "--steps", "20", "--accum", "2",
+                        "--eval-every", "1000", "--eval-samples", "16")
+    assert truth["steps"] == 40
+    steps, _samples = steps_and_samples(rec)
+    assert steps == 40
+    assert {s["micro_batches"] for s in lines(rec, "step")} == {2}
+    (job,) = advise(rec)["jobs"]
+    assert job["steps"] == 40 and job["micro_batches"] == 2
+
+
 def test_a_lightning_gan_counts_its_iterations_and_no_micro_batches(tmp_path: Path) -> None:
     """Lightning's manual optimization as its GAN example writes it: per batch the
     generator's backward() and step, then the discriminator's (Lightning's global_step

@@ -54,6 +54,9 @@ p.add_argument("--gc-every", type=int, default=0,
 p.add_argument("--lr", type=float, default=1e-4, help="TrainingArguments(learning_rate=...)")
 p.add_argument("--max-grad-norm", type=float, default=1.0,
                help="TrainingArguments(max_grad_norm=...) (0: no clipping)")
+p.add_argument("--runs", type=int, default=1,
+               help="train this many models one after another, each by a Trainer of its "
+                    "own, the earlier Trainers kept (a sweep keeping its results)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -107,7 +110,6 @@ class Collect(TrainerCallback):
 config = BertConfig(vocab_size=1000, hidden_size=a.hidden, num_hidden_layers=a.layers,
                     num_attention_heads=2, intermediate_size=2 * a.hidden,
                     max_position_embeddings=a.seq)
-model = BertForSequenceClassification(config)
 args = TrainingArguments(
     output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hf-{os.getpid()}"),
     max_steps=a.steps, per_device_train_batch_size=a.batch,
@@ -121,14 +123,19 @@ args = TrainingArguments(
     debug="underflow_overflow" if a.debug_overflow else "",
     ddp_find_unused_parameters=False if a.no_find_unused else None,
     torch_empty_cache_steps=a.empty_cache_steps)
-trainer = Trainer(model=model, args=args,
-                  train_dataset=Tokens(a.train_samples or a.steps * a.batch * a.accum),
-                  eval_dataset=Tokens(a.eval_samples),
-                  callbacks=[Clock()] + ([Collect()] if a.gc_every else []))
-if a.evaluate_first:
-    t = time.perf_counter()
-    trainer.evaluate()
-    truth.data["first_eval_seconds"] = time.perf_counter() - t
-trainer.train()
+trainers, steps = [], 0
+for _run in range(a.runs):
+    trainer = Trainer(model=BertForSequenceClassification(config), args=args,
+                      train_dataset=Tokens(a.train_samples or a.steps * a.batch * a.accum),
+                      eval_dataset=Tokens(a.eval_samples),
+                      callbacks=[Clock()] + ([Collect()] if a.gc_every else []))
+    trainers.append(trainer)
+    if a.evaluate_first:
+        t = time.perf_counter()
+        trainer.evaluate()
+        truth.data["first_eval_seconds"] = time.perf_counter() - t
+    trainer.train()
+    steps += truth.data["steps"]
+truth.data["steps"] = steps
 truth.write(micro_batches=a.accum, batch=a.batch, eval_batch=a.eval_batch)
 print("trained", truth.data["steps"], "steps", file=sys.stderr)

@@ -722,3 +722,7 @@ want lightning_gan && rec lightning_gan 150 python3 lightning_gan.py --val --ite
   --batch 256 --samples 51200 --workers 4 --seconds 45
 want lightning_gan_bare && rec_bare lightning_gan_bare 150 python3 lightning_gan.py --val \
   --iterable --batch 256 --samples 51200 --workers 4 --seconds 45
+#     two BERT-base models trained one after the other, each by a Trainer of its own, the
+#     first kept (a sweep keeping its results): both Trainers' steps counted
+want hf_two_trainers && rec hf_two_trainers 150 python3 hf_trainer.py $bert --runs 2 \
+  --steps 300 --batch 32 --accum 2 --eval-every 100000 --eval-samples 64 --bf16 --workers 2
