@@ -1338,6 +1338,43 @@ def test_optimizers_stepped_in_turn_by_one_scaler_report_no_micro_batches(
     assert [s.micro_batches for batch in report() for s in batch] == [None] * 3
 
 
+def test_training_without_a_scaler_after_training_with_one_is_counted(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp16 with a GradScaler, then the same model trained again without one (bf16 or
+    fp32: a notebook run again with the advice taken), then with one again. Before, the
+    scaler stayed the clock for good and the second run counted no iteration. An
+    optimizer stepped outside the scaler beside it at each iteration leaves the scaler
+    the clock."""
+    w, extra = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    report = _sent_steps(attached, monkeypatch)
+    opt, side = torch.optim.SGD([w], lr=0.1), torch.optim.SGD([extra], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    for _ in range(4):
+        scaler.scale((w * 2).sum()).backward()
+        scaler.step(opt)
+        (extra * 2).sum().backward()
+        side.step()  # unscaled, beside it
+        scaler.update()
+    assert attached.n == 4 and attached.scaler_mode
+    opt = torch.optim.SGD([w], lr=0.1)
+    for _ in range(5):
+        (w * 2).sum().backward()
+        opt.step()
+    assert attached.n == 9 and not attached.scaler_mode
+    scaler = torch.amp.GradScaler("cpu")
+    for _ in range(3):
+        scaler.scale((w * 2).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert attached.n == 12 and attached.scaler_mode
+    steps = [s for batch in report() for s in batch]
+    assert [s.step for s in steps] == list(range(12))
+    assert all(s.step_seconds is not None for s in steps[1:])
+    # the unscaled optimizer's backward() calls beside the scaler's made no micro-batches
+    assert attached.several_opts
+    assert [s.micro_batches for s in steps] == [None] * 12
+
+
 def test_steps_lost_to_a_stalled_reporter_leave_the_others_exact(
         attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
     """The step records wait in a bounded queue: a reporter that stalls loses the oldest.

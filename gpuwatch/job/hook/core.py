@@ -168,7 +168,8 @@ class _Hook:
                  "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
                  "uses_conv", "data_parallel", "fsdp", "fsdp_version", "compute_device", "ddp",
                  "scaler_mode", "in_scaler_step", "opt_stepped", "found_inf",
-                 "primary", "other_opt", "several_opts", "shared_opts", "clock", "scaler", "stream", "amp_iter", "amp_n",
+                 "primary", "other_opt", "several_opts", "shared_opts", "unscaled", "clock",
+                 "scaler", "stream", "amp_iter", "amp_n",
                  "autocast_seen", "checkpointing", "backwards", "bw_plain", "phase",
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
                  "last_info", "prev_step", "mem_due", "mem_end",
@@ -253,6 +254,9 @@ class _Hook:
         # parameters (a wrapper stepping the one it holds: Lookahead, ZeroRedundancy-
         # Optimizer), so that their parameters are compared once
         self.shared_opts: weakref.WeakSet = weakref.WeakSet()
+        # an optimizer that stepped outside the GradScaler clocking iterations since its
+        # last update(), noted as other_opt is (_scaler_gone)
+        self.unscaled: tuple[Any, ...] | None = None
         # the same, once its steps may take the short way (_on_optimizer_step): set while
         # the hook is on, no GradScaler clocks iterations and steps do (source OPTIMIZER);
         # whatever ends one of those sets it back to None
@@ -750,6 +754,10 @@ class _Hook:
         else:
             skipped = not self.opt_stepped
         self.opt_stepped = False  # for the next iteration (only the scaler's path reads it)
+        seen = self.unscaled
+        if seen is not None:  # the scaler clocks still; that one stepped beside it
+            self.unscaled = None
+            _in_turn(self, seen[0]())
         if self.source is OPTIMIZER:
             self.end_iteration(skipped)
         else:
@@ -1452,7 +1460,7 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
             else:
                 _turns(h, optimizer, False)
             return
-        if h.scaler_mode:
+        if h.scaler_mode and not _scaler_gone(h, optimizer):
             return  # an extra optimizer stepped outside the scaler: the scaler clocks
         ref = h.primary
         if ref is None or ref() is None:
@@ -1486,30 +1494,70 @@ def _turns(h: _Hook, optimizer: Any, clocks: bool) -> bool:
     if primary is optimizer:
         if other is not None:
             h.other_opt = None
-            them = other[0]()
-            if them is not None and not h.several_opts and them not in h.shared_opts:
-                if _disjoint(primary, them):
-                    h.several_opts = True
-                else:
-                    h.shared_opts.add(them)
+            _in_turn(h, other[0]())
         return True
     h.clock = None  # the primary's next step takes the long way, to see the turn
     again = other is not None and other[0]() is optimizer
     if primary is None or again:
         h.primary = weakref.ref(optimizer)
         h.other_opt = None
-        if again and clocks and h.source is OPTIMIZER:
-            # the iteration its first step ended, from the totals then
-            _, end, wait, samples, backwards, excluded, first = other
-            samples_now, backwards_now = h.samples, h.backwards
-            h.samples, h.backwards = samples, backwards
-            h.end_iteration(False, end, (wait, first, excluded))
-            h.samples = max(samples_now - samples, 0)
-            h.backwards = max(backwards_now - backwards, 0)
+        if again and clocks:
+            _end_noted(h, other)
         return True
-    h.other_opt = (weakref.ref(optimizer), _perf(), h.wait, h.samples, h.backwards,
-                   h.excluded, h.first)
+    h.other_opt = _noted(h, optimizer)
     return False
+
+
+def _in_turn(h: _Hook, them: Any) -> None:
+    """Optimizer ``them`` stepped in an iteration of the primary's: several optimizers
+    step in turn (``several_opts``) where it updates parameters of its own."""
+    primary = h.primary() if h.primary is not None else None
+    if them is None or primary is None or h.several_opts or them in h.shared_opts:
+        return
+    if _disjoint(primary, them):
+        h.several_opts = True
+    else:
+        h.shared_opts.add(them)
+
+
+def _noted(h: _Hook, optimizer: Any) -> tuple[Any, ...]:
+    """``optimizer``'s step now, noted with the totals it ended with (a weak reference to
+    it, the end, the wait, samples, backward() calls, excluded seconds, first batches)."""
+    return (weakref.ref(optimizer), _perf(), h.wait, h.samples, h.backwards, h.excluded,
+            h.first)
+
+
+def _end_noted(h: _Hook, noted: tuple[Any, ...]) -> None:
+    """The iteration a step noted before (_noted) ended, recorded now with the totals it
+    ended with; what came since stays the current iteration's."""
+    if h.source is not OPTIMIZER:
+        return
+    _, end, wait, samples, backwards, excluded, first = noted
+    samples_now, backwards_now = h.samples, h.backwards
+    h.samples, h.backwards = samples, backwards
+    h.end_iteration(False, end, (wait, first, excluded))
+    h.samples = max(samples_now - samples, 0)
+    h.backwards = max(backwards_now - backwards, 0)
+
+
+def _scaler_gone(h: _Hook, optimizer: Any) -> bool:
+    """An optimizer stepped outside the GradScaler that clocks iterations: whether the
+    scaler clocks them no more. It does not once the same optimizer stepped outside it
+    twice with no update() between: training again without loss scaling (a bf16 or fp32
+    run after an fp16 one in the same process, a notebook run again with the advice
+    taken). That optimizer clocks iterations then, its first of the two steps one too. An
+    optimizer stepped outside the scaler at each iteration beside it (a GAN's second,
+    unscaled) leaves the scaler the clock."""
+    seen = h.unscaled
+    if seen is None or seen[0]() is not optimizer:
+        h.unscaled = _noted(h, optimizer)
+        return False
+    h.unscaled = None
+    h.scaler_mode = False
+    h.primary = weakref.ref(optimizer)
+    h.other_opt = None
+    _end_noted(h, seen)
+    return True
 
 
 def _disjoint(a: Any, b: Any) -> bool:

@@ -57,6 +57,8 @@ p.add_argument("--max-grad-norm", type=float, default=1.0,
 p.add_argument("--runs", type=int, default=1,
                help="train this many models one after another, each by a Trainer of its "
                     "own, the earlier Trainers kept (a sweep keeping its results)")
+p.add_argument("--fp16-first", action="store_true",
+               help="with --runs: the first run in fp16 (a GradScaler), the others as --bf16 says")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -110,22 +112,30 @@ class Collect(TrainerCallback):
 config = BertConfig(vocab_size=1000, hidden_size=a.hidden, num_hidden_layers=a.layers,
                     num_attention_heads=2, intermediate_size=2 * a.hidden,
                     max_position_embeddings=a.seq)
-args = TrainingArguments(
-    output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hf-{os.getpid()}"),
-    max_steps=a.steps, per_device_train_batch_size=a.batch,
-    gradient_accumulation_steps=a.accum, per_device_eval_batch_size=a.eval_batch,
-    eval_strategy="epoch" if a.eval_epoch else "steps", eval_steps=a.eval_every, logging_steps=1000, save_strategy="no",
-    report_to=[], learning_rate=a.lr, max_grad_norm=a.max_grad_norm,
-    dataloader_num_workers=a.workers,
-    use_cpu=not torch.cuda.is_available(), bf16=a.bf16, torch_compile=a.compile,
-    tf32=True if a.tf32_arg else None,
-    gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0,
-    debug="underflow_overflow" if a.debug_overflow else "",
-    ddp_find_unused_parameters=False if a.no_find_unused else None,
-    torch_empty_cache_steps=a.empty_cache_steps)
+
+
+def make_args(fp16: bool = False) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hf-{os.getpid()}"),
+        max_steps=a.steps, per_device_train_batch_size=a.batch,
+        gradient_accumulation_steps=a.accum, per_device_eval_batch_size=a.eval_batch,
+        eval_strategy="epoch" if a.eval_epoch else "steps", eval_steps=a.eval_every,
+        logging_steps=1000, save_strategy="no", report_to=[], learning_rate=a.lr,
+        max_grad_norm=a.max_grad_norm, dataloader_num_workers=a.workers,
+        use_cpu=not torch.cuda.is_available(), bf16=a.bf16 and not fp16, fp16=fp16,
+        torch_compile=a.compile, tf32=True if a.tf32_arg else None,
+        gradient_checkpointing=a.grad_ckpt, disable_tqdm=True, seed=0,
+        debug="underflow_overflow" if a.debug_overflow else "",
+        ddp_find_unused_parameters=False if a.no_find_unused else None,
+        torch_empty_cache_steps=a.empty_cache_steps)
+
+
+args = make_args()
 trainers, steps = [], 0
-for _run in range(a.runs):
-    trainer = Trainer(model=BertForSequenceClassification(config), args=args,
+for run in range(a.runs):
+    fp16 = a.fp16_first and run == 0
+    trainer = Trainer(model=BertForSequenceClassification(config),
+                      args=make_args(fp16=True) if fp16 else args,
                       train_dataset=Tokens(a.train_samples or a.steps * a.batch * a.accum),
                       eval_dataset=Tokens(a.eval_samples),
                       callbacks=[Clock()] + ([Collect()] if a.gc_every else []))

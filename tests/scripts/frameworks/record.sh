@@ -726,3 +726,8 @@ want lightning_gan_bare && rec_bare lightning_gan_bare 150 python3 lightning_gan
 #     first kept (a sweep keeping its results): both Trainers' steps counted
 want hf_two_trainers && rec hf_two_trainers 150 python3 hf_trainer.py $bert --runs 2 \
   --steps 300 --batch 32 --accum 2 --eval-every 100000 --eval-samples 64 --bf16 --workers 2
+#     the same, the first in fp16 (the Trainer's GradScaler), the second in bf16 (none):
+#     the second run's steps counted once no scaler clocks them
+want hf_fp16_then_bf16 && rec hf_fp16_then_bf16 150 python3 hf_trainer.py $bert --runs 2 \
+  --fp16-first --bf16 --steps 300 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
+  --workers 2
