@@ -293,16 +293,26 @@ def test_lightning_training_on_two_loaders_at_once_is_training(tmp_path: Path) -
 
 
 def test_a_second_trainer_in_the_same_process_is_counted(tmp_path: Path) -> None:
-    """Two models trained one after the other, each by a Trainer of its own, the first
-    Trainer (and its optimizer) kept: every step of both, with their micro-batches.
-    Before, the first optimizer stayed the iteration clock while it lived, so the second
-    Trainer's 20 steps were never counted (on a GPU: a stalled job to the advisor)."""
+    """Two models trained one after the other, each by a Trainer of its own (the second
+    at twice the batch), the first Trainer (and its optimizer) kept: every step of both,
+    with their micro-batches, and the settings sent are the second Trainer's once it
+    trains, and its batches are training's, not an evaluation's. Before, the first
+    optimizer stayed the iteration clock while it lived, so the second Trainer's 20
+    steps were never counted (on a GPU: a stalled job to the advisor), and the first
+    Trainer's settings were sent for good."""
     rec, truth = record(tmp_path, "hf_trainer", "--runs", "2", "--steps", "20", "--accum", "2",
-                        "--eval-every", "1000", "--eval-samples", "16")
+                        "--batch", "4", "--eval-every", "1000", "--eval-samples", "16")
     assert truth["steps"] == 40
-    steps, _samples = steps_and_samples(rec)
+    steps, samples = steps_and_samples(rec)
     assert steps == 40
+    # the second Trainer's loader is new once training began, and its first step's two
+    # micro-batches and the one read ahead come before any backward(): training's all
+    # the same (before, every batch of it read as evaluation)
+    assert samples == 20 * 2 * 4 + 20 * 2 * 8
+    phase = lines(rec, "phase")[-1]
+    assert phase["eval_batches"] == truth["evals"] * 16 // 4
     assert {s["micro_batches"] for s in lines(rec, "step")} == {2}
+    assert last_config(rec)["fw_batch_size"] == 8
     (job,) = advise(rec)["jobs"]
     assert job["steps"] == 40 and job["micro_batches"] == 2
 

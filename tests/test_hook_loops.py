@@ -706,6 +706,65 @@ def test_a_training_loader_built_anew_after_each_validation_starts_an_epoch(
     assert all(r[2] is None or r[2] < 0.2 for r in recs), [r[2] for r in recs]
 
 
+@pytest.mark.parametrize("after", ["training", "a validation"])
+def test_a_new_loader_read_several_batches_before_its_backward_trains(
+        attached: hook._Hook, after: str) -> None:
+    """A loader built after training began whose step fetches three batches before its
+    first backward() (the Trainer's two micro-batches at once, and Accelerate's one read
+    ahead: a second Trainer in the same process), after training or after a validation:
+    its batches are training's, their samples the steps', the epoch's start counted, and
+    a validation before them stays evaluation. Before, every batch of it read as an
+    evaluation, for good: no backward() ever followed its latest batch."""
+    step = _training_step(attached)
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    for batch in torch.utils.data.DataLoader(list(range(12)), batch_size=4):
+        step(batch)
+    t_val = 0.0
+    if after == "a validation":
+        v0 = time.perf_counter()
+        with torch.no_grad():
+            for _ in torch.utils.data.DataLoader(list(range(8)), batch_size=4):
+                time.sleep(0.05)
+        t_val = time.perf_counter() - v0
+    it = iter(torch.utils.data.DataLoader(list(range(96)), batch_size=8))
+    ahead = next(it)
+    for _ in range(5):
+        micro = [ahead, next(it)]
+        ahead = next(it, None)  # the loader's next batch, read ahead
+        for batch in micro:
+            (w * batch.float().mean()).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    status = attached._status()
+    assert status["phase"] == hook.TRAIN
+    assert status["eval"]["batches"] == (2 if t_val else 0)
+    recs = _records(attached)
+    assert [r[0] for r in recs] == list(range(3 + 5))
+    assert _step_samples(attached) == 12 + 5 * 16 + 8  # and the one read ahead
+    assert [r[0] for r in recs if r[6] is not None] == [0, 3]  # each loader's start
+    assert attached._phase_seconds().get("eval", 0.0) == pytest.approx(t_val, abs=0.03)
+
+
+def test_a_validation_read_with_gradients_on_before_a_training_batch_stays_one(
+        attached: hook._Hook) -> None:
+    """Validation batches fetched with gradients on and no model.eval() (a hand-written
+    loop that forgets both), then the training loader's next batch and its backward():
+    the validation stays evaluation, its batches and samples none of the steps'."""
+    step = _training_step(attached)
+    train = torch.utils.data.DataLoader(list(range(32)), batch_size=4)
+    it = iter(train)
+    for _ in range(3):
+        step(next(it))
+    for batch in torch.utils.data.DataLoader(list(range(12)), batch_size=4):
+        (batch.float() * 2).sum()  # a forward pass with gradients on, no backward()
+    step(next(it))
+    status = attached._status()
+    assert status["phase"] == hook.TRAIN
+    assert status["eval"]["batches"] == 3 and status["eval"]["samples"] == 12
+    assert _step_samples(attached) == 4 * 4
+
+
 def test_an_epochs_new_iterator_after_a_validation_is_the_epochs_cost(
         attached: hook._Hook) -> None:
     """The Trainer's loop: one training DataLoader, iterated anew each epoch, with an
@@ -858,7 +917,7 @@ def test_validating_between_a_batch_and_its_backward_leaves_the_loaders_as_they_
     assert [r[0] for r in recs if r[6] is not None] == [0, 10]  # the two epochs' starts
     status = attached._status()
     assert status["eval"]["batches"] == 16 and status["eval"]["samples"] == 64
-    assert attached._phase_seconds()["eval"] == pytest.approx(t_val, abs=0.03)
+    assert attached._phase_seconds().get("eval", 0.0) == pytest.approx(t_val, abs=0.03)
 
 
 def test_making_an_evaluation_iterator_is_the_evaluations_wait(

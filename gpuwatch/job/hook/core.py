@@ -175,7 +175,7 @@ class _Hook:
                  "last_info", "prev_step", "mem_due", "mem_end",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "eval_model",
-                 "side", "fetched_n", "infer_batches", "infer_t0",
+                 "side", "eval_run", "fetched_n", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
@@ -312,6 +312,13 @@ class _Hook:
         # at once, and the iteration it came in: (its iterator's facts, n). The same again
         # in the next iteration: two loaders read side by side, both training (_fetched)
         self.side: tuple[Any, int] | None = None
+        # the batches of the evaluation in force since one that began it or a new
+        # loader's first in it, while all came from that loader with gradients on: its
+        # iterator's facts, what the evaluation's counters, batch size and newest batch
+        # were before it (batches, samples, wait, batch size, eval_t1), that batch's
+        # iterator wait (None: not an iterator's first) and fetch (start, end). A backward() with no training batch
+        # since the last iteration says those batches were training's (undo_run)
+        self.eval_run: tuple[Any, ...] | None = None
         # the iteration (n) in which a training batch last came by next()'s long way (a
         # loader of unknown batch size counts no samples: this says a batch came)
         self.fetched_n = -1
@@ -454,6 +461,7 @@ class _Hook:
             self.excluded += spent
         if old is EVAL:
             self.eval_probe = None  # only an evaluation of one batch, straight after
+            self.eval_run = None
         if phase is not CHECKPOINT and phase is not COMPILE and phase is not EVAL:
             # (a save or a compilation inside an evaluation comes back to it: kept)
             self.eval_model = None
@@ -478,16 +486,25 @@ class _Hook:
         """A batch of a loader that has not trained, once training began: evaluation
         (``info`` None: the loader's end, no batch)."""
         probe = None
+        grad = torch.is_grad_enabled()
         if self.phase is TRAIN:
             self.switch(EVAL, t0)
             if info is not None:
-                probe = (info, t0, t1, info[2], self.eval_batch_size, torch.is_grad_enabled())
+                probe = (info, t0, t1, info[2], self.eval_batch_size, grad)
         elif info is not None and info[2] is not None and self.phase is EVAL:
             # a loader's first batch while evaluating: the next epoch's training loader,
             # built anew after the evaluation (Lightning validating at each epoch's end
             # with reload_dataloaders_every_n_epochs=1, a loop that makes its DataLoader
             # each epoch), should a backward() follow it; else another evaluation loader
-            probe = (info, t0, t1, info[2], self.eval_batch_size, torch.is_grad_enabled())
+            probe = (info, t0, t1, info[2], self.eval_batch_size, grad)
+        if probe is not None:
+            # the batches of this loader from here on, should they all come with
+            # gradients on and a backward() follow them (undo_run)
+            self.eval_run = (info, self.eval_batches, self.eval_samples, self.eval_wait,
+                             self.eval_batch_size, self.eval_t1, info[2], t0, t1) \
+                if grad else None
+        elif self.eval_run is not None and (info is not self.eval_run[0] or not grad):
+            self.eval_run = None
         self.eval_probe = probe  # a second batch, or the loader's end: evaluation it is
         self.eval_wait += t1 - t0
         if probe is None:
@@ -544,6 +561,40 @@ class _Hook:
         if first_wait is not None:
             firsts, waited = self.first
             self.first = (firsts + 1, waited + first_wait + (t1 - t0))
+
+    def undo_run(self, now: float) -> None:
+        """A backward() with no training batch since the last iteration, after batches of
+        one loader that all came with gradients on (``eval_run``): they were training's,
+        from a loader built after training began and read several batches before its
+        first backward() (the Trainer fetching an optimizer step's
+        micro-batches at once, Accelerate's loaders one batch ahead: a second Trainer in
+        the same process). Their time (from where the evaluation ends for that loader's
+        first batch: eval_end), batches, samples, wait and epoch start are training's,
+        and the loader trains."""
+        info, batches, samples, wait, batch_size, eval_t1, first_wait, t0, t1 = self.eval_run
+        self.eval_run = None
+        self.eval_probe = None
+        self.eval_t1 = eval_t1  # the evaluation's newest batch before these
+        since = self.eval_end(info, t0)
+        if self.phase_t0 < since:
+            # an evaluation before its first batch (the last run's, ended with one): that
+            # much stays evaluation, left out of the iteration
+            spent = since - self.phase_t0
+            self.phase_seconds[EVAL] += spent
+            self.excluded += spent
+            self.phase_t0 = since
+        self.phase_seconds[TRAIN] += now - self.phase_t0
+        self.phase = TRAIN
+        self.phase_t0 = now
+        self.samples += self.eval_samples - samples
+        self.wait += self.eval_wait - wait
+        self.eval_batches, self.eval_samples, self.eval_wait = batches, samples, wait
+        self.eval_batch_size = batch_size
+        if first_wait is not None:
+            firsts, waited = self.first
+            self.first = (firsts + 1, waited + first_wait + (t1 - t0))
+        self.loader = info
+        self.trains(info)
 
     def probe_trains(self, probe: tuple[Any, ...]) -> bool:
         """Whether the batch that began an evaluation (``probe``), now followed by a
@@ -1503,9 +1554,25 @@ def _turns(h: _Hook, optimizer: Any, clocks: bool) -> bool:
         h.other_opt = None
         if again and clocks:
             _end_noted(h, other)
+        if again:
+            _framework_again(h)
         return True
     h.other_opt = _noted(h, optimizer)
     return False
+
+
+def _framework_again(h: _Hook) -> None:
+    """A new optimizer clocks iterations (_turns, _scaler_gone): what drives it may be
+    another framework, or another object of the same (a second Trainer, whose settings
+    are the ones in force now): looked for again from this step's stack, and its
+    checkpoint method wrapped."""
+    try:
+        h.framework = Framework()
+        h.framework_patched = False
+        h.framework.find(sys._getframe(3), h.problems)
+        _patch_framework(h)
+    except Exception:
+        h.fault()
 
 
 def _in_turn(h: _Hook, them: Any) -> None:
@@ -1557,6 +1624,7 @@ def _scaler_gone(h: _Hook, optimizer: Any) -> bool:
     h.primary = weakref.ref(optimizer)
     h.other_opt = None
     _end_noted(h, seen)
+    _framework_again(h)
     return True
 
 
@@ -1928,6 +1996,8 @@ def _backward_begins(h: _Hook, t: Any) -> None:
                 # its loader no training one
                 h.last_info = None
                 h.switch(TRAIN, _perf())
+        elif h.eval_run is not None and not (h.samples or h.fetched_n == h.n):
+            h.undo_run(_perf())  # a new training loader read several batches ahead
         else:
             h.switch(TRAIN, _perf())
     info = h.last_info

@@ -56,7 +56,8 @@ p.add_argument("--max-grad-norm", type=float, default=1.0,
                help="TrainingArguments(max_grad_norm=...) (0: no clipping)")
 p.add_argument("--runs", type=int, default=1,
                help="train this many models one after another, each by a Trainer of its "
-                    "own, the earlier Trainers kept (a sweep keeping its results)")
+                    "own, the earlier Trainers kept (a sweep keeping its results); run k "
+                    "(from 0) at k + 1 times --batch")
 p.add_argument("--fp16-first", action="store_true",
                help="with --runs: the first run in fp16 (a GradScaler), the others as --bf16 says")
 p.add_argument("--out")
@@ -114,10 +115,10 @@ config = BertConfig(vocab_size=1000, hidden_size=a.hidden, num_hidden_layers=a.l
                     max_position_embeddings=a.seq)
 
 
-def make_args(fp16: bool = False) -> TrainingArguments:
+def make_args(fp16: bool = False, batch: int = a.batch) -> TrainingArguments:
     return TrainingArguments(
         output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hf-{os.getpid()}"),
-        max_steps=a.steps, per_device_train_batch_size=a.batch,
+        max_steps=a.steps, per_device_train_batch_size=batch,
         gradient_accumulation_steps=a.accum, per_device_eval_batch_size=a.eval_batch,
         eval_strategy="epoch" if a.eval_epoch else "steps", eval_steps=a.eval_every,
         logging_steps=1000, save_strategy="no", report_to=[], learning_rate=a.lr,
@@ -130,13 +131,12 @@ def make_args(fp16: bool = False) -> TrainingArguments:
         torch_empty_cache_steps=a.empty_cache_steps)
 
 
-args = make_args()
 trainers, steps = [], 0
 for run in range(a.runs):
-    fp16 = a.fp16_first and run == 0
+    batch = a.batch * (run + 1)
     trainer = Trainer(model=BertForSequenceClassification(config),
-                      args=make_args(fp16=True) if fp16 else args,
-                      train_dataset=Tokens(a.train_samples or a.steps * a.batch * a.accum),
+                      args=make_args(fp16=a.fp16_first and run == 0, batch=batch),
+                      train_dataset=Tokens(a.train_samples or a.steps * batch * a.accum),
                       eval_dataset=Tokens(a.eval_samples),
                       callbacks=[Clock()] + ([Collect()] if a.gc_every else []))
     trainers.append(trainer)
