@@ -316,8 +316,9 @@ class _Hook:
         # loader's first in it, while all came from that loader with gradients on: its
         # iterator's facts, what the evaluation's counters, batch size and newest batch
         # were before it (batches, samples, wait, batch size, eval_t1), that batch's
-        # iterator wait (None: not an iterator's first) and fetch (start, end). A backward() with no training batch
-        # since the last iteration says those batches were training's (undo_run)
+        # iterator wait (None: not an iterator's first) and fetch (start, end). A
+        # backward() with no training batch since the last iteration says those batches
+        # were training's (undo_run)
         self.eval_run: tuple[Any, ...] | None = None
         # the iteration (n) in which a training batch last came by next()'s long way (a
         # loader of unknown batch size counts no samples: this says a batch came)
@@ -566,9 +567,8 @@ class _Hook:
         """A backward() with no training batch since the last iteration, after batches of
         one loader that all came with gradients on (``eval_run``): they were training's,
         from a loader built after training began and read several batches before its
-        first backward() (the Trainer fetching an optimizer step's
-        micro-batches at once, Accelerate's loaders one batch ahead: a second Trainer in
-        the same process). Their time (from where the evaluation ends for that loader's
+        first backward() (the Trainer fetching an optimizer step's micro-batches at once,
+        Accelerate's loaders one batch ahead: a second Trainer in the same process). Their time (from where the evaluation ends for that loader's
         first batch: eval_end), batches, samples, wait and epoch start are training's,
         and the loader trains."""
         info, batches, samples, wait, batch_size, eval_t1, first_wait, t0, t1 = self.eval_run
@@ -586,6 +586,7 @@ class _Hook:
         self.phase_seconds[TRAIN] += now - self.phase_t0
         self.phase = TRAIN
         self.phase_t0 = now
+        self.eval_model = None
         self.samples += self.eval_samples - samples
         self.wait += self.eval_wait - wait
         self.eval_batches, self.eval_samples, self.eval_wait = batches, samples, wait
