@@ -539,18 +539,7 @@ class _Hook:
         it began, its data wait, its samples, and its epoch start."""
         info, t0, t1, first_wait, eval_batch_size = self.eval_probe[:5]
         self.eval_probe = None
-        since = self.eval_end(info, t0)
-        if self.phase_t0 < since:
-            # the process evaluated before its iterator was made (the probe was made while
-            # it evaluated): that much stays evaluation, left out of the iteration
-            spent = since - self.phase_t0
-            self.phase_seconds[EVAL] += spent
-            self.excluded += spent
-            self.phase_t0 = since
-        self.phase_seconds[TRAIN] += now - self.phase_t0
-        self.phase = TRAIN
-        self.phase_t0 = now
-        self.eval_model = None
+        self._training_since(self.eval_end(info, t0), now)
         self.eval_wait -= t1 - t0 + (first_wait or 0.0)
         self.eval_batches -= 1
         self.loader = info
@@ -563,22 +552,12 @@ class _Hook:
             firsts, waited = self.first
             self.first = (firsts + 1, waited + first_wait + (t1 - t0))
 
-    def undo_run(self, now: float) -> None:
-        """A backward() with no training batch since the last iteration, after batches of
-        one loader that all came with gradients on (``eval_run``): they were training's,
-        from a loader built after training began and read several batches before its
-        first backward() (the Trainer fetching an optimizer step's micro-batches at once,
-        Accelerate's loaders one batch ahead: a second Trainer in the same process). Their time (from where the evaluation ends for that loader's
-        first batch: eval_end), batches, samples, wait and epoch start are training's,
-        and the loader trains."""
-        info, batches, samples, wait, batch_size, eval_t1, first_wait, t0, t1 = self.eval_run
-        self.eval_run = None
-        self.eval_probe = None
-        self.eval_t1 = eval_t1  # the evaluation's newest batch before these
-        since = self.eval_end(info, t0)
+    def _training_since(self, since: float, now: float) -> None:
+        """Training again at ``now``, what the evaluation in force counted from ``since``
+        on training's: before it (the process evaluated before the batch that turned out
+        to be training's was fetched, or its iterator made), evaluation, left out of the
+        iteration."""
         if self.phase_t0 < since:
-            # an evaluation before its first batch (the last run's, ended with one): that
-            # much stays evaluation, left out of the iteration
             spent = since - self.phase_t0
             self.phase_seconds[EVAL] += spent
             self.excluded += spent
@@ -587,6 +566,21 @@ class _Hook:
         self.phase = TRAIN
         self.phase_t0 = now
         self.eval_model = None
+
+    def undo_run(self, now: float) -> None:
+        """A backward() with no training batch since the last iteration, after batches of
+        one loader that all came with gradients on (``eval_run``): they were training's,
+        from a loader built after training began and read several batches before its
+        first backward() (the Trainer fetching an optimizer step's micro-batches at once,
+        Accelerate's loaders one batch ahead: a second Trainer in the same process).
+        Their time (from where the evaluation ends for that loader's first batch:
+        eval_end), batches, samples, wait and epoch start are training's, and the loader
+        trains."""
+        info, batches, samples, wait, batch_size, eval_t1, first_wait, t0, t1 = self.eval_run
+        self.eval_run = None
+        self.eval_probe = None
+        self.eval_t1 = eval_t1  # the evaluation's newest batch before these
+        self._training_since(self.eval_end(info, t0), now)
         self.samples += self.eval_samples - samples
         self.wait += self.eval_wait - wait
         self.eval_batches, self.eval_samples, self.eval_wait = batches, samples, wait
