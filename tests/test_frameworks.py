@@ -317,6 +317,18 @@ def test_a_second_trainer_in_the_same_process_is_counted(tmp_path: Path) -> None
     assert job["steps"] == 40 and job["micro_batches"] == 2
 
 
+def test_a_second_lightning_fit_in_the_same_process_is_counted(tmp_path: Path) -> None:
+    """Two models fitted one after the other, each by a Lightning Trainer of its own (the
+    second at twice the batch), the first kept: every step and sample of both, and the
+    settings of the second fit once it trains. Before, 160 of the 240 steps, and the
+    first fit's batch size for good."""
+    rec, truth = record(tmp_path, "lightning_two_fits")
+    assert truth["steps"] == 2 * 640 // 8 + 2 * 640 // 16
+    assert steps_and_samples(rec) == (truth["steps"], truth["samples"])
+    cfg = last_config(rec)
+    assert cfg["framework"] == "lightning" and cfg["fw_batch_size"] == truth["last_batch"]
+
+
 def test_a_lightning_gan_counts_its_iterations_and_no_micro_batches(tmp_path: Path) -> None:
     """Lightning's manual optimization as its GAN example writes it: per batch the
     generator's backward() and step, then the discriminator's (Lightning's global_step

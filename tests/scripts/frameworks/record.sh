@@ -731,3 +731,6 @@ want hf_two_trainers && rec hf_two_trainers 150 python3 hf_trainer.py $bert --ru
 want hf_fp16_then_bf16 && rec hf_fp16_then_bf16 150 python3 hf_trainer.py $bert --runs 2 \
   --fp16-first --bf16 --steps 300 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
   --workers 2
+#     two Lightning fits one after the other, each by a Trainer of its own, the first kept
+want lightning_two_fits && rec lightning_two_fits 150 python3 lightning_two_fits.py \
+  --batch 256 --samples 512000 --epochs 2
