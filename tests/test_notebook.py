@@ -160,6 +160,30 @@ def test_watch_train_report_stop_in_a_real_notebook(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_cell_run_again_without_its_grad_scaler_is_counted(tmp_path, monkeypatch):
+    """The training cell run with a GradScaler (fp16's loss scaling), then again without
+    one (bf16 or fp32: the advice taken, the cell run again in the same kernel): the
+    report counts the second run's steps too. Before, the scaler stayed the iteration
+    clock for the kernel's life and the second run counted none."""
+    scaled = (TRAIN.replace("end = time.time() + 5", "end = time.time() + 3\n"
+                            "scaler = torch.amp.GradScaler('cpu')")
+              .replace("    loss.backward()\n    opt.step()\n",
+                       "    scaler.scale(loss).backward()\n    scaler.step(opt)\n"
+                       "    scaler.update()\n"))
+    assert "scaler.update()" in scaled
+    cells = ["%load_ext gpuwatch\n%gpuwatch --interval 0.5 --refresh 0.5 --no-widgets",
+             scaled, TRAIN, "import time\ntime.sleep(2)", "%gpuwatch report", "%gpuwatch stop"]
+    nb = run(cells, tmp_path, monkeypatch)
+    first, second = (int(text_of(nb.cells[i]).split()[1]) for i in (1, 2))
+    assert first > 10 and second > 10
+    m = re.search(r"(\d+) steps; batch 32; (\d+) samples/s", html_of(nb.cells[4]))
+    assert m, html_of(nb.cells[4])
+    # the reports may lag the last steps by a report interval, not by a whole run
+    assert first + second // 2 < int(m.group(1)) <= first + second
+    assert "gpuwatch: stopped" in text_of(nb.cells[5])
+
+
+@pytest.mark.slow
 def test_widgets_view_and_the_kernel_end_stop_it(tmp_path, monkeypatch):
     pytest.importorskip("ipywidgets")
     cells = ["%load_ext gpuwatch\n%gpuwatch --interval 0.5 --refresh 0.5", TRAIN,
