@@ -1434,6 +1434,72 @@ def test_training_without_a_scaler_after_training_with_one_is_counted(
     assert [s.micro_batches for s in steps] == [None] * 12
 
 
+def test_optimizers_splitting_one_models_parameters_keep_its_micro_batches(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Muon for a model's matrices and AdamW for the rest, both stepped after the same
+    four backward() calls (nanochat's and modded-nanogpt's shape): the micro-batches are
+    accumulation's, sent as they are; only an optimizer with a backward() of its own
+    before its step (a GAN's) makes the calls several optimizers' turns."""
+    matrix, bias = torch.nn.Parameter(torch.ones(3, 3)), torch.nn.Parameter(torch.ones(3))
+    opts = [torch.optim.SGD([matrix], lr=0.1), torch.optim.AdamW([bias], lr=0.1)]
+    report = _sent_steps(attached, monkeypatch)
+    for _ in range(5):
+        for _ in range(4):
+            (matrix.sum() * bias).sum().backward()
+        for opt in opts:
+            opt.step()
+    assert attached.n == 5 and not attached.several_opts
+    assert [s.micro_batches for batch in report() for s in batch] == [4] * 5
+
+
+def test_a_loop_without_a_training_loader_keeps_its_validation(
+        attached: hook._Hook) -> None:
+    """Training batches sliced from tensors (nanoGPT's get_batch), a validation of a few
+    batches of a DataLoader with torch.no_grad() inside the loop body (gradients on at
+    each fetch) and a break before the loader's end: the validation stays evaluation, and
+    its loader no training one, though no DataLoader batch comes before the next
+    backward()."""
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([w], lr=0.1)
+    data = torch.randn(64, 4)
+    val = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=8)
+    for i in range(12):
+        (w * data[i:i + 4]).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if i % 4 == 3:
+            for j, batch in enumerate(val):
+                if j == 3:
+                    break
+                with torch.no_grad():
+                    (w * batch).sum()
+    status = attached._status()
+    assert attached.n == 12
+    assert status["eval"]["batches"] == 3 * 4  # each validation's 3 batches, and the 4th
+    assert not attached.loader_trained and len(attached.train_loaders) == 0
+
+
+def test_an_optimizer_stepped_at_each_micro_batch_beside_a_scaler_leaves_it_the_clock(
+        attached: hook._Hook) -> None:
+    """A model accumulating 4 micro-batches through a GradScaler, a probe head's plain
+    optimizer stepped at each micro-batch after its own backward(): the scaler's update()
+    clocks the iterations (the probe's steps before the scaler's first count, as the first
+    optimizer to step); the probe's steps never take the clock, since the scaler's loss is
+    scaled between them."""
+    w, head = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt, probe = torch.optim.SGD([w], lr=0.1), torch.optim.SGD([head], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    for _ in range(6):
+        for _ in range(4):
+            scaler.scale((w * 2).sum()).backward()
+            (head * 2).sum().backward()
+            probe.step()
+        scaler.step(opt)
+        scaler.update()
+    assert attached.scaler_mode
+    assert attached.n == 4 + 6
+
+
 def test_steps_lost_to_a_stalled_reporter_leave_the_others_exact(
         attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
     """The step records wait in a bounded queue: a reporter that stalls loses the oldest.

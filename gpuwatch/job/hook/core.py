@@ -168,7 +168,8 @@ class _Hook:
                  "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
                  "uses_conv", "data_parallel", "fsdp", "fsdp_version", "compute_device", "ddp",
                  "scaler_mode", "in_scaler_step", "opt_stepped", "found_inf",
-                 "primary", "other_opt", "several_opts", "shared_opts", "unscaled", "clock",
+                 "primary", "other_opt", "several_opts", "shared_opts", "unscaled", "turn_bw",
+                 "loader_trained", "clock",
                  "scaler", "stream", "amp_iter", "amp_n",
                  "autocast_seen", "checkpointing", "backwards", "bw_plain", "phase",
                  "phase_t0", "phase_seconds", "phase_stack", "excluded", "train_loaders",
@@ -255,8 +256,14 @@ class _Hook:
         # Optimizer), so that their parameters are compared once
         self.shared_opts: weakref.WeakSet = weakref.WeakSet()
         # an optimizer that stepped outside the GradScaler clocking iterations since its
-        # last update(), noted as other_opt is (_scaler_gone)
+        # last update(), noted as other_opt is, and the newest scale() call then
+        # (_scaler_gone)
         self.unscaled: tuple[Any, ...] | None = None
+        # under a GradScaler: the iteration in which the primary last stepped and its
+        # backward() calls by then, so that another optimizer's step knows whether a
+        # backward() of its own came before it (_noted); without one, the primary's step
+        # ends the iteration and its count starts again at 0
+        self.turn_bw: tuple[int, int] = (-1, 0)
         # the same, once its steps may take the short way (_on_optimizer_step): set while
         # the hook is on, no GradScaler clocks iterations and steps do (source OPTIMIZER);
         # whatever ends one of those sets it back to None
@@ -312,6 +319,7 @@ class _Hook:
         # at once, and the iteration it came in: (its iterator's facts, n). The same again
         # in the next iteration: two loaders read side by side, both training (_fetched)
         self.side: tuple[Any, int] | None = None
+        self.loader_trained = False  # a DataLoader's batches trained in this process
         # the batches of the evaluation in force since one that began it or a new
         # loader's first in it, while all came from that loader with gradients on: its
         # iterator's facts, what the evaluation's counters, batch size and newest batch
@@ -603,6 +611,7 @@ class _Hook:
         """The batches of ``info``'s iterator are what trains, and its loader's next
         ones."""
         info[5] = True
+        self.loader_trained = True
         loader = info[4]() if info[4] is not None else None
         if loader is not None:
             self.train_loaders.add(loader)
@@ -803,7 +812,7 @@ class _Hook:
         seen = self.unscaled
         if seen is not None:  # the scaler clocks still; that one stepped beside it
             self.unscaled = None
-            _in_turn(self, seen[0]())
+            _in_turn(self, seen)
         if self.source is OPTIMIZER:
             self.end_iteration(skipped)
         else:
@@ -1503,6 +1512,7 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
                     h.stream = torch.cuda.current_stream(flag.device)
             if h.primary is None:
                 h.primary = weakref.ref(optimizer)
+                h.turn_bw = (h.n, h.backwards)
             else:
                 _turns(h, optimizer, False)
             return
@@ -1538,9 +1548,11 @@ def _turns(h: _Hook, optimizer: Any, clocks: bool) -> bool:
     primary = h.primary()
     other = h.other_opt
     if primary is optimizer:
+        if not clocks:
+            h.turn_bw = (h.n, h.backwards)
         if other is not None:
             h.other_opt = None
-            _in_turn(h, other[0]())
+            _in_turn(h, other)
         return True
     h.clock = None  # the primary's next step takes the long way, to see the turn
     again = other is not None and other[0]() is optimizer
@@ -1570,11 +1582,17 @@ def _framework_again(h: _Hook) -> None:
         h.fault()
 
 
-def _in_turn(h: _Hook, them: Any) -> None:
-    """Optimizer ``them`` stepped in an iteration of the primary's: several optimizers
-    step in turn (``several_opts``) where it updates parameters of its own."""
+def _in_turn(h: _Hook, noted: tuple[Any, ...]) -> None:
+    """Another optimizer's step (``noted``) came in an iteration of the primary's: several
+    optimizers step in turn (``several_opts``) where it updates parameters of its own and
+    a backward() of its own came before it (a GAN's discriminator and generator). One
+    stepped straight after the primary, after the same backward() calls, splits one
+    model's parameters (Muon for the matrices and AdamW for the rest): micro-batches are
+    still micro-batches."""
+    them = noted[0]()
     primary = h.primary() if h.primary is not None else None
-    if them is None or primary is None or h.several_opts or them in h.shared_opts:
+    if them is None or primary is None or not noted[7] or h.several_opts \
+            or them in h.shared_opts:
         return
     if _disjoint(primary, them):
         h.several_opts = True
@@ -1584,9 +1602,12 @@ def _in_turn(h: _Hook, them: Any) -> None:
 
 def _noted(h: _Hook, optimizer: Any) -> tuple[Any, ...]:
     """``optimizer``'s step now, noted with the totals it ended with (a weak reference to
-    it, the end, the wait, samples, backward() calls, excluded seconds, first batches)."""
+    it, the end, the wait, samples, backward() calls, excluded seconds, first batches),
+    and whether a backward() came since the primary's last step (turn_bw)."""
+    n, before = h.turn_bw
+    own = h.backwards > (before if n == h.n else 0)
     return (weakref.ref(optimizer), _perf(), h.wait, h.samples, h.backwards, h.excluded,
-            h.first)
+            h.first, own)
 
 
 def _end_noted(h: _Hook, noted: tuple[Any, ...]) -> None:
@@ -1594,7 +1615,7 @@ def _end_noted(h: _Hook, noted: tuple[Any, ...]) -> None:
     ended with; what came since stays the current iteration's."""
     if h.source is not OPTIMIZER:
         return
-    _, end, wait, samples, backwards, excluded, first = noted
+    end, wait, samples, backwards, excluded, first = noted[1:7]
     samples_now, backwards_now = h.samples, h.backwards
     h.samples, h.backwards = samples, backwards
     h.end_iteration(False, end, (wait, first, excluded))
@@ -1609,10 +1630,12 @@ def _scaler_gone(h: _Hook, optimizer: Any) -> bool:
     run after an fp16 one in the same process, a notebook run again with the advice
     taken). That optimizer clocks iterations then, its first of the two steps one too. An
     optimizer stepped outside the scaler at each iteration beside it (a GAN's second,
-    unscaled) leaves the scaler the clock."""
+    unscaled) leaves the scaler the clock, and so does one stepped at every micro-batch
+    while the scaler's loss is scaled between (a probe head's optimizer beside a model
+    that accumulates: scale() was called since its step before)."""
     seen = h.unscaled
-    if seen is None or seen[0]() is not optimizer:
-        h.unscaled = _noted(h, optimizer)
+    if seen is None or seen[0]() is not optimizer or seen[8] is not h.scaled:
+        h.unscaled = (*_noted(h, optimizer), h.scaled)
         return False
     h.unscaled = None
     h.scaler_mode = False
@@ -1991,8 +2014,11 @@ def _backward_begins(h: _Hook, t: Any) -> None:
                 # its loader no training one
                 h.last_info = None
                 h.switch(TRAIN, _perf())
-        elif h.eval_run is not None and not (h.samples or h.fetched_n == h.n):
-            h.undo_run(_perf())  # a new training loader read several batches ahead
+        elif h.eval_run is not None and h.loader_trained \
+                and not (h.samples or h.fetched_n == h.n):
+            # a new training loader read several batches ahead, where a loader trained
+            # before (a loop that trains on no DataLoader evaluates on its loader)
+            h.undo_run(_perf())
         else:
             h.switch(TRAIN, _perf())
     info = h.last_info
