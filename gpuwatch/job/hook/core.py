@@ -1541,10 +1541,8 @@ def _turns(h: _Hook, optimizer: Any, clocks: bool) -> bool:
     primary idle between becomes the primary: a new optimizer for a later phase of
     training (more layers unfrozen, a second Trainer) while the first one lives on (a
     list, a scheduler or an old Trainer holds it); ``clocks``: steps end iterations, and
-    its first step, noted, was one. The primary stepping after another optimizer over
-    parameters of its own means that several step in turn (a GAN's two): ``several_opts``
-    (a wrapper that steps the primary inside its own step, as Lookahead and
-    ZeroRedundancyOptimizer do, holds some of the same parameters)."""
+    its first step, noted, was one. The primary stepping after another optimizer may
+    mean that several step in turn (a GAN's two: _in_turn)."""
     primary = h.primary()
     other = h.other_opt
     if primary is optimizer:
