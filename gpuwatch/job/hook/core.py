@@ -2827,6 +2827,43 @@ def _at_exit() -> None:
             pass
 
 
+def _at_main_end() -> None:
+    """The main thread's end (``threading``'s own exit callbacks, which run before
+    ``atexit``'s handlers and the interpreter's teardown): the program's work is done,
+    unless another thread that Python waits for still runs (then ``atexit`` reports, as
+    before). Report now: what follows can take long and is no phase of the job's (a
+    DataLoader's persistent workers stopped at exit, 5 s each where they do not answer;
+    a tracker's upload), and would otherwise count as the last phase's time."""
+    h = _hook
+    if h is None or h.pid != os.getpid() or h.finished:
+        return
+    try:
+        me = threading.current_thread()
+        if any(t is not me and not t.daemon and t.is_alive() for t in threading.enumerate()):
+            return
+        h.finish()
+    except Exception:
+        pass
+
+
+_main_end_registered = False
+
+
+def _register_main_end() -> None:
+    """``_at_main_end`` among ``threading``'s exit callbacks (a private API of CPython
+    3.9+, as ``concurrent.futures`` uses it): once per process; where it is missing or
+    refuses (shutdown under way), ``atexit`` alone reports."""
+    global _main_end_registered
+    register = getattr(threading, "_register_atexit", None)
+    if _main_end_registered or register is None:
+        return
+    try:
+        register(_at_main_end)
+        _main_end_registered = True
+    except Exception:
+        pass
+
+
 def _after_fork_in_child() -> None:
     h = _hook
     if h is not None:
@@ -2935,6 +2972,7 @@ def _attach(socket_path: str | None) -> bool:
             _prev_threading_excepthook = threading.excepthook
             threading.excepthook = _threading_excepthook
             atexit.register(_at_exit)
+            _register_main_end()
         except Exception as err:
             _problem = f"{type(err).__name__}: {err}"[:protocol.MAX_TEXT]
             _undo_patches()

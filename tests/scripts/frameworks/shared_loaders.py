@@ -15,7 +15,12 @@ CNN in fp32 on synthetic CIFAR-sized images already in memory, ``--loop``:
 Epochs run until ``--seconds`` (whole ones). The script's own clock (--out): optimizer
 steps, the training samples the steps took, and the evaluations' seconds
 (``eval_seconds``, ``evals``: per epoch the training-accuracy pass and the test pass
-together, or each Lightning validation)."""
+together, or each Lightning validation).
+
+``--exit-seconds S``: a teardown of S seconds after the script's last line (an ``atexit``
+handler sleeping: what stopping the loaders' persistent workers took at exit on an H200,
+5 s a worker, or a tracker's upload). ``--in-thread`` (plain): the loop runs in a thread
+that the main thread starts and leaves running (Python waits for it at exit)."""
 
 from __future__ import annotations
 
@@ -38,8 +43,14 @@ p.add_argument("--test-samples", type=int, default=5_000)
 p.add_argument("--batch", type=int, default=128)
 p.add_argument("--workers", type=int, default=2)
 p.add_argument("--seconds", type=float, default=40.0)
+p.add_argument("--exit-seconds", type=float, default=0.0)
+p.add_argument("--in-thread", action="store_true")
 p.add_argument("--out")
 a = p.parse_args()
+if a.exit_seconds:
+    import atexit
+
+    atexit.register(time.sleep, a.exit_seconds)
 truth = Truth(a.out)
 torch.manual_seed(0)
 
@@ -77,26 +88,34 @@ if a.loop == "plain":
                 seen += len(y)
         return right / seen
 
-    t0 = time.time()
-    samples = 0
-    while time.time() - t0 < a.seconds:
-        model.train()
-        for x, y in train:
-            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            truth.data["steps"] += 1
-            samples += len(y)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        truth.eval_begins()
-        model.eval()
-        train_acc, test_acc = accuracy(train), accuracy(test)
-        truth.eval_ends()
-        print(f"epoch: train accuracy {train_acc:.3f}, test {test_acc:.3f}", flush=True)
-    truth.write(samples=samples)
+    def run() -> None:
+        t0 = time.time()
+        samples = 0
+        while time.time() - t0 < a.seconds:
+            model.train()
+            for x, y in train:
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                truth.data["steps"] += 1
+                samples += len(y)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            truth.eval_begins()
+            model.eval()
+            train_acc, test_acc = accuracy(train), accuracy(test)
+            truth.eval_ends()
+            print(f"epoch: train accuracy {train_acc:.3f}, test {test_acc:.3f}", flush=True)
+        truth.write(samples=samples)
+
+    if a.in_thread:
+        import threading
+
+        threading.Thread(target=run, name="training").start()
+    else:
+        run()
 else:
     import lightning.pytorch as pl
 
