@@ -1403,7 +1403,9 @@ def test_training_without_a_scaler_after_training_with_one_is_counted(
     fp32: a notebook run again with the advice taken), then with one again. Before, the
     scaler stayed the clock for good and the second run counted no iteration. An
     optimizer stepped outside the scaler beside it at each iteration leaves the scaler
-    the clock."""
+    the clock. Once no scaler clocks, the settings say no GradScaler and no loss scale
+    is read (before, the first run's scaler stayed in both: "fp16 with a GradScaler" was
+    advised to a bf16 run on an H200)."""
     w, extra = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
     report = _sent_steps(attached, monkeypatch)
     opt, side = torch.optim.SGD([w], lr=0.1), torch.optim.SGD([extra], lr=0.1)
@@ -1415,17 +1417,23 @@ def test_training_without_a_scaler_after_training_with_one_is_counted(
         side.step()  # unscaled, beside it
         scaler.update()
     assert attached.n == 4 and attached.scaler_mode
+    assert attached._config()["grad_scaler"] and attached._scale_tensor() is not None
     opt = torch.optim.SGD([w], lr=0.1)
     for _ in range(5):
         (w * 2).sum().backward()
         opt.step()
     assert attached.n == 9 and not attached.scaler_mode
+    # the first scaler lives on (scaler, side), but scales nothing now: the settings say
+    # so, and its scale is no loss scale of the steps
+    assert scaler.is_enabled() and not attached._config()["grad_scaler"]
+    assert attached._scale_tensor() is None
     scaler = torch.amp.GradScaler("cpu")
     for _ in range(3):
         scaler.scale((w * 2).sum()).backward()
         scaler.step(opt)
         scaler.update()
     assert attached.n == 12 and attached.scaler_mode
+    assert attached._config()["grad_scaler"] and attached._scale_tensor() is not None
     steps = [s for batch in report() for s in batch]
     assert [s.step for s in steps] == list(range(12))
     assert all(s.step_seconds is not None for s in steps[1:])

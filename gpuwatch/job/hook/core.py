@@ -1637,6 +1637,10 @@ def _scaler_gone(h: _Hook, optimizer: Any) -> bool:
         return False
     h.unscaled = None
     h.scaler_mode = False
+    # nor does it scale the loss: the settings say no GradScaler, and its scale (the
+    # first run's, 65536 on the H200 with fp16 then bf16) is no longer read as the loss
+    # scale; its next update() takes it up again
+    h.scaler = None
     h.primary = weakref.ref(optimizer)
     h.other_opt = None
     _end_noted(h, seen)
