@@ -626,6 +626,30 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # test_work_every_n_steps_is_told_however_much_the_job_validates)
     "lightning_batch_end_metric_val": ({"speed-up-evaluation"},
                                        {"gpu-underused", "add-dataloader-workers"}),
+    # (record.sh 7w, 1x H200, 2026-12-05) Lightning validating on the loader it trains on
+    # (43 % of the time since its first step, by its own clock): the evaluation; trained
+    # on two loaders read side by side (CombinedLoader), validating a tenth of the time:
+    # host-bound steps, the second loader's batches no evaluation
+    "lightning_val_on_train": ({"speed-up-evaluation"}, {"add-dataloader-workers",
+                                                         "raise-batch-size"}),
+    "lightning_combined": ({"raise-batch-size"}, {"speed-up-evaluation",
+                                                  "add-dataloader-workers"}),
+    # (record.sh 7x) Lightning's manual optimization (a GAN: the generator's and the
+    # discriminator's backward() and step each batch): host-bound, and its backward()
+    # calls are no accumulation; with the hook and without it
+    "lightning_gan": ({"raise-batch-size"}, {"reduce-gradient-accumulation",
+                                             "add-dataloader-workers"}),
+    "lightning_gan_bare": ({"raise-batch-size"}, {"reduce-gradient-accumulation",
+                                                  "add-dataloader-workers"}),
+    # two Trainers one after the other, the second at micro-batch 64 with 2 accumulation
+    # steps (host-bound): told in the second Trainer's numbers
+    "hf_two_trainers": ({"reduce-gradient-accumulation"}, {"raise-batch-size",
+                                                           "speed-up-evaluation"}),
+    # two Lightning fits of an MLP fed by the main process (num_workers=0, a
+    # TensorDataset collated sample by sample): the steps wait for their batches 47 % of
+    # the time
+    "lightning_two_fits": ({"add-dataloader-workers"}, {"speed-up-evaluation",
+                                                        "reduce-gradient-accumulation"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -709,6 +733,12 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                                 "add-dataloader-workers"}),
     "lightning_val_fp32": ({"raise-batch-size"}, {"enable-mixed-precision",
                                                   "add-dataloader-workers"}),
+    # evaluation and the turns of a GAN's optimizers are the hook's to see: from outside,
+    # host-bound steps (7w, 7x)
+    "lightning_val_on_train": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    "lightning_combined": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    "lightning_gan": ({"raise-batch-size"}, {"add-dataloader-workers"}),
+    "hf_two_trainers": ({"raise-batch-size"}, {"add-dataloader-workers"}),
 }
 # the time from the last validation to the process's exit (Lightning's teardown) is still
 # the evaluation phase to the hook: nothing marks the end of a job's last phase but its exit
@@ -1254,6 +1284,50 @@ def test_work_every_n_steps_is_told_however_much_the_job_validates():
     # its third long step 14 s after the first step (the first counted once 20 were
     # timed), validations between: told within half a minute, not at the run's end
     assert a["since"] - first_step_end(path)[0] <= 30.0
+
+
+# (record.sh 7w, 7x; 1x H200, 2026-12-05) runs whose clock the eighteenth session's hook
+# changes made right: name -> (micro-batches the report says, whether its evaluation is
+# held to the script's). A GAN's backward() calls are no micro-batches (None: not sent);
+# each run's steps are counted, a second Trainer's or fit's too. hf_two_trainers'
+# evaluation is not held to its clock: the second Trainer's making (its model, its
+# loaders) after the first's last evaluation counts as that evaluation (0.9 s against
+# the callback's 0.27 s; docs/hook.md, "Limits")
+CLOCKED: dict[str, tuple[float | None, bool]] = {
+    "lightning_val_on_train": (1.0, True),
+    "lightning_combined": (1.0, True),
+    "lightning_gan": (None, True),
+    "hf_two_trainers": (2.0, False),
+    "lightning_two_fits": (1.0, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLOCKED))
+def test_the_steps_are_the_scripts_across_optimizers_loaders_and_runs(name):
+    """Each recording's steps, micro-batches, samples and evaluation against the script's
+    own clock (a Lightning Callback, a TrainerCallback), as the H200 recorded them."""
+    t = truth(name)
+    report = advise_json(path_of(name))
+    (job,) = report["jobs"]
+    micro, timed = CLOCKED[name]
+    print(name, job["steps"], job.get("micro_batches"), job["phases"], t)
+    assert job["steps"] == t["steps"]
+    assert job.get("micro_batches") == micro
+    if t["micro_batches"]:  # the Trainer's gradient_accumulation_steps (0: not said)
+        assert micro == t["micro_batches"]
+    recorded = lines(path_of(name))
+    stepped = [d for d in recorded if d.get("kind") in ("step", "steps")]
+    if micro is None:
+        assert not any(d.get("micro_batches") for d in stepped)
+    if "samples" in t and name != "lightning_combined":
+        # each epoch's short last batch counted as a full one (docs/hook.md, samples/s)
+        assert sum(d.get("samples", d.get("batch_size") or 0) for d in stepped) \
+            == pytest.approx(t["samples"], rel=0.01)
+    if timed:
+        assert job["phases"].get("eval", 0.0) == pytest.approx(
+            t["eval_seconds"], rel=EVAL_TOLERANCE, abs=0.3)
+    else:
+        assert t["eval_seconds"] <= job["phases"]["eval"] <= t["eval_seconds"] + 1.0
 
 
 def test_a_loader_built_each_epoch_after_each_validation_starts_an_epoch():
