@@ -199,8 +199,11 @@ class ReferenceCtx:
     def knob(self, name: str, old: Any, new: Any) -> Any:
         framework = self.frame.config_value(self.subj, "framework")
         sampler = self.frame.config_value(self.subj, "batch_sampler")
+        args = self.frame.config_value(self.subj, "fw_args")
         return knob_text(name, framework if isinstance(framework, str) else None, old, new,
                          sampler if name == "batch_size" and isinstance(sampler, str)
+                         else None,
+                         args if framework == "transformers" and isinstance(args, str)
                          else None)
 
     def last(self, name: str) -> Any:

@@ -322,6 +322,68 @@ def test_lightning_training_on_two_loaders_at_once_is_training(tmp_path: Path) -
                                                      rel=EVAL_TOLERANCE, abs=0.3)
 
 
+def test_the_scripts_own_trainer_subclass_is_the_trainer(tmp_path: Path) -> None:
+    """A Trainer subclass of the script's own (a compute_loss of its own: class weights, a
+    custom loss), gradient_accumulation_steps=2: the framework is the Trainer, its settings
+    read from its TrainingArguments. Before, the hook took only a Trainer whose class was
+    transformers' own: a subclass defined anywhere else read as Accelerate (which the
+    Trainer runs underneath), with Accelerate's accumulation (1) and its knobs' words."""
+    rec, truth = record(tmp_path, "hf_trainer", "--subclass", "--steps", "8", "--accum", "2",
+                        "--eval-every", "100", "--eval-samples", "8")
+    steps, _ = steps_and_samples(rec)
+    assert steps == truth["steps"] == 8
+    cfg = last_config(rec)
+    assert cfg["framework"] == "transformers" and cfg["fw_args"] == "TrainingArguments"
+    assert cfg["fw_grad_accum"] == 2 and cfg["fw_batch_size"] == 8
+
+
+def test_trls_sft_trainer_is_told_in_its_configs_words(tmp_path: Path) -> None:
+    """TRL's SFTTrainer (a Trainer subclass; SFTConfig, a TrainingArguments subclass, with
+    its own defaults: gradient checkpointing on) at micro-batch 8 with 2 accumulation
+    steps, evaluating every 10 steps at eval batch 2: its steps, micro-batches and
+    evaluations as its callback counts them, its settings read, and the advice written
+    with SFTConfig(...), the class the script builds, and the micro-batch the loader's 8
+    (the Trainer's last step reads one batch fewer: Accelerate read it ahead)."""
+    rec, truth = record(tmp_path, "trl_sft", "--trainer", "sft", "--steps", "40",
+                        "--eval-every", "10", "--eval-samples", "256", "--eval-batch", "2",
+                        "--accum", "2")
+    steps, samples = steps_and_samples(rec)
+    assert steps == truth["steps"] == 40 and samples == 40 * 2 * 8
+    assert {s["micro_batches"] for s in lines(rec, "step")} == {2}
+    cfg = last_config(rec)
+    assert cfg["framework"] == "transformers" and cfg["fw_args"] == "SFTConfig"
+    assert cfg["fw_grad_accum"] == 2 and cfg["fw_batch_size"] == 8
+    assert cfg["fw_grad_ckpt"] is True  # SFTConfig's default
+    report = advise(rec)
+    (job,) = report["jobs"]
+    print(f"hook: {job['phases']}, the callback's evaluations: {truth['eval_seconds']:.2f} s")
+    assert job["framework"] == "transformers" and job["micro_batches"] == 2
+    assert job["phases"]["eval"] == pytest.approx(truth["eval_seconds"],
+                                                  rel=EVAL_TOLERANCE, abs=0.3)
+    (a,) = [a for a in report["advice"] if a["id"] == "speed-up-evaluation"]
+    assert a["evidence"]["micro_batch_size"] == 8
+    assert "SFTConfig(per_device_eval_batch_size=2 → " in a["action"], a["action"]
+    assert "TrainingArguments" not in a["action"]
+
+
+def test_trls_grpo_trainer_generating_in_its_steps_is_training(tmp_path: Path) -> None:
+    """TRL's GRPOTrainer: each step generates completions with the policy itself
+    (generate() under no_grad inside the training step, most of the step's time), scores
+    them and trains on them. The steps are counted as its callback counts them, and the
+    generation is the steps' work: no evaluation and no inference."""
+    rec, truth = record(tmp_path, "trl_sft", "--trainer", "grpo", "--steps", "12")
+    steps, _ = steps_and_samples(rec)
+    assert steps == truth["steps"] == 12
+    assert truth["generate_calls"] == 12
+    phase = lines(rec, "phase")[-1]
+    print(f"hook: {phase['seconds']}; generate() {truth['generate_seconds']:.2f} s")
+    assert set(phase["seconds"]) == {"startup", "train"}
+    assert phase["generate_calls"] == 0 and phase["inference_batches"] == 0
+    assert phase["seconds"]["train"] >= truth["generate_seconds"]
+    cfg = last_config(rec)
+    assert cfg["framework"] == "transformers" and cfg["fw_args"] == "GRPOConfig"
+
+
 def test_a_second_trainer_in_the_same_process_is_counted(tmp_path: Path) -> None:
     """Two models trained one after the other, each by a Trainer of its own (the second
     at twice the batch), the first Trainer (and its optimizer) kept: every step of both,
@@ -820,6 +882,27 @@ def test_a_frameworks_own_batch_sampler_is_not_the_jobs() -> None:
         "DataLoader(batch_size=16 → 32)"
     assert knob("batch_size", "transformers", 8, 16, "Chunks").startswith(
         "TrainingArguments(per_device_train_batch_size=8 → 16)")
+
+
+def test_the_trainers_knobs_name_the_arguments_class_the_script_builds() -> None:
+    """The Hugging Face Trainer's knobs in the class of its arguments (fw_args): TRL's
+    SFTConfig, GRPOConfig; TrainingArguments itself, or nothing said (a recording made
+    before the hook sent it), as before; Seq2SeqTrainingArguments' own knob unchanged."""
+    from gpuwatch.advisor.knobs import knob
+
+    assert knob("batch_size", "transformers", 8, 16, None, "SFTConfig") == \
+        "SFTConfig(per_device_train_batch_size=8 → 16) (in torch: DataLoader(batch_size=16))"
+    assert knob("grad_accum", "transformers", 4, 1, None, "GRPOConfig").startswith(
+        "GRPOConfig(gradient_accumulation_steps=4 → 1)")
+    for same in (None, "TrainingArguments", "not a name()"):
+        assert knob("eval_every", "transformers", 10, 40, None, same).startswith(
+            "TrainingArguments(eval_steps=10 → 40)")
+    assert knob("eval_generate", "transformers", True, False, None,
+                "Seq2SeqTrainingArguments").startswith(
+        "Seq2SeqTrainingArguments(predict_with_generate=True → False)")
+    # another framework's knobs are its own
+    assert knob("batch_size", "lightning", 8, 16, None, "SFTConfig").startswith(
+        "the training DataLoader(batch_size=8 → 16)")
 
 
 def test_fabric_from_the_standalone_package_is_fabric() -> None:

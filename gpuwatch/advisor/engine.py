@@ -104,8 +104,11 @@ class _Ctx:
         framework = self.frame.config_value(self.subj, "framework")
         sampler = self.frame.config_value(self.subj, "batch_sampler") \
             if name == "batch_size" else None
+        args = self.frame.config_value(self.subj, "fw_args") \
+            if framework == "transformers" else None
         return knob_text(name, framework if isinstance(framework, str) else None, old, new,
-                         sampler if isinstance(sampler, str) else None)
+                         sampler if isinstance(sampler, str) else None,
+                         args if isinstance(args, str) else None)
 
     def last(self, name: str) -> Any:
         if self.locals and name in self.locals:

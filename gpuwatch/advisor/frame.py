@@ -1541,7 +1541,17 @@ class Frame:
             job.push(idx, "micro_batches", micro, acc.n["micro_batches"])
             bs = acc.last.get("batch_size")
             if bs and micro:
-                job.push(idx, "micro_batch_size", bs / micro)
+                # each micro-batch one batch of the training DataLoader: its batch_size, as
+                # the hook read it (Accelerate's loaders, the Trainer's too, read one batch
+                # ahead, so the run's first step holds one more and its last one fewer: a
+                # Trainer's last step of 2 micro-batches of 8 said 4); otherwise (a batch
+                # split into chunks for its backward() calls) the step's samples a call
+                loader = self.config_value(subj, "batch_size")
+                if isinstance(loader, (int, float)) and loader > 0 \
+                        and loader * (micro - 1) <= bs <= loader * (micro + 1):
+                    job.push(idx, "micro_batch_size", float(loader))
+                else:
+                    job.push(idx, "micro_batch_size", bs / micro)
         self._batch_room(idx, subj, acc)
         if "loss" in acc.n:
             job.push(idx, "loss", acc.mean("loss"))

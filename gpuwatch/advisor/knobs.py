@@ -11,6 +11,7 @@ torch form beside it; for a plain loop, the torch form alone. The framework is t
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 TORCH = "torch"
@@ -305,8 +306,13 @@ def _fill(template: str, old: Any, new: Any) -> str:
     return template.format(change=change, old=_text(old), new=_text(new))
 
 
+# the Trainer's arguments class in its knobs' forms, whole word (not inside
+# Seq2SeqTrainingArguments)
+_ARGS = re.compile(r"(?<![A-Za-z0-9_])TrainingArguments\(")
+
+
 def knob(name: str, framework: str | None, old: Any, new: Any,
-         batch_sampler: str | None = None) -> str | None:
+         batch_sampler: str | None = None, args_class: str | None = None) -> str | None:
     """The change of ``name`` from ``old`` to ``new``, as the user of ``framework`` writes it;
     None for a knob this table does not know (a rule file's typo is caught at load).
 
@@ -314,7 +320,11 @@ def knob(name: str, framework: str | None, old: Any, new: Any,
     the batches (the DataLoader's own batch_size is None): the batch size is that sampler's
     to change. Not under the Hugging Face Trainer, which builds its loaders from
     ``per_device_train_batch_size``, nor for a framework's own wrapper (Accelerate's
-    ``BatchSamplerShard``, which an older hook reported) around the loader's batch size."""
+    ``BatchSamplerShard``, which an older hook reported) around the loader's batch size.
+
+    ``args_class``: the class of the Hugging Face Trainer's arguments, where the job's is a
+    subclass of ``TrainingArguments`` (TRL's ``SFTConfig``, ``GRPOConfig``...): the
+    Trainer's forms name it instead."""
     forms = KNOBS.get(name)
     if forms is None or new is None:
         return None
@@ -337,6 +347,9 @@ def knob(name: str, framework: str | None, old: Any, new: Any,
     own = forms.get(framework) if framework in FRAMEWORKS else None
     if own == "":
         return None
+    if own is not None and framework == "transformers" and args_class \
+            and args_class != "TrainingArguments" and args_class.isidentifier():
+        own = _ARGS.sub(f"{args_class}(", own)
     if own is None:
         return torch_form
     return f"{_fill(own, old, new)} (in torch: {_fill(forms[TORCH], None, new)})"

@@ -194,8 +194,10 @@ def _defs() -> dict[str, SignalDef]:
          "the fit)"), True),
         ("micro_batches", "job", "count", "mean", ("backward() calls per optimizer step: the "
          "gradient accumulation the job runs (1: none)"), False),
-        ("micro_batch_size", "job", "samples", "last", ("samples per backward(): batch_size / "
-         "micro_batches (the DataLoader's batch with gradient accumulation)"), True),
+        ("micro_batch_size", "job", "samples", "last", ("samples per backward(): the "
+         "training DataLoader's batch_size where each micro-batch is one of its batches "
+         "(the steps' batch_size within one batch of micro_batches of them: Accelerate's "
+         "loaders read one ahead), else batch_size / micro_batches"), True),
         ("batch_room", "job", "times", "last", ("how many times the micro-batch fits in memory "
          "now (1 + mem_headroom_bytes / the micro-batch's activations): the one measure of "
          "room that batch advice reads"), True),
@@ -323,6 +325,9 @@ def _defs() -> dict[str, SignalDef]:
          "Trainer), 'lightning', 'accelerate', 'fabric' (Lightning Fabric), "
          "'transformers.pipeline' (a Hugging Face pipeline()), 'sentence_transformers' (its "
          "encode()); absent for a plain loop"), False),
+        ("fw_args", "config", "text", "last", ("the class of the Hugging Face Trainer's "
+         "arguments (TrainingArguments, or a subclass: TRL's SFTConfig...), which its knobs "
+         "name"), False),
         ("fw_batch_size", "config", "samples", "last", ("the framework's per-device train "
          "batch (per_device_train_batch_size)"), False),
         ("fw_grad_accum", "config", "count", "last", ("the framework's gradient accumulation "

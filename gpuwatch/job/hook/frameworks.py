@@ -129,7 +129,10 @@ def detect(frame: Any) -> tuple[str, Any] | None:
                         and frame.f_code.co_name in ("encode", "predict", "rank") \
                         and any(_is(obj, ("sentence_transformers",), c) for c in _ST_CLASSES):
                     found = (SENTENCE_TRANSFORMERS, obj)
-                if mod.startswith("transformers") and _is(obj, ("transformers",), "Trainer"):
+                # the Trainer's own loop runs the training of its subclasses too: TRL's
+                # (SFTTrainer, DPOTrainer, GRPOTrainer) and the scripts' own (a
+                # compute_loss of theirs), whose modules are not transformers'
+                if "transformers" in code_file and _is(obj, ("transformers",), "Trainer"):
                     return TRANSFORMERS, obj
                 if mod.startswith("transformers.pipelines") and found is None:
                     pipe = _pipeline(obj)
@@ -166,6 +169,9 @@ def _version(*modules: str) -> Any:
 def _transformers(cfg: dict[str, Any], trainer: Any, problems: Problems) -> None:
     args = trainer.args
     read(cfg, "framework_version", _version("transformers"), problems)
+    # the arguments' class, which the knobs are written with: TrainingArguments, or a
+    # subclass of it (TRL's SFTConfig, Seq2SeqTrainingArguments)
+    read(cfg, "fw_args", lambda: type(args).__name__, problems)
     read(cfg, "fw_batch_size", lambda: args.per_device_train_batch_size, problems)
     read(cfg, "fw_grad_accum", lambda: args.gradient_accumulation_steps, problems)
     read(cfg, "fw_precision", lambda: "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",

@@ -60,6 +60,9 @@ p.add_argument("--runs", type=int, default=1,
                     "(from 0) at k + 1 times --batch")
 p.add_argument("--fp16-first", action="store_true",
                help="with --runs: the first run in fp16 (a GradScaler), the others as --bf16 says")
+p.add_argument("--subclass", action="store_true",
+               help="the script's own Trainer subclass (a compute_loss of its own, as "
+                    "class-weighted or custom losses are written)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -131,10 +134,22 @@ def make_args(fp16: bool = False, batch: int = a.batch) -> TrainingArguments:
         torch_empty_cache_steps=a.empty_cache_steps)
 
 
+class WeightedTrainer(Trainer):
+    """The script's own Trainer: its loss computed here (the Trainer's loop runs it)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        loss = torch.nn.functional.cross_entropy(outputs.logits, labels,
+                                                 weight=torch.tensor([1.0, 2.0],
+                                                                     device=labels.device))
+        return (loss, outputs) if return_outputs else loss
+
+
 trainers, steps = [], 0
 for run in range(a.runs):
     batch = a.batch * (run + 1)
-    trainer = Trainer(model=BertForSequenceClassification(config),
+    trainer = (WeightedTrainer if a.subclass else Trainer)(model=BertForSequenceClassification(config),
                       args=make_args(fp16=a.fp16_first and run == 0, batch=batch),
                       train_dataset=Tokens(a.train_samples or a.steps * batch * a.accum),
                       eval_dataset=Tokens(a.eval_samples),
