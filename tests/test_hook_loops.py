@@ -1418,6 +1418,8 @@ def test_training_without_a_scaler_after_training_with_one_is_counted(
         scaler.update()
     assert attached.n == 4 and attached.scaler_mode
     assert attached._config()["grad_scaler"] and attached._scale_tensor() is not None
+    attached._resolve(False)
+    assert attached.loss_scale == scaler.get_scale()
     opt = torch.optim.SGD([w], lr=0.1)
     for _ in range(5):
         (w * 2).sum().backward()
@@ -1427,6 +1429,8 @@ def test_training_without_a_scaler_after_training_with_one_is_counted(
     # so, and its scale is no loss scale of the steps
     assert scaler.is_enabled() and not attached._config()["grad_scaler"]
     assert attached._scale_tensor() is None
+    attached._resolve(False)
+    assert attached.loss_scale is None  # no loss scale is sent (the H200's said 65536)
     scaler = torch.amp.GradScaler("cpu")
     for _ in range(3):
         scaler.scale((w * 2).sum()).backward()

@@ -1095,7 +1095,9 @@ class _Hook:
                 if loss_rec is not None:
                     loss_rec[7] = values.pop()
                 if with_scale:
-                    self.loss_scale = float(values.pop())
+                    scale_read = values.pop()
+                    if self.scaler is not None:  # (none: it scales no more, _scaler_gone)
+                        self.loss_scale = float(scale_read)
                 i = 0
                 for rec in recs:
                     k = len(rec[5].tensors)
@@ -1641,6 +1643,7 @@ def _scaler_gone(h: _Hook, optimizer: Any) -> bool:
     # first run's, 65536 on the H200 with fp16 then bf16) is no longer read as the loss
     # scale; its next update() takes it up again
     h.scaler = None
+    h.loss_scale = None
     h.primary = weakref.ref(optimizer)
     h.other_opt = None
     _end_noted(h, seen)

@@ -734,3 +734,13 @@ want hf_fp16_then_bf16 && rec hf_fp16_then_bf16 150 python3 hf_trainer.py $bert 
 #     two Lightning fits one after the other, each by a Trainer of its own, the first kept
 want lightning_two_fits && rec lightning_two_fits 150 python3 lightning_two_fits.py \
   --batch 256 --samples 512000 --epochs 2
+# 7y. (2026-12-05, nineteenth session) TRL's trainers (Trainer subclasses; trl and datasets
+#     travel as wheels where the image lacks them): SFTTrainer on a GPT-2 (12 layers, 768
+#     wide, from its config) at micro-batch 8 with 2 accumulation steps in bf16, with
+#     SFTConfig's own defaults (gradient checkpointing on), evaluating every 100 steps;
+#     GRPOTrainer generating 8 completions of 64 tokens per prompt at each step
+want trl_sft && rec trl_sft 150 python3 trl_sft.py --trainer sft --hidden 768 --layers 12 \
+  --seq 512 --batch 8 --accum 2 --bf16 --eval-every 100 --eval-samples 512 --eval-batch 8 \
+  --steps 400 --seconds 40
+want trl_grpo && rec trl_grpo 150 python3 trl_sft.py --trainer grpo --hidden 768 --layers 12 \
+  --batch 16 --generations 8 --new-tokens 64 --bf16 --steps 400 --seconds 40

@@ -60,7 +60,7 @@ tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_toke
                               eos_token="<eos>", bos_token="<eos>")
 tok.padding_side = "left"
 model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_embd=a.hidden, n_layer=a.layers,
-                                   n_head=2, n_positions=256, bos_token_id=2,
+                                   n_head=2, n_positions=max(256, a.seq + 1), bos_token_id=2,
                                    eos_token_id=2, pad_token_id=0))
 Clock = trainer_clock(truth, a.seconds)
 common = dict(output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"trl-{os.getpid()}"),
