@@ -370,18 +370,30 @@ def test_trls_grpo_trainer_generating_in_its_steps_is_training(tmp_path: Path) -
     """TRL's GRPOTrainer: each step generates completions with the policy itself
     (generate() under no_grad inside the training step, most of the step's time), scores
     them and trains on them. The steps are counted as its callback counts them, and the
-    generation is the steps' work: no evaluation and no inference."""
-    rec, truth = record(tmp_path, "trl_sft", "--trainer", "grpo", "--steps", "12")
+    generation is the steps' work: no evaluation and no inference; its calls and seconds
+    are timed (all but the first step's, which comes before any backward(): then it could
+    still be an inference process), and the advice is to generate faster, in GRPOConfig's
+    words (vLLM)."""
+    rec, truth = record(tmp_path, "trl_sft", "--trainer", "grpo", "--steps", "60")
     steps, _ = steps_and_samples(rec)
-    assert steps == truth["steps"] == 12
-    assert truth["generate_calls"] == 12
+    assert steps == truth["steps"] == 60
+    assert truth["generate_calls"] == 60
     phase = lines(rec, "phase")[-1]
-    print(f"hook: {phase['seconds']}; generate() {truth['generate_seconds']:.2f} s")
+    print(f"hook: {phase['seconds']}, {phase.get('calls')}, {phase.get('call_seconds')}; "
+          f"the script's generate() {truth['generate_seconds']:.2f} s")
     assert set(phase["seconds"]) == {"startup", "train"}
     assert phase["generate_calls"] == 0 and phase["inference_batches"] == 0
-    assert phase["seconds"]["train"] >= truth["generate_seconds"]
+    assert phase["seconds"]["train"] >= truth["generate_seconds"] * 0.9
+    assert phase["calls"]["train_generate"] == 59
+    assert phase["call_seconds"]["train_generate"] == pytest.approx(
+        truth["generate_seconds"] * 59 / 60, rel=0.15)
     cfg = last_config(rec)
     assert cfg["framework"] == "transformers" and cfg["fw_args"] == "GRPOConfig"
+    report = advise(rec)
+    (a,) = [a for a in report["advice"] if a["id"] == "speed-up-generation-in-training"]
+    assert a["evidence"]["train_generate_calls"] >= 10
+    assert a["action"].startswith(
+        'Generate faster: GRPOConfig(use_vllm=True, vllm_mode="colocate")'), a["action"]
 
 
 def test_a_second_trainer_in_the_same_process_is_counted(tmp_path: Path) -> None:

@@ -1307,7 +1307,7 @@ class Frame:
             tab.push(idx, "checkpoint_time_ratio", sec.get("checkpoint", 0.0) / since_first)
         info = subj.phase_info
         tab.push(idx, "compiles", info.get("compiles"))
-        if "gc_collect_calls" in info or "empty_cache_calls" in info:
+        if any(f"{name}_calls" in info for name in CLEANUPS):
             for name in CLEANUPS:  # each: NAME_calls, NAME_seconds
                 tab.push(idx, f"{name}_calls", info.get(f"{name}_calls", 0))
                 tab.push(idx, f"{name}_seconds", info.get(f"{name}_seconds", 0.0))

@@ -349,6 +349,7 @@ _LABELS = {
     "anomaly_detection": "anomaly detection", "launch_blocking": "CUDA_LAUNCH_BLOCKING=1",
     "no_alloc_cache": "PYTORCH_NO_CUDA_MEMORY_CACHING=1",
     "gc_collect_calls": "gc.collect() calls", "gc_collect_seconds": "in gc.collect()",
+    "train_generate_calls": "generate() calls", "train_generate_seconds": "in generate()",
     "empty_cache_calls": "empty_cache() calls", "empty_cache_seconds": "in empty_cache()",
     "dist_debug_detail": "TORCH_DISTRIBUTED_DEBUG=DETAIL",
     "fw_debug_overflow": 'debug="underflow_overflow"',

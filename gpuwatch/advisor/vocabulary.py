@@ -243,6 +243,11 @@ def _defs() -> dict[str, SignalDef]:
         ("empty_cache_seconds", "phase", "seconds", "last", ("seconds spent inside those "
          "empty_cache() calls, so far (what the next step's allocations pay again is not in "
          "it)"), True),
+        ("train_generate_calls", "phase", "count", "last", ("Hugging Face generate() calls "
+         "inside the training steps so far (an RL fine-tuning loop's rollouts: TRL's "
+         "GRPOTrainer; absent as gc_collect_calls is)"), True),
+        ("train_generate_seconds", "phase", "seconds", "last", ("seconds spent inside those "
+         "generate() calls, so far"), True),
         ("checkpoints", "phase", "count", "last", ("checkpoint saves during training so far "
          "(torch.save, the framework's own save method; a save within a save counts once)"),
          True),

@@ -43,8 +43,8 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
   report, at most :data:`MAX_PROBLEMS`); ``hook_state`` is ``off`` once it stopped
   measuring after too many errors of its own.
 - ``calls`` and ``call_seconds`` (absent until one was made): how often the job called
-  ``gc.collect()`` and ``torch.cuda.empty_cache()`` while it trained (:data:`CLEANUPS`),
-  and the seconds spent inside them; cumulative.
+  ``gc.collect()``, ``torch.cuda.empty_cache()`` and Hugging Face's ``generate()`` while it
+  trained (:data:`CLEANUPS`), and the seconds spent inside them; cumulative.
 - Readers ignore unknown fields, so fields can be added within version 1; anything else
   is a new version, which a version-1 receiver drops (and counts) as ``version``.
 """
@@ -584,8 +584,10 @@ def decode(data: bytes) -> Report:
     )
 
 
-# the cleanups a hook times (its _wrap_cleanup); other names are ignored, as unknown fields
-CLEANUPS = ("gc_collect", "empty_cache")
+# the calls a hook counts and times while the job trains (its _wrap_cleanup, and
+# generate() inside a training step: _wrap_generate); other names are ignored, as
+# unknown fields
+CLEANUPS = ("gc_collect", "empty_cache", "train_generate")
 
 
 def _cleanups(values: dict[str, Any]) -> dict[str, Any]:

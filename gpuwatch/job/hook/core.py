@@ -180,7 +180,7 @@ class _Hook:
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
-                 "compiles", "saving", "saves", "cleanups", "framework", "framework_patched", "problems",
+                 "compiles", "saving", "saves", "cleanups", "generating", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
                  "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
                  "last_config", "last_config_time", "last_status", "dropped", "errors",
@@ -360,6 +360,7 @@ class _Hook:
         # gc.collect() and torch.cuda.empty_cache() called while training: {name: [calls,
         # seconds inside]} (_wrap_cleanup); reported once one was
         self.cleanups: dict[str, list[float]] = {}
+        self.generating = 0  # generate() calls in progress inside training (nested: 2)
         self.framework = Framework()
         self.framework_patched = False
         self.problems = facts.Problems()
@@ -2622,6 +2623,25 @@ def _wrap_generate(orig: Callable[..., Any]) -> Callable[..., Any]:
             except Exception:
                 h.fault()
             return out
+        if h is not None and h.phase is TRAIN and not h.off:
+            # inside a training step: an RL fine-tuning loop's rollouts (TRL's GRPO,
+            # RLOO, online DPO; a PPO loop of its own), the steps' own work, timed as the
+            # cleanups are (a generate() within one, assisted decoding's, counts once)
+            t0 = _perf()
+            h.generating += 1
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                h.generating -= 1
+                if not h.generating:
+                    try:
+                        got = h.cleanups.get("train_generate")
+                        if got is None:
+                            got = h.cleanups["train_generate"] = [0, 0.0]
+                        got[0] += 1
+                        got[1] += _perf() - t0
+                    except Exception:
+                        h.fault()
         return orig(self, *args, **kwargs)
     generate._gpuwatch = True  # type: ignore[attr-defined]
     return generate
