@@ -659,11 +659,17 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                                   "raise-batch-size"}),
     "hf_fp16_then_bf16": ({"raise-batch-size"}, {"speed-up-evaluation",
                                                  "reduce-gradient-accumulation"}),
-    # (record.sh 7y) TRL's GRPOTrainer: generation inside each step (78 % of the time by
-    # the script's clock) is the steps' work, no inference and no evaluation; the batch,
-    # and GRPOConfig's gradient checkpointing (on by default) with 1 % of memory held
-    "trl_grpo": ({"raise-batch-size", "disable-gradient-checkpointing"},
+    # (record.sh 7y) TRL's GRPOTrainer: generation inside each step (76 % of the time by
+    # the script's clock) is the steps' work, no inference and no evaluation: generate
+    # faster (vLLM), the batch, and GRPOConfig's gradient checkpointing (on by default)
+    # with 1 % of memory held; SFTTrainer at micro-batch 8 with 2 accumulation steps:
+    # fewer, larger micro-batches, and SFTConfig's gradient checkpointing likewise
+    "trl_grpo": ({"speed-up-generation-in-training", "raise-batch-size",
+                  "disable-gradient-checkpointing"},
                  {"speed-up-evaluation", "enable-gradient-checkpointing"} | INFERENCE_RULES),
+    "trl_sft": ({"reduce-gradient-accumulation", "disable-gradient-checkpointing"},
+                {"speed-up-evaluation", "enable-gradient-checkpointing",
+                 "speed-up-generation-in-training", "raise-batch-size"}),
 }
 # what only a hung job gets: no other recording may
 HANG_RULES = {"gpu-spinning", "training-stalled"}
@@ -1318,6 +1324,7 @@ CLOCKED: dict[str, tuple[float | None, bool]] = {
     "plain_train_acc": (1.0, True),
     "hf_fp16_then_bf16": (1.0, False),
     "trl_grpo": (1.0, True),
+    "trl_sft": (2.0, True),
 }
 
 
@@ -1383,9 +1390,13 @@ def test_a_bf16_run_after_an_fp16_one_says_no_grad_scaler():
     assert job["steps"] == truth(name)["steps"] == 600
 
 
-def test_grpo_is_told_in_grpo_configs_words():
-    """TRL's GRPOTrainer on the H200 (record.sh 7y): its knobs are GRPOConfig's, the class
-    the script built; its steps the callback's, its generation no inference."""
+def test_trl_is_told_in_its_configs_words():
+    """TRL's GRPOTrainer and SFTTrainer on the H200 (record.sh 7y): their knobs are
+    GRPOConfig's and SFTConfig's, the classes the scripts built; GRPO's steps are the
+    callback's, its generation no inference but the steps' own time, told with its share
+    (the script timed 30 calls, 30.5 s of generate() in 40 s; the hook all but the first
+    step's, 29 calls and 28.8 s, and its advice 23 of them in the last 30 s of training,
+    76 % of that time)."""
     name = "trl_grpo"
     t = truth(name)
     report = advise_json(path_of(name))
@@ -1396,6 +1407,21 @@ def test_grpo_is_told_in_grpo_configs_words():
     assert "GRPOConfig(per_device_train_batch_size=16 → " in action(report, "raise-batch-size")
     assert action(report, "disable-gradient-checkpointing").startswith(
         "Turn it off: GRPOConfig(gradient_checkpointing=False)")
+    # the hook's totals: every call but the first step's (before any backward())
+    final = [d for d in lines(path_of(name)) if d.get("kind") == "phase"][-1]
+    assert final["calls"]["train_generate"] == t["generate_calls"] - 1
+    assert final["call_seconds"]["train_generate"] == pytest.approx(
+        t["generate_seconds"] * (t["generate_calls"] - 1) / t["generate_calls"], rel=0.1)
+    (gen,) = [a for a in report["advice"] if a["id"] == "speed-up-generation-in-training"]
+    assert gen["evidence"]["train_generate_seconds"] / gen["evidence"]["train_seconds"] >= 0.7
+    assert gen["action"].startswith(
+        'Generate faster: GRPOConfig(use_vllm=True, vllm_mode="colocate")')
+    report = advise_json(path_of("trl_sft"))
+    text = action(report, "reduce-gradient-accumulation")
+    assert "SFTConfig(per_device_train_batch_size=8 → 16)" in text
+    assert "SFTConfig(gradient_accumulation_steps=2 → 1)" in text
+    assert action(report, "disable-gradient-checkpointing").startswith(
+        "Turn it off: SFTConfig(gradient_checkpointing=False)")
 
 
 def test_a_loader_built_each_epoch_after_each_validation_starts_an_epoch():
