@@ -1390,7 +1390,7 @@ def test_a_bf16_run_after_an_fp16_one_says_no_grad_scaler():
     assert job["steps"] == truth(name)["steps"] == 600
 
 
-def test_trl_is_told_in_its_configs_words():
+def test_trl_is_told_in_its_configs_words(tmp_path):
     """TRL's GRPOTrainer and SFTTrainer on the H200 (record.sh 7y): their knobs are
     GRPOConfig's and SFTConfig's, the classes the scripts built; GRPO's steps are the
     callback's, its generation no inference but the steps' own time, told with its share
@@ -1416,6 +1416,14 @@ def test_trl_is_told_in_its_configs_words():
     assert gen["evidence"]["train_generate_seconds"] / gen["evidence"]["train_seconds"] >= 0.7
     assert gen["action"].startswith(
         'Generate faster: GRPOConfig(use_vllm=True, vllm_mode="colocate")')
+    # the same rollouts from a loop of its own (no TRL config): no TRL switch is named
+    plain = write(tmp_path / "own_loop.jsonl", transform(
+        lines(path_of(name)),
+        lambda d: {**d, "fw_args": "TrainingArguments"} if "fw_args" in d else d))
+    (own,) = [a for a in advise_json(plain)["advice"]
+              if a["id"] == "speed-up-generation-in-training"]
+    assert own["action"].startswith("Generate faster: a serving engine for the rollouts")
+    assert "use_vllm" not in own["action"]
     report = advise_json(path_of("trl_sft"))
     text = action(report, "reduce-gradient-accumulation")
     assert "SFTConfig(per_device_train_batch_size=8 → 16)" in text

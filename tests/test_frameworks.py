@@ -280,7 +280,8 @@ def test_a_slow_teardown_after_the_last_line_is_no_phase_of_the_job(
     last line's, not the process's. Before, the last phase ran on through the teardown
     (62 % evaluation on the H200 where the loop's clock said 43 %). With the loop in a
     thread the main thread leaves running, the report waits for that thread (and, as
-    before, for the teardown: docs/hook.md, "Limits"): every step is counted."""
+    before, for the teardown: docs/hook.md, "Limits"): every step is counted (a report at
+    the main thread's end would have left out the thread's later steps)."""
     args = ["--loop", "plain", "--samples", "512", "--test-samples", "128", "--batch", "64",
             "--seconds", "2", "--exit-seconds", "3"]
     rec, truth = record(tmp_path, "shared_loaders", *args,
@@ -297,7 +298,6 @@ def test_a_slow_teardown_after_the_last_line_is_no_phase_of_the_job(
         return
     assert phase["seconds"]["eval"] == pytest.approx(truth["eval_seconds"],
                                                      rel=EVAL_TOLERANCE, abs=0.3)
-    assert phase["seconds"]["train"] < truth["wall_seconds"]
 
 
 def test_lightning_training_on_two_loaders_at_once_is_training(tmp_path: Path) -> None:

@@ -259,6 +259,11 @@ class Subject:
         self.calibration_skips = 0
 
 
+# frameworks whose gradient accumulation takes each micro-batch from the training
+# DataLoader (Frame._micro_size)
+_ACCUMULATING = ("transformers", "accelerate", "lightning")
+
+
 class Frame:
     """Bucketed history of every subject, fed samples in time order.
 
@@ -1541,17 +1546,7 @@ class Frame:
             job.push(idx, "micro_batches", micro, acc.n["micro_batches"])
             bs = acc.last.get("batch_size")
             if bs and micro:
-                # each micro-batch one batch of the training DataLoader: its batch_size, as
-                # the hook read it (Accelerate's loaders, the Trainer's too, read one batch
-                # ahead, so the run's first step holds one more and its last one fewer: a
-                # Trainer's last step of 2 micro-batches of 8 said 4); otherwise (a batch
-                # split into chunks for its backward() calls) the step's samples a call
-                loader = self.config_value(subj, "batch_size")
-                if isinstance(loader, (int, float)) and loader > 0 \
-                        and loader * (micro - 1) <= bs <= loader * (micro + 1):
-                    job.push(idx, "micro_batch_size", float(loader))
-                else:
-                    job.push(idx, "micro_batch_size", bs / micro)
+                job.push(idx, "micro_batch_size", self._micro_size(subj, bs, micro))
         self._batch_room(idx, subj, acc)
         if "loss" in acc.n:
             job.push(idx, "loss", acc.mean("loss"))
@@ -1578,6 +1573,23 @@ class Frame:
             job.push(idx, "mem_reserved_ratio", reserved / total)
         acc.clear()
 
+    def _micro_size(self, subj: Subject, bs: float, micro: float) -> float:
+        """Samples per backward() of a step of ``bs`` samples in ``micro`` micro-batches.
+
+        Under a framework that accumulates (the Trainer, Accelerate, Lightning), each
+        micro-batch is one batch of the training DataLoader: its batch_size, as the hook
+        read it, where the step holds within one loader batch of that many (their loaders
+        read one batch ahead, so a run's first step holds one more and its last one
+        fewer: a Trainer's last step of 2 micro-batches of 8 read 4). Otherwise the step's
+        samples a call (a loop that splits a batch into chunks for its backward() calls;
+        two loaders read side by side for each backward(): Lightning's CombinedLoader)."""
+        if micro >= 1.5 and self.config_value(subj, "framework") in _ACCUMULATING:
+            loader = self.config_value(subj, "batch_size")
+            if isinstance(loader, (int, float)) and loader > 0 \
+                    and loader * (micro - 1) <= bs <= loader * (micro + 1):
+                return float(loader)
+        return bs / micro
+
     def _batch_room(self, idx: int, subj: Subject, acc: _Acc) -> None:
         """How many times the micro-batch fits: 1 + the GPU's headroom over what one
         micro-batch's activations take (batch advice's one measure of room)."""
@@ -1586,7 +1598,7 @@ class Frame:
         if subj.gpu is None or not per or not bs:
             return
         micro = acc.mean("micro_batches") if "micro_batches" in acc.n else None
-        mb = bs / micro if micro else bs
+        mb = self._micro_size(subj, bs, micro) if micro else bs
         ring = subj.gpu_table.rings.get("mem_headroom_bytes")
         head = ring.last(idx + 1, 5) if ring is not None else None
         if head is None:

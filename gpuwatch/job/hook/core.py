@@ -180,7 +180,7 @@ class _Hook:
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
-                 "compiles", "saving", "saves", "cleanups", "generating", "framework", "framework_patched", "problems",
+                 "compiles", "saving", "saves", "cleanups", "framework", "framework_patched", "problems",
                  "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
                  "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
                  "last_config", "last_config_time", "last_status", "dropped", "errors",
@@ -360,7 +360,6 @@ class _Hook:
         # gc.collect() and torch.cuda.empty_cache() called while training: {name: [calls,
         # seconds inside]} (_wrap_cleanup); reported once one was
         self.cleanups: dict[str, list[float]] = {}
-        self.generating = 0  # generate() calls in progress inside training (nested: 2)
         self.framework = Framework()
         self.framework_patched = False
         self.problems = facts.Problems()
@@ -958,7 +957,9 @@ class _Hook:
             "t": now, "rank": rank, "local_rank": local_rank, "world_size": world,
             "gpu": gpu, "uuid": uuid, "steps_total": self.n,
             "skipped_total": self.skipped_known + self.skipped_resolved,
-            "window": window, "loss_scale": self.loss_scale, **mem,
+            # (none once no scaler scales: a read in flight when it stopped may have set it)
+            "window": window,
+            "loss_scale": self.loss_scale if self.scaler is not None else None, **mem,
             "config": config if config_due else None,
             "exit_reason": (self.exit_reason or "exited") if final else None,
             "error": self.error, "sender_dropped": dict(self.dropped),
@@ -2599,6 +2600,9 @@ def _wrap_compile(orig: Callable[..., Any]) -> Callable[..., Any]:
     return compile
 
 
+_generating = threading.local()  # generate() calls in progress in this thread, in training
+
+
 def _wrap_generate(orig: Callable[..., Any]) -> Callable[..., Any]:
     """Hugging Face's ``generate()``: inference work (and, in a process that never runs
     backward(), the sign of an inference process), with the number of sequences asked."""
@@ -2626,14 +2630,16 @@ def _wrap_generate(orig: Callable[..., Any]) -> Callable[..., Any]:
         if h is not None and h.phase is TRAIN and not h.off:
             # inside a training step: an RL fine-tuning loop's rollouts (TRL's GRPO,
             # RLOO, online DPO; a PPO loop of its own), the steps' own work, timed as the
-            # cleanups are (a generate() within one, assisted decoding's, counts once)
+            # cleanups are (a generate() within one in the same thread, assisted
+            # decoding's, counts once)
             t0 = _perf()
-            h.generating += 1
+            depth = getattr(_generating, "depth", 0)
+            _generating.depth = depth + 1
             try:
                 return orig(self, *args, **kwargs)
             finally:
-                h.generating -= 1
-                if not h.generating:
+                _generating.depth = depth
+                if not depth:
                     try:
                         got = h.cleanups.get("train_generate")
                         if got is None:
