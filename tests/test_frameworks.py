@@ -374,19 +374,23 @@ def test_trls_grpo_trainer_generating_in_its_steps_is_training(tmp_path: Path) -
     are timed (all but the first step's, which comes before any backward(): then it could
     still be an inference process), and the advice is to generate faster, in GRPOConfig's
     words (vLLM)."""
-    rec, truth = record(tmp_path, "trl_sft", "--trainer", "grpo", "--steps", "60")
+    # 30 s from the script's start (its clock stops the training at a step's end): the
+    # advice holds for 10 s of a 30 s window, and a step may take 0.1 s or 0.5 s here
+    rec, truth = record(tmp_path, "trl_sft", "--trainer", "grpo", "--steps", "1000",
+                        "--seconds", "30")
     steps, _ = steps_and_samples(rec)
-    assert steps == truth["steps"] == 60
-    assert truth["generate_calls"] == 60
+    assert steps == truth["steps"] == truth["generate_calls"] >= 20
     phase = lines(rec, "phase")[-1]
     print(f"hook: {phase['seconds']}, {phase.get('calls')}, {phase.get('call_seconds')}; "
           f"the script's generate() {truth['generate_seconds']:.2f} s")
     assert set(phase["seconds"]) == {"startup", "train"}
     assert phase["generate_calls"] == 0 and phase["inference_batches"] == 0
     assert phase["seconds"]["train"] >= truth["generate_seconds"] * 0.9
-    assert phase["calls"]["train_generate"] == 59
+    # every call but the first step's (the script timed each, the first apart: it may
+    # take much longer than the rest, its kernels' first use)
+    assert phase["calls"]["train_generate"] == steps - 1
     assert phase["call_seconds"]["train_generate"] == pytest.approx(
-        truth["generate_seconds"] * 59 / 60, rel=0.15)
+        truth["generate_seconds"] - truth["generate_first_seconds"], rel=0.1)
     cfg = last_config(rec)
     assert cfg["framework"] == "transformers" and cfg["fw_args"] == "GRPOConfig"
     report = advise(rec)

@@ -9,8 +9,8 @@ tokenizer over _words.py's list), on the CPU or a GPU, ``--trainer``:
   them.
 
 A TrainerCallback counts the steps and times the evaluations (the script's truth, --out);
-for grpo also the generation's seconds (``generate_seconds``, ``generate_calls``), which
-are the steps' own work."""
+for grpo also the generation's seconds (``generate_seconds``, ``generate_calls``; the
+first call's alone, ``generate_first_seconds``), which are the steps' own work."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ if a.trainer == "sft":
 else:
     from trl import GRPOConfig, GRPOTrainer
 
-    calls = {"n": 0, "s": 0.0}
+    calls = {"n": 0, "s": 0.0, "first": 0.0}
     orig = model.generate
 
     def generate(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -91,8 +91,11 @@ else:
         try:
             return orig(*args, **kwargs)
         finally:
+            took = time.perf_counter() - t
+            if not calls["n"]:
+                calls["first"] = took
             calls["n"] += 1
-            calls["s"] += time.perf_counter() - t
+            calls["s"] += took
 
     model.generate = generate
 
@@ -108,6 +111,7 @@ else:
 trainer.train()
 extra = {"batch": a.batch, "micro_batches": a.accum}
 if a.trainer == "grpo":
-    extra.update(generate_calls=calls["n"], generate_seconds=calls["s"])
+    extra.update(generate_calls=calls["n"], generate_seconds=calls["s"],
+                 generate_first_seconds=calls["first"])
 truth.write(**extra)
 print("trained", truth.data["steps"], "steps", file=sys.stderr)
