@@ -1730,16 +1730,22 @@ def _wrap_cleanup(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any
             try:
                 return orig(*args, **kwargs)
             finally:
-                try:
-                    got = h.cleanups.get(name)
-                    if got is None:
-                        got = h.cleanups[name] = [0, 0.0]
-                    got[0] += 1
-                    got[1] += _perf() - t0
-                except Exception:
-                    h.fault()
+                _timed_call(h, name, t0)
         return cleanup
     return factory
+
+
+def _timed_call(h: _Hook, name: str, t0: float) -> None:
+    """One more call of ``name`` made while the job trains, begun at ``t0`` (``calls``,
+    ``call_seconds``: protocol.CLEANUPS)."""
+    try:
+        got = h.cleanups.get(name)
+        if got is None:
+            got = h.cleanups[name] = [0, 0.0]
+        got[0] += 1
+        got[1] += _perf() - t0
+    except Exception:
+        h.fault()
 
 
 def _wrap_next(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -2640,14 +2646,7 @@ def _wrap_generate(orig: Callable[..., Any]) -> Callable[..., Any]:
             finally:
                 _generating.depth = depth
                 if not depth:
-                    try:
-                        got = h.cleanups.get("train_generate")
-                        if got is None:
-                            got = h.cleanups["train_generate"] = [0, 0.0]
-                        got[0] += 1
-                        got[1] += _perf() - t0
-                    except Exception:
-                        h.fault()
+                    _timed_call(h, "train_generate", t0)
         return orig(self, *args, **kwargs)
     generate._gpuwatch = True  # type: ignore[attr-defined]
     return generate
