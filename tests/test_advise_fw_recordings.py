@@ -1432,6 +1432,37 @@ def test_trl_is_told_in_its_configs_words(tmp_path):
         "Turn it off: SFTConfig(gradient_checkpointing=False)")
 
 
+_TRAINING_ARGUMENTS = re.compile(r"(?<![A-Za-z0-9_])TrainingArguments\(")
+
+
+@pytest.mark.parametrize("name, rule", [
+    ("hf_debug_overflow", "disable-debug-modes"),  # a rule's own text, settings.yaml
+    ("hf_compile_tf32", "long-compile"),  # phases.yaml
+    ("hf_train_predict", "speed-up-evaluation"),
+    ("hf_lora_gc", "disable-gradient-checkpointing"),  # a knob()
+])
+def test_every_word_about_the_arguments_names_the_jobs_own_class(tmp_path, name, rule):
+    """Where the Trainer's arguments are a subclass (TRL's SFTConfig), every piece of advice
+    writes that class wherever it would write TrainingArguments(...): in the rules' own
+    words as in the knobs', and nothing else in the text changes."""
+    path = path_of(name)
+    before = advise_json(path)
+    said = [a for a in before["advice"]
+            if _TRAINING_ARGUMENTS.search(a["message"] + a["action"])]
+    assert rule in {a["id"] for a in said}, [a["id"] for a in said]
+    sft = write(tmp_path / f"{name}_sft.jsonl", transform(
+        lines(path), lambda d: {**d, "fw_args": "SFTConfig"}
+        if d.get("kind") == "config" and d.get("framework") == "transformers" else d))
+    after = advise_json(sft)
+    assert [a["id"] for a in after["advice"]] == [a["id"] for a in before["advice"]]
+    for old, new in zip(before["advice"], after["advice"]):
+        for key in ("message", "action"):
+            assert not _TRAINING_ARGUMENTS.search(new[key]), (new["id"], new[key])
+            assert new[key] == _TRAINING_ARGUMENTS.sub("SFTConfig(", old[key])
+    assert any("SFTConfig(" in a["message"] + a["action"] for a in after["advice"]
+               if a["id"] == rule)
+
+
 def test_a_loader_built_each_epoch_after_each_validation_starts_an_epoch():
     """Lightning rebuilding its training loader each epoch and validating at each epoch's
     end: each new loader's first batch comes while the hook still reads the validation; its

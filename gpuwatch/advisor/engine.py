@@ -21,6 +21,7 @@ from gpuwatch.advisor.attribution import ATTRIBUTION_SIGNALS
 from gpuwatch.advisor.condsrc import compile_rule
 from gpuwatch.advisor.expr import compile_condition, condition_parts
 from gpuwatch.advisor.frame import PER_GPU_CPU, Frame, Subject
+from gpuwatch.advisor.knobs import in_args_class
 from gpuwatch.advisor.knobs import knob as knob_text
 from gpuwatch.advisor.rules import Rule, RuleSet, format_value
 from gpuwatch.advisor.vocabulary import VOCABULARY
@@ -104,11 +105,16 @@ class _Ctx:
         framework = self.frame.config_value(self.subj, "framework")
         sampler = self.frame.config_value(self.subj, "batch_sampler") \
             if name == "batch_size" else None
-        args = self.frame.config_value(self.subj, "fw_args") \
-            if framework == "transformers" else None
         return knob_text(name, framework if isinstance(framework, str) else None, old, new,
-                         sampler if isinstance(sampler, str) else None,
-                         args if isinstance(args, str) else None)
+                         sampler if isinstance(sampler, str) else None, self.args_class())
+
+    def args_class(self) -> str | None:
+        """The class of the Hugging Face Trainer's arguments where the job runs under the
+        Trainer and says it (``fw_args``); None otherwise."""
+        if self.frame.config_value(self.subj, "framework") != "transformers":
+            return None
+        args = self.frame.config_value(self.subj, "fw_args")
+        return args if isinstance(args, str) else None
 
     def last(self, name: str) -> Any:
         if self.locals and name in self.locals:
@@ -801,7 +807,8 @@ class Engine:
             self._rule_failed(f.rule, ctx.subj, err, "evidence")
             if f.detail_t == -math.inf:  # its first reading: words from no numbers
                 hook = bool(self.frame.fact(ctx.subj, "hook"))
-                f._words = ({"gpu": ctx.subj.gpu}, {}, DEFAULT_CONFIDENCE, None, None, hook)
+                f._words = ({"gpu": ctx.subj.gpu}, {}, DEFAULT_CONFIDENCE, None, None, hook,
+                            ctx.args_class())
                 f.detail_t = t
             ctx.locals = {}
 
@@ -849,7 +856,8 @@ class Engine:
             break
         hook = self.frame.fact(subj, "hook")
         # the words are rendered from these when the details are read (Finding.details)
-        f._words = (shown, evidence, round(conf, 2), gain, action, bool(hook))
+        f._words = (shown, evidence, round(conf, 2), gain, action, bool(hook),
+                    ctx.args_class())
         f.detail_t = t
         ctx.locals = {}
 
@@ -897,13 +905,16 @@ def _newest(i: int, find: Leaf, name: str, look_back: int) -> Leaf:
 
 
 def _render(rule: Rule, shown: dict[str, Any], evidence: dict[str, float], conf: float,
-            gain: float | None, action: Any, hook: bool) -> dict[str, Any]:
-    """A finding's details: the numbers read at its refresh and the rule's words."""
+            gain: float | None, action: Any, hook: bool,
+            args_class: str | None) -> dict[str, Any]:
+    """A finding's details: the numbers read at its refresh and the rule's words (the
+    Trainer's ``TrainingArguments(`` in the job's own arguments class, ``args_class``)."""
     return {
         "confidence": conf,
-        "message": _clean(rule.message.render(shown)),
+        "message": _clean(in_args_class(rule.message.render(shown), args_class)),
         "evidence": evidence,
-        "action": _clean(action.render(shown)) if action is not None else "",
+        "action": _clean(in_args_class(action.render(shown), args_class))
+        if action is not None else "",
         "expected_gain": gain,
         "expected_gain_text": _clean(rule.gain_text.render(shown))
         if rule.gain_text is not None and gain is not None else None,

@@ -319,6 +319,14 @@ def _fill(template: str, old: Any, new: Any) -> str:
 _ARGS = re.compile(r"(?<![A-Za-z0-9_])TrainingArguments\(")
 
 
+def in_args_class(text: str, args_class: str | None) -> str:
+    """``text`` with ``TrainingArguments(`` written as the job's own arguments class
+    (``SFTConfig(``...) where it has one; the text as it is otherwise."""
+    if not args_class or args_class == "TrainingArguments" or not args_class.isidentifier():
+        return text
+    return _ARGS.sub(f"{args_class}(", text)
+
+
 def knob(name: str, framework: str | None, old: Any, new: Any,
          batch_sampler: str | None = None, args_class: str | None = None) -> str | None:
     """The change of ``name`` from ``old`` to ``new``, as the user of ``framework`` writes it;
@@ -355,9 +363,8 @@ def knob(name: str, framework: str | None, old: Any, new: Any,
     own = forms.get(framework) if framework in FRAMEWORKS else None
     if own == "":
         return None
-    if own is not None and framework == "transformers" and args_class \
-            and args_class != "TrainingArguments" and args_class.isidentifier():
-        own = _ARGS.sub(f"{args_class}(", own)
+    if own is not None and framework == "transformers":
+        own = in_args_class(own, args_class)
     if own is None:
         return torch_form
     return f"{_fill(own, old, new)} (in torch: {_fill(forms[TORCH], None, new)})"
