@@ -1386,8 +1386,17 @@ def test_a_bf16_run_after_an_fp16_one_says_no_grad_scaler():
                and d.get("in_training")]
     assert configs[0]["fw_precision"] == "fp16" and configs[0]["grad_scaler"] is True
     assert configs[-1]["fw_precision"] == "bf16" and configs[-1]["grad_scaler"] is False
-    (job,) = advise_json(path_of(name))["jobs"]
+    report = advise_json(path_of(name))
+    (job,) = report["jobs"]
     assert job["steps"] == truth(name)["steps"] == 600
+    # the advice to switch to bf16 was given while it trained in fp16, and ended once the
+    # job trained in bf16 (a few seconds in), not at its exit
+    (bf16,) = [a for a in report["advice"] if a["id"] == "use-bf16-not-fp16"]
+    switched = [d["t"] for d in lines(path_of(name)) if d.get("kind") == "config"
+                and d.get("autocast_dtype") == "bfloat16"][0]
+    (end,) = report["job_ends"]
+    assert not bf16["active"] and end["t"] - switched > 10
+    assert bf16["last_seen"] <= switched + 1.0, (switched, bf16["last_seen"])
 
 
 def test_trl_is_told_in_its_configs_words(tmp_path):

@@ -206,6 +206,11 @@ class ReferenceCtx:
                          args if framework == "transformers" and isinstance(args, str)
                          else None)
 
+    def args_class(self) -> Any:
+        framework = self.frame.config_value(self.subj, "framework")
+        args = self.frame.config_value(self.subj, "fw_args")
+        return args if framework == "transformers" and isinstance(args, str) else None
+
     def last(self, name: str) -> Any:
         if name in self.locals:
             return self.locals[name]
