@@ -236,6 +236,8 @@ class PhaseSample:
     eval_samples: int | None = None
     eval_batch_size: int | None = None
     eval_wait_seconds: float | None = None
+    # True: some evaluation batches came from a DataLoader that trains (None: none did)
+    eval_train_loader: bool | None = None
     inference_batches: int | None = None  # a process that never trained: its batches
     inference_samples: int | None = None
     inference_batch_size: int | None = None

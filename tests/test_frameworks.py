@@ -248,6 +248,7 @@ def test_lightning_validation_is_a_phase(tmp_path: Path) -> None:
     assert cfg["fw_eval_batch_size"] == 8 and cfg["fw_precision"] == "32-true"
     phase = lines(rec, "phase")[-1]
     assert phase["eval_batch_size"] == 8 and phase["eval_batches"] >= 4 * 64
+    assert "eval_train_loader" not in phase  # a validation loader of its own
 
 
 @pytest.mark.parametrize("loop", ["plain", "lightning"])
@@ -268,6 +269,9 @@ def test_evaluating_on_the_training_data_is_evaluation(tmp_path: Path, loop: str
                                                      rel=EVAL_TOLERANCE, abs=0.3)
     per_eval = (1024 + 256) // 64 if loop == "plain" else 1024 // 64
     assert phase["eval_batches"] == truth["evals"] * per_eval
+    # and the hook says the evaluation read the loader that trains: its batch is the
+    # training's, which the advice must not offer as the evaluation's to raise
+    assert phase["eval_train_loader"] is True
 
 
 @pytest.mark.parametrize("in_thread", [False, True])

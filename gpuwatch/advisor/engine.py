@@ -728,7 +728,9 @@ class Engine:
                 # looking like it trains (the GPU's util at 58 %, read 6 s after an H100
                 # at 97 % finished: `fw_accel_clm_launch_bare`)
                 stale = t // REFRESH_SECONDS > f.detail_t // REFRESH_SECONDS
-                if stale or f.eval_read:
+                closing = rule.phase == "eval" and self.frame.ended_pids \
+                    and self._ends_evaluating(f, subj, ctx.end - 1)
+                if stale or f.eval_read or closing:
                     if not self.frame.steps_stopped(subj, ctx.end - 1) and not (
                             rule.phase == "train"
                             and self.frame.bare_work_stopped(subj, ctx.end - 1)):
@@ -736,7 +738,7 @@ class Engine:
                         # after the steps, which is over now: its closing numbers)
                         self._details(f, ctx, t)
                         f.eval_read = False
-                    elif stale and self._evaluating_after_steps(rule, subj):
+                    elif (stale or closing) and self._evaluating_after_steps(rule, subj):
                         self._details(f, ctx, t)
                         f.eval_read = True
         else:
@@ -785,6 +787,15 @@ class Engine:
                 ctx = _Ctx(self, subj)
                 ctx.at(end)
             self._details(f, ctx, t)
+
+    def _ends_evaluating(self, f: Finding, subj: Subject, idx: int) -> bool:
+        """Whether ``subj``'s job ended (its hook's `job_end` line) in bucket ``idx`` or
+        before, evaluating after its steps, since ``f`` was last read: its closing
+        numbers are read then, not at the clock's next refresh, which comes after the
+        job is gone (the Trainer's evaluate() after train(), 5 s of its 23 s of
+        evaluation, was left out: `fw_hf_eval_epoch`)."""
+        end = self.frame.job_end_bucket(subj)
+        return end is not None and end <= idx and f.detail_t < (end + 1) * self.res
 
     def _evaluating_after_steps(self, rule: Rule, subj: Subject) -> bool:
         """An evaluation's rule while the job evaluates after its steps stopped (the

@@ -1000,6 +1000,9 @@ class Frame:
         if bs and alloc is not None and peak is not None:
             samples = bs / micro if micro and micro > 1 else bs
             acc.add("act_mem_per_sample_bytes", max(0.0, (peak - alloc) / samples))
+            last = acc.last  # for the bucket's reading over the floor (_act_floor)
+            last["_act_peak"] = peak
+            last["_act_samples"] = samples
 
     def feed_config(self, s: Any) -> None:
         get = _get(s)
@@ -1124,7 +1127,7 @@ class Frame:
         subj.phase = now
         for f in ("compiles", "checkpoints", "eval_batch_size", "inference_batch_size",
                   "inference_batches", "generate_calls", "eval_batches", "eval_wait_seconds",
-                  "inference_wait_seconds"):
+                  "inference_wait_seconds", "eval_train_loader"):
             v = get(f)
             if v is not None:
                 info[f] = v
@@ -1312,12 +1315,16 @@ class Frame:
             tab.push(idx, "checkpoint_time_ratio", sec.get("checkpoint", 0.0) / since_first)
         info = subj.phase_info
         tab.push(idx, "compiles", info.get("compiles"))
-        if any(f"{name}_calls" in info for name in CLEANUPS):
-            for name in CLEANUPS:  # each: NAME_calls, NAME_seconds
-                tab.push(idx, f"{name}_calls", info.get(f"{name}_calls", 0))
-                tab.push(idx, f"{name}_seconds", info.get(f"{name}_seconds", 0.0))
+        # each: NAME_calls, NAME_seconds; 0 until the hook counts one (its `phase` lines
+        # leave out calls not made yet), so that a window reaching back before the first
+        # counts them all, from the same line as the phase seconds it is read against
+        for name in CLEANUPS:
+            tab.push(idx, f"{name}_calls", info.get(f"{name}_calls", 0))
+            tab.push(idx, f"{name}_seconds", info.get(f"{name}_seconds", 0.0))
         tab.push(idx, "checkpoints", info.get("checkpoints"))
         tab.push(idx, "eval_batch_size", info.get("eval_batch_size"))
+        if info.get("eval_train_loader"):
+            tab.push(idx, "eval_train_loader", 1.0)
         if ev:
             tab.push(idx, "eval_idle_seconds", info.get("eval_idle_seconds", 0.0))
         tab.push(idx, "inference_batch_size", info.get("inference_batch_size"))
@@ -1538,9 +1545,11 @@ class Frame:
                 if dss > 0:
                     job.push(idx, "data_wait_ratio", min(1.0, dw_sum / dss), dss)
         for name in ("batch_size", "mem_allocated_bytes", "mem_reserved_bytes",
-                     "max_mem_allocated_bytes", "loss_scale", "act_mem_per_sample_bytes"):
+                     "max_mem_allocated_bytes", "loss_scale"):
             if name in acc.last:
                 job.push(idx, name, acc.last[name])
+        if "act_mem_per_sample_bytes" in acc.last:
+            job.push(idx, "act_mem_per_sample_bytes", self._act_floor(idx, job, acc))
         if "micro_batches" in acc.n:
             micro = acc.mean("micro_batches")
             job.push(idx, "micro_batches", micro, acc.n["micro_batches"])
@@ -1589,6 +1598,24 @@ class Frame:
                     and loader * (micro - 1) <= bs <= loader * (micro + 1):
                 return float(loader)
         return bs / micro
+
+    def _act_floor(self, idx: int, job: Any, acc: _Acc) -> float:
+        """Activation memory per sample over the least the job held in the last
+        ACT_FLOOR_SECONDS (its weights, optimizer state and what else a step keeps): the
+        hook reads what is allocated whenever it reports, often inside a step whose
+        activations are live (a compiled step's 0.75-2.0 GiB against a 2.1 GiB peak), and
+        the peak over that reading alone made them up to 20 times too small. Kept in
+        ``acc.last`` for the bucket's batch room."""
+        last = acc.last
+        per = last["act_mem_per_sample_bytes"]
+        ring = job.rings.get("mem_allocated_bytes")
+        samples = last.get("_act_samples")
+        if ring is not None and samples:
+            held = ring.values(idx + 1, max(1, math.ceil(ACT_FLOOR_SECONDS / self.res)))
+            if held:
+                per = max(per, (last["_act_peak"] - min(held)) / samples)
+                last["act_mem_per_sample_bytes"] = per
+        return per
 
     def _batch_room(self, idx: int, subj: Subject, acc: _Acc) -> None:
         """How many times the micro-batch fits: 1 + the GPU's headroom over what one
@@ -1646,6 +1673,11 @@ class Frame:
             return True
         ended = self.ended_pids.get(owner.job_pid) if owner.job_pid is not None else None
         return ended is not None and last <= ended <= idx
+
+    def job_end_bucket(self, subj: Subject) -> int | None:
+        """The bucket in which the hook said ``subj``'s job ended (its `job_end` line)."""
+        _, owner = self._job_table(subj)
+        return self.ended_pids.get(owner.job_pid) if owner.job_pid is not None else None
 
     def bare_work_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
         """Without the hook: whether ``subj``'s process looked like it trained (the
@@ -2118,6 +2150,9 @@ _KIND_OF = {"GpuSample": "gpu", "HostSample": "host", "StepSample": "step",
 # a GPU under this NVML util while its job evaluates and no evaluation batch comes is idle
 # (eval_idle_seconds: the host at work on the evaluation's outputs)
 EVAL_IDLE_UTIL = 0.15
+# activation memory per sample is the peak over the least the job held this long
+# (Frame._act_floor)
+ACT_FLOOR_SECONDS = 30.0
 # how long a job's death by CUDA out-of-memory is said after it, at most
 OOM_HOLD_SECONDS = 3600.0
 # a job's losses that were not finite, in a row (frame._loss), and its newest finite one

@@ -173,7 +173,8 @@ def _defs() -> dict[str, SignalDef]:
         ("skipped_ratio", "job", "ratio", "mean", ("share of steps GradScaler skipped (or the "
          "loss scale fell)"), True),
         ("act_mem_per_sample_bytes", "job", "bytes", "last", ("activation memory per sample: "
-         "(max_mem_allocated - allocated at step end) / batch_size"), True),
+         "(max_mem_allocated - the least allocated at a step's end over the last 30 s) / "
+         "batch_size"), True),
         ("mem_reserved_ratio", "job", "ratio", "mean", "mem_reserved_bytes / mem_total_bytes",
          True),
         ("first_batch_wait_ratio", "job", "ratio", "mean", ("share of step time spent waiting "
@@ -253,6 +254,9 @@ def _defs() -> dict[str, SignalDef]:
          True),
         ("eval_batch_size", "phase", "samples", "last", "the evaluation DataLoader's batch size",
          True),
+        ("eval_train_loader", "phase", "bool", "last", ("1 once an evaluation read batches of "
+         "a DataLoader that trains (a training accuracy in a pass of its own, validation on "
+         "the training loader): its batch size is the training's"), True),
         ("inference_batch_size", "phase", "samples", "last", ("samples per batch (or sequences "
          "per generate() call) of an inference process"), True),
         ("inference_batches", "phase", "count", "last", ("batches and generate() calls of an "

@@ -23,7 +23,7 @@ One datagram is one JSON object, at most :data:`MAX_DATAGRAM_BYTES` long::
      "sender_dropped": {"no_receiver": 2}, "hook_errors": 0,
      "phase": "train", "phases": {"startup": 41.2, "compile": 38.0, "train": 120.5, …},
      "compiles": 2, "checkpoints": 3, "eval": {"batches": 40, "samples": 320, "batch_size": 8,
-     "wait_seconds": 0.4}, "inference": {"batches": 0, …, "generate_calls": 0,
+     "wait_seconds": 0.4, "train_loader": true}, "inference": {"batches": 0, …, "generate_calls": 0,
      "wait_seconds": 0.0},
      "problems": [{"what": "config.tf32", "error": "RuntimeError: …"}], "hook_state": "on",
      "calls": {"gc_collect": 140}, "call_seconds": {"gc_collect": 6.3}}
@@ -141,6 +141,9 @@ class Work:
     batch_size: int | None = None  # of the last batch with a known size
     wait_seconds: float = 0.0  # the loaders' wait for those batches
     generate_calls: int = 0  # inference: Hugging Face generate() calls
+    # evaluation: some of its batches came from a DataLoader that trains (a training
+    # accuracy, Lightning validating on its training loader)
+    train_loader: bool = False
 
 
 @dataclass(frozen=True)
@@ -484,7 +487,8 @@ def _work(value: Any, key: str) -> Work:
                 samples=_int(value, "samples", default=0) or 0,
                 batch_size=_int(value, "batch_size"),
                 wait_seconds=_num(value.get("wait_seconds"), f"{key}.wait_seconds") or 0.0,
-                generate_calls=_int(value, "generate_calls", default=0) or 0)
+                generate_calls=_int(value, "generate_calls", default=0) or 0,
+                train_loader=value.get("train_loader") is True)
 
 
 def _phases(value: Any) -> dict[str, float]:

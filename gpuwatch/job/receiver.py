@@ -489,6 +489,7 @@ class HookReceiver:
             t=r.t, phase=r.phase, seconds=dict(r.phases), compiles=r.compiles,
             checkpoints=r.checkpoints, eval_batches=r.eval.batches, eval_samples=r.eval.samples,
             eval_batch_size=r.eval.batch_size, eval_wait_seconds=r.eval.wait_seconds,
+            eval_train_loader=True if r.eval.train_loader else None,
             inference_batches=r.inference.batches, inference_samples=r.inference.samples,
             inference_batch_size=r.inference.batch_size,
             inference_wait_seconds=r.inference.wait_seconds if r.inference.batches else None,

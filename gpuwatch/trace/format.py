@@ -339,6 +339,7 @@ _PHASE: dict[str, Check] = {
     "phase": _string, "seconds": _seconds_by_name, "compiles": _count, "checkpoints": _count,
     "eval_batches": _count,
     "eval_samples": _count, "eval_batch_size": _count, "eval_wait_seconds": _nonneg,
+    "eval_train_loader": _boolean,
     "inference_batches": _count, "inference_samples": _count, "inference_batch_size": _count,
     "inference_wait_seconds": _nonneg, "generate_calls": _count, "hook_state": _string, "pid": _count, "rank": _count,
     "gpu": _count, "calls": _counts_by_name, "call_seconds": _seconds_by_name,

@@ -176,6 +176,7 @@ class _Hook:
                  "last_info", "prev_step", "mem_due", "mem_end",
                  "backward_seen", "opt_params", "eval_batches", "eval_samples",
                  "eval_batch_size", "eval_wait", "eval_probe", "eval_t1", "eval_model",
+                 "eval_train_loader",
                  "side", "eval_run", "fetched_n", "infer_batches", "infer_t0",
                  "infer_compile0", "infer_samples", "infer_batch_size", "infer_wait",
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
@@ -299,6 +300,9 @@ class _Hook:
         self.eval_batches = 0  # batches of other loaders once training began
         self.eval_samples = 0
         self.eval_batch_size: int | None = None
+        # an evaluation read a DataLoader that trains (a training accuracy under no_grad,
+        # Lightning validating on its training loader): its batch size is the training's
+        self.eval_train_loader = False
         self.eval_wait = 0.0  # their data wait, seconds
         # the first batch of a loader not known to train, which began an evaluation:
         # (its facts, fetch start and end, its first-batch wait, the evaluation's
@@ -1018,7 +1022,8 @@ class _Hook:
             "checkpoints": self.saves,
             "eval": {"batches": max(eval_batches, 0), "samples": max(eval_samples, 0),
                      "batch_size": self.eval_batch_size if probe is None else probe[4],
-                     "wait_seconds": round(max(eval_wait, 0.0), 3)},
+                     "wait_seconds": round(max(eval_wait, 0.0), 3),
+                     **({"train_loader": True} if self.eval_train_loader else {})},
             # a process that trains is no inference process, whatever came before its
             # first backward() (prefetched batches, a sample generate() at start-up)
             "inference": {} if self.backward_seen else {
@@ -1806,6 +1811,8 @@ def _fetched(h: _Hook, it: Any, t0: float, t1: float, got: bool) -> None:
             if info is not None and _evaluating_on(h):
                 # the training loader read by the evaluation (a training accuracy): its
                 # batches are the evaluation's, and its end is no training's
+                if got:
+                    h.eval_train_loader = True
                 h.other_batch(info if got else None, t0, t1)
                 return
             probe = h.eval_probe
