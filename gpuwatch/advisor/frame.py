@@ -1671,12 +1671,14 @@ class Frame:
             return False
         if (idx - last) * self.res > grace:
             return True
-        ended = self.ended_pids.get(owner.job_pid) if owner.job_pid is not None else None
+        ended = self._ended_at(owner)
         return ended is not None and last <= ended <= idx
 
     def job_end_bucket(self, subj: Subject) -> int | None:
         """The bucket in which the hook said ``subj``'s job ended (its `job_end` line)."""
-        _, owner = self._job_table(subj)
+        return self._ended_at(self._job_table(subj)[1])
+
+    def _ended_at(self, owner: Subject) -> int | None:
         return self.ended_pids.get(owner.job_pid) if owner.job_pid is not None else None
 
     def bare_work_stopped(self, subj: Subject, idx: int, grace: float = 2.0) -> bool:
