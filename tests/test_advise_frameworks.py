@@ -105,6 +105,55 @@ def test_evaluation_is_its_own_phase_and_gets_its_own_advice(tmp_path):
     assert "by phase:" in text and "evaluation" in text
 
 
+def test_the_steps_busy_share_is_read_from_the_seconds_the_job_trained(tmp_path):
+    """Half the time training (5 s of steps with the GPU's SMs 80 % active), half
+    evaluating (5 s at 10 %): windows a third or more training are judged for the batch
+    (raise-batch-size's train_share), and the GPU's busy share in the steps is that of the
+    seconds the job trained (each second weighted by its share of training), not the
+    window's mean (45 %, which read as a batch too small)."""
+    from gpuwatch.advisor.engine import Engine
+    from gpuwatch.advisor.rules import load_rules
+
+    run = synthetic.eval_heavy(seconds=60.0, train=5.0, evaluate=5.0)
+    e = Engine(load_rules())
+    e.frame.set_meta(run.lines[0])
+    for line in run.lines[1:]:
+        e.feed(line)
+    subj = e.frame.subjects[0]
+    warm = subj.job_warm
+    reads = [e.frame.job_window(subj, end, 15) for end in range(warm + 15, e.frame.idx, 3)]
+    assert len(reads) >= 5
+    for w in reads:
+        assert 0.3 <= w.wall / (w.wall + w.away) <= 0.7  # judged for the batch
+        assert w.busy == pytest.approx(0.8, abs=0.08)
+    e.finish()
+    assert "raise-batch-size" not in {f.rule.id for f in e.findings}
+    (j,) = e.jobs()
+    assert j["time_share"]["gpu"] >= 0.7
+
+
+def test_a_batch_too_small_is_told_however_often_the_job_evaluates(tmp_path):
+    """4 s of steps, then 6 s of evaluation, over and over (no 15 s window 60 % training),
+    the steps host-bound (the SMs 15 % active while it trains, the main process pegged):
+    the batch, its gain over all the time as well as in the steps (the evaluations kept as
+    they are), ranked by the former."""
+    run = synthetic.eval_heavy(seconds=60.0, train=4.0, evaluate=6.0)
+    for d in run.lines:
+        if d["kind"] == "gpu" and d.get("sm_active", 0) >= 0.5:
+            d.update(util=0.3, sm_active=0.15, tensor_active=0.05)
+    report = judge(tmp_path, run)
+    a = advice(report, "raise-batch-size")
+    assert a["evidence"]["busy_in_steps"] == pytest.approx(0.15, abs=0.05)
+    steps_gain = float(re.match(r"up to ([0-9.]+)x samples per second",
+                                a["expected_gain_text"]).group(1))
+    away = float(re.search(r"take ([0-9]+) % of it", a["expected_gain_text"]).group(1)) / 100
+    assert 0.4 <= away <= 0.7
+    assert a["expected_gain"] == pytest.approx(1 / (away + (1 - away) / steps_gain), rel=0.03)
+    assert a["expected_gain"] < steps_gain
+    assert "of them evaluating, saving or compiling" in a["message"]
+    assert "of its training time" in a["message"]
+
+
 def test_a_collapsing_loss_scale_is_told_however_much_the_job_evaluates(tmp_path):
     """fp16 under a GradScaler whose scale halves every 8 steps, every other step skipped,
     in a job that evaluates 80 % of its time (2 s of steps, then 8 s of evaluation, over

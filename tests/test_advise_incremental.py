@@ -373,6 +373,32 @@ def test_growth_matches_the_least_squares_pass():
             assert growth(ring, i + 1, n, 1.0) == reference_growth(ring, i + 1, n, 1.0)
 
 
+def test_the_weighted_mean_weighs_each_bucket_by_the_other_rings_value():
+    """ring_mean_weighted: each bucket's value by the weight ring's there (the GPU's busy
+    share by the share of the second the job trained), buckets either ring lacks left
+    out, the two rings' bases apart (trimmed at different times), against a pass by hand."""
+    from gpuwatch.advisor.windows import ring_mean_weighted
+
+    rng = random.Random(11)
+    vals, weights = Ring(0), Ring(0)
+    for _ in range(400):
+        vals.push(None if rng.random() < 0.1 else rng.random())
+        weights.push(None if rng.random() < 0.1 else rng.choice((0.0, 1.0, rng.random())))
+    vals.trim(150)
+    weights.trim(90)  # bases differ now
+    for s in range(180, 400, 7):
+        for n in (1, 5, 15, 60):
+            pairs = [(vals.vals[i - vals.base], weights.vals[i - weights.base])
+                     for i in range(max(s - n, vals.base, weights.base), s)]
+            pairs = [(v, w) for v, w in pairs if v is not None and w is not None and w > 0]
+            den = sum(w for _, w in pairs)
+            want = sum(v * w for v, w in pairs) / den if den > 0 else None
+            got = ring_mean_weighted(vals, weights, s - n, s)
+            assert got == (pytest.approx(want) if want is not None else None), (s, n)
+    assert ring_mean_weighted(None, weights, 0, 10) is None
+    assert ring_mean_weighted(vals, None, 0, 10) is None
+
+
 def test_table_push_writes_the_ring_as_ring_push_does():
     """The frame's Table.push writes its ring straight (Ring.push inlined); here against the
     ring written push by push as before, the gaps filled or dropped and the ring trimmed

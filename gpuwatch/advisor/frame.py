@@ -17,7 +17,7 @@ from gpuwatch.advisor.attribution import (
 )
 from gpuwatch.advisor.facts import cc_number
 from gpuwatch.advisor.vocabulary import CONFIG_KEYS, VOCABULARY
-from gpuwatch.advisor.windows import Ring, ring_mean, ring_sums
+from gpuwatch.advisor.windows import Ring, ring_mean, ring_mean_weighted, ring_sums
 from gpuwatch.job.protocol import CLEANUPS
 
 # NVML clock event reason bits (nvmlClocksEventReason* in nvml.h)
@@ -1757,10 +1757,25 @@ class Frame:
         away = 0.0
         phases = self.phase_owner(subj)
         if phases is not None:
-            train = ring_mean(phases.phase_table.rings.get("phase_train"), start, end)
+            train_ring = phases.phase_table.rings.get("phase_train")
+            train = ring_mean(train_ring, start, end)
             if train is not None:
                 away = wall * (1.0 - min(1.0, max(train, 0.0)))
                 wall *= max(train, 1e-3)
+                if not cpu_only and end - start > 1 and train < 0.98:
+                    # the GPU's busy share over the training part of the window: each
+                    # bucket by its share of training (evaluating at a small batch reads
+                    # the GPU less busy than the steps keep it: fw_hf_eval_heavy's
+                    # training seconds 55 % SM active, its window's mean 48 %); where
+                    # training and evaluation share each second it is the window's mean
+                    w_util = ring_mean_weighted(gt.get("util"), train_ring, start, end)
+                    w_busy = ring_mean_weighted(busy_ring, train_ring, start, end)
+                    if w_busy is None:
+                        w_busy = w_util
+                    if w_busy is not None:
+                        busy = w_busy
+                        if w_util is not None:
+                            util = w_util
         if not hook:
             return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
                              workers_busy=wb, workers=workers)

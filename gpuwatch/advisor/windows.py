@@ -437,3 +437,22 @@ def ring_mean(ring: Ring | None, s: int, e: int) -> float | None:
     pw = ring.pw
     w = pw[b] - pw[a]
     return (ring.psum[b] - ring.psum[a]) / w if w > 0 else None
+
+
+def ring_mean_weighted(ring: Ring | None, by: Ring | None, s: int, e: int) -> float | None:
+    """Mean over absolute buckets [s, e) of ``ring``'s values, each bucket weighted by
+    ``by``'s value there (buckets either lacks are left out); None where the weights sum to
+    nothing. The GPU's busy share over the part of a window a job trained in: each
+    bucket counts by its share of training (the phases split a bucket's time, NVML reads
+    the whole of it)."""
+    if ring is None or by is None:
+        return None
+    num = den = 0.0
+    rv, rb = ring.vals, ring.base
+    bv, bb = by.vals, by.base
+    for i in range(max(s, rb, bb), min(e, rb + len(rv), bb + len(bv))):
+        v, w = rv[i - rb], bv[i - bb]
+        if v is not None and w is not None and w > 0:
+            num += v * w
+            den += w
+    return num / den if den > 0 else None

@@ -744,3 +744,17 @@ want trl_sft && rec trl_sft 150 python3 trl_sft.py --trainer sft --hidden 768 --
   --steps 400 --seconds 40
 want trl_grpo && rec trl_grpo 150 python3 trl_sft.py --trainer grpo --hidden 768 --layers 12 \
   --batch 16 --generations 8 --new-tokens 64 --bf16 --steps 400 --seconds 40
+# 7z. (2026-12-05, twenty-first session) training that evaluates or saves every few steps,
+#     keeping every 15 s under 60 % training, in shapes not recorded before: a ResNet-18
+#     under Lightning saving every 20 steps at batch 128; BERT-base in bf16 at batch 16
+#     evaluating every 30 steps at eval batch 32; and BERT-large at sequence 512 in bf16
+#     (its steps GPU-bound) evaluating every 10 steps at eval batch 8 (the evaluation
+#     host-bound): host-bound steps are told the batch, GPU-bound ones are not
+want lightning_r18_ckpt20 && rec lightning_r18_ckpt20 120 python3 lightning_cnn.py \
+  --model resnet18 --batch 128 --workers 8 --precision bf16-mixed --ckpt-every 20 --seconds 40
+want hf_eval30_b16 && rec hf_eval30_b16 150 python3 hf_trainer.py $bert --steps 100000 \
+  --seconds 50 --batch 16 --accum 1 --eval-every 30 --eval-batch 32 --eval-samples 2048 \
+  --bf16 --workers 2
+want hf_large_eval10 && rec hf_large_eval10 150 python3 hf_trainer.py --hidden 1024 \
+  --layers 24 --seq 512 --steps 100000 --seconds 50 --batch 32 --accum 1 --eval-every 10 \
+  --eval-batch 8 --eval-samples 512 --bf16 --workers 2
