@@ -373,30 +373,48 @@ def test_growth_matches_the_least_squares_pass():
             assert growth(ring, i + 1, n, 1.0) == reference_growth(ring, i + 1, n, 1.0)
 
 
-def test_the_weighted_mean_weighs_each_bucket_by_the_other_rings_value():
-    """ring_mean_weighted: each bucket's value by the weight ring's there (the GPU's busy
-    share by the share of the second the job trained), buckets either ring lacks left
-    out, the two rings' bases apart (trimmed at different times), against a pass by hand."""
-    from gpuwatch.advisor.windows import ring_mean_weighted
+def test_a_phases_level_is_fitted_from_how_much_of_each_bucket_it_held():
+    """ring_mean_in_phase: the level of a signal while a phase holds (the GPU's busy
+    share in the seconds a job trained), each bucket a mix of the phase's level and the
+    rest's by the phase's share of it. Where the shares spread (evaluations of seconds
+    between stretches of training), the fit finds both levels exactly, whatever the rings'
+    bases (trimmed apart) and the buckets either lacks; where every bucket mixes them
+    alike, each counts by its share; nothing where the phase never held."""
+    from gpuwatch.advisor.windows import ring_mean_in_phase
 
     rng = random.Random(11)
-    vals, weights = Ring(0), Ring(0)
-    for _ in range(400):
-        vals.push(None if rng.random() < 0.1 else rng.random())
-        weights.push(None if rng.random() < 0.1 else rng.choice((0.0, 1.0, rng.random())))
-    vals.trim(150)
-    weights.trim(90)  # bases differ now
-    for s in range(180, 400, 7):
-        for n in (1, 5, 15, 60):
-            pairs = [(vals.vals[i - vals.base], weights.vals[i - weights.base])
-                     for i in range(max(s - n, vals.base, weights.base), s)]
-            pairs = [(v, w) for v, w in pairs if v is not None and w is not None and w > 0]
-            den = sum(w for _, w in pairs)
-            want = sum(v * w for v, w in pairs) / den if den > 0 else None
-            got = ring_mean_weighted(vals, weights, s - n, s)
-            assert got == (pytest.approx(want) if want is not None else None), (s, n)
-    assert ring_mean_weighted(None, weights, 0, 10) is None
-    assert ring_mean_weighted(vals, None, 0, 10) is None
+    for train, other in ((0.7, 0.3), (0.15, 0.05), (0.55, 0.6)):
+        vals, share = Ring(0), Ring(0)
+        for _ in range(400):
+            p = rng.choice((0.0, 1.0, rng.random()))
+            v = train * p + other * (1 - p)
+            vals.push(None if rng.random() < 0.1 else v)
+            share.push(None if rng.random() < 0.1 else p)
+        vals.trim(150)
+        share.trim(90)  # bases differ now
+        for s in range(330, 400, 7):
+            for n in (5, 15, 60):
+                assert ring_mean_in_phase(vals, share, s - n, s) == pytest.approx(train), \
+                    (train, s, n)
+    # every bucket half training: the levels cannot be told apart, the weighted mean
+    vals, share = Ring(0), Ring(0)
+    for i in range(20):
+        vals.push(0.2 + 0.01 * (i % 3))
+        share.push(0.5 + 0.02 * (i % 2))
+    want = sum(v * p for v, p in zip(vals.vals, share.vals, strict=True)) / sum(share.vals)
+    assert ring_mean_in_phase(vals, share, 0, 20) == pytest.approx(want)
+    # a phase that never held: nothing; no ring: nothing; a fit past 1 is clamped
+    zero = Ring(0)
+    for _ in range(20):
+        zero.push(0.0)
+    assert ring_mean_in_phase(vals, zero, 0, 20) is None
+    assert ring_mean_in_phase(None, share, 0, 20) is None
+    assert ring_mean_in_phase(vals, None, 0, 20) is None
+    high, share = Ring(0), Ring(0)
+    for p in (0.0, 1.0, 0.0, 1.0, 0.5):
+        high.push(0.2 + 0.95 * p + (0.3 if p == 0.5 else 0.0))
+        share.push(p)
+    assert ring_mean_in_phase(high, share, 0, 5) == 1.0
 
 
 def test_table_push_writes_the_ring_as_ring_push_does():

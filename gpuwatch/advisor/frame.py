@@ -17,7 +17,7 @@ from gpuwatch.advisor.attribution import (
 )
 from gpuwatch.advisor.facts import cc_number
 from gpuwatch.advisor.vocabulary import CONFIG_KEYS, VOCABULARY
-from gpuwatch.advisor.windows import Ring, ring_mean, ring_mean_weighted, ring_sums
+from gpuwatch.advisor.windows import Ring, ring_mean, ring_mean_in_phase, ring_sums
 from gpuwatch.job.protocol import CLEANUPS
 
 # NVML clock event reason bits (nvmlClocksEventReason* in nvml.h)
@@ -275,6 +275,9 @@ class Frame:
                  on_bucket: Callable[[int], None] | None = None,
                  gpu_reads: Mapping[str, int] | None = None) -> None:
         self.res = float(res)
+        # how long each GPU line's readings cover (the sampler's interval: a recording's
+        # meta says it; else the daemon's default, 1 s)
+        self.sample_seconds = 1.0
         self.keep = max(4, math.ceil(keep_seconds / self.res) + 2)
         # the attribution's inputs are always kept: the report's jobs list reads them
         self.needed = set(needed) | _dependencies(set(needed)) | _ATTRIBUTION_INPUTS
@@ -342,6 +345,8 @@ class Frame:
             self.facts["compute_capability"] = cc_number(cc)
         if meta.get("host_cpus"):
             self.facts["host_cpus"] = float(meta["host_cpus"])
+        if meta.get("sample_hz"):
+            self.sample_seconds = 1.0 / float(meta["sample_hz"])
         if meta.get("gpu_name"):
             self.facts["gpu_name"] = meta["gpu_name"]
 
@@ -1763,13 +1768,16 @@ class Frame:
                 away = wall * (1.0 - min(1.0, max(train, 0.0)))
                 wall *= max(train, 1e-3)
                 if not cpu_only and end - start > 1 and train < 0.98:
-                    # the GPU's busy share over the training part of the window: each
-                    # bucket by its share of training (evaluating at a small batch reads
-                    # the GPU less busy than the steps keep it: fw_hf_eval_heavy's
-                    # training seconds 55 % SM active, its window's mean 48 %); where
-                    # training and evaluation share each second it is the window's mean
-                    w_util = ring_mean_weighted(gt.get("util"), train_ring, start, end)
-                    w_busy = ring_mean_weighted(busy_ring, train_ring, start, end)
+                    # the GPU's busy share in the seconds the job trained, from how much
+                    # of each second it trained (evaluating at a small batch reads the
+                    # GPU less busy than the steps keep it: fw_hf_eval_heavy's training
+                    # seconds 55 % SM active, its windows' plain mean 45-51 %, this
+                    # 52-59 %; fw_hf_large_eval10's 65-72 %, 45 %, 60-67 %)
+                    # (a GPU line reads the sample interval before it: at 1 s, the
+                    # bucket before its own)
+                    lag = round(self.sample_seconds / self.res)
+                    w_util = ring_mean_in_phase(gt.get("util"), train_ring, start, end, lag)
+                    w_busy = ring_mean_in_phase(busy_ring, train_ring, start, end, lag)
                     if w_busy is None:
                         w_busy = w_util
                     if w_busy is not None:

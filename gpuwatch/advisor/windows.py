@@ -439,20 +439,47 @@ def ring_mean(ring: Ring | None, s: int, e: int) -> float | None:
     return (ring.psum[b] - ring.psum[a]) / w if w > 0 else None
 
 
-def ring_mean_weighted(ring: Ring | None, by: Ring | None, s: int, e: int) -> float | None:
-    """Mean over absolute buckets [s, e) of ``ring``'s values, each bucket weighted by
-    ``by``'s value there (buckets either lacks are left out); None where the weights sum to
-    nothing. The GPU's busy share over the part of a window a job trained in: each
-    bucket counts by its share of training (the phases split a bucket's time, NVML reads
-    the whole of it)."""
+
+# the least spread of the training shares over a window's buckets (their variance) for
+# the two phases' levels to be told apart by a fit: below it, each bucket by its share
+PHASE_FIT_VARIANCE = 0.01
+
+
+def ring_mean_in_phase(ring: Ring | None, by: Ring | None, s: int, e: int,
+                       lag: int = 0) -> float | None:
+    """``ring``'s level while ``by`` (a phase's share of each bucket, 0-1) is 1, over
+    absolute buckets [s, e): the GPU's busy share in the seconds a job trained, where its
+    evaluations or saves share the window. Each bucket's value is taken as a mix of the
+    two levels by its share, ``v = a p + c (1 - p)``, fitted by least squares where the
+    shares spread enough to tell them apart (evaluations of seconds between stretches of
+    training); else (a phase changing many times a second, every bucket mixing them alike)
+    the mean with each bucket weighted by its share. Clamped to 0-1; None where no bucket
+    had that phase. NVML reads each second whole, where the hook's phases split it; a
+    reading describes the interval before it (GPM's counters between two samples, util's
+    last sample period), so ``ring``'s bucket ``i + lag`` is paired with ``by``'s ``i``."""
     if ring is None or by is None:
         return None
-    num = den = 0.0
     rv, rb = ring.vals, ring.base
     bv, bb = by.vals, by.base
-    for i in range(max(s, rb, bb), min(e, rb + len(rv), bb + len(bv))):
-        v, w = rv[i - rb], bv[i - bb]
-        if v is not None and w is not None and w > 0:
-            num += v * w
-            den += w
-    return num / den if den > 0 else None
+    n = spp = spq = sqq = sup = suq = sp = 0.0
+    for i in range(max(s, rb - lag, bb), min(e, rb + len(rv) - lag, bb + len(bv))):
+        v, p = rv[i + lag - rb], bv[i - bb]
+        if v is None or p is None:
+            continue
+        p = min(1.0, max(0.0, p))
+        q = 1.0 - p
+        n += 1
+        sp += p
+        spp += p * p
+        spq += p * q
+        sqq += q * q
+        sup += v * p
+        suq += v * q
+    if sp <= 0:
+        return None
+    det = spp * sqq - spq * spq
+    if n >= 3 and spp / n - (sp / n) ** 2 >= PHASE_FIT_VARIANCE and det > 0:
+        level = (sup * sqq - suq * spq) / det
+    else:
+        level = sup / sp
+    return min(1.0, max(0.0, level))

@@ -748,8 +748,8 @@ want trl_grpo && rec trl_grpo 150 python3 trl_sft.py --trainer grpo --hidden 768
 #     keeping every 15 s under 60 % training, in shapes not recorded before: a ResNet-18
 #     under Lightning saving every 20 steps at batch 128; BERT-base in bf16 at batch 16
 #     evaluating every 30 steps at eval batch 32; and BERT-large at sequence 512 in bf16
-#     (its steps GPU-bound) evaluating every 10 steps at eval batch 8 (the evaluation
-#     host-bound): host-bound steps are told the batch, GPU-bound ones are not
+#     evaluating every 10 steps at eval batch 8 (its steps' SMs 65-72 % active, the
+#     evaluation's 20-35 %): what the steps' GPU does, read apart from the evaluation's
 want lightning_r18_ckpt20 && rec lightning_r18_ckpt20 120 python3 lightning_cnn.py \
   --model resnet18 --batch 128 --workers 8 --precision bf16-mixed --ckpt-every 20 --seconds 40
 want hf_eval30_b16 && rec hf_eval30_b16 150 python3 hf_trainer.py $bert --steps 100000 \
