@@ -726,6 +726,12 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # rank 0 alone writing: the seconds its GPU idles while it writes (straggler-rank, which
     # it makes of rank 0, gives way to the checkpoints' own advice)
     "hf_save_ddp": ({"slow-checkpointing"}, {"add-dataloader-workers", "straggler-rank"}),
+    # (7z) the saves every 20 steps and the host-bound steps, seen from outside; the
+    # Trainer evaluating every 30 steps: the batch (the evaluation's loader workers
+    # started anew at each evaluation are enable-persistent-workers' to say)
+    "lightning_r18_ckpt20": ({"slow-checkpointing", "raise-batch-size"},
+                             {"add-dataloader-workers"}),
+    "hf_eval30_b16": ({"raise-batch-size"}, {"add-dataloader-workers"}),
     "lightning_cnn_ckpt_ddp": ({"slow-checkpointing"}, {"add-dataloader-workers"}),
     # one process the main user of both GPUs: DataParallel's shape, said as a suspicion
     # (a model split across the GPUs has it too: the host-time advice stays beside it)
