@@ -454,3 +454,20 @@ def test_history_seconds_bounds_the_history_and_release_cuts_it_short():
     store.clear()  # a replay starting over: what was taken before says nothing now
     tick(500.0)
     assert held(GpuSample) == [500.0]
+
+
+def test_the_live_advisor_pairs_gpu_readings_with_the_interval_they_cover():
+    """A GPU line's util and SM activity describe the sampler's interval before it: the
+    live advisor tells its frame that interval (the daemon's --interval), as a
+    recording's meta does for a replay, so a training phase's busy share is fitted from
+    the right seconds (docs/advice.md), and a new engine after a replay's loop point
+    keeps it."""
+    from types import SimpleNamespace
+
+    from gpuwatch.serve.config import Config
+
+    for cfg, want in ((SimpleNamespace(interval=0.1, rules_dirs=()), 0.1),
+                      (Config(), Config().interval), (None, 1.0)):
+        advisor = LiveAdvisor(Store(), cfg)
+        assert advisor.engine.frame.sample_seconds == pytest.approx(want)
+        assert advisor._new_engine().frame.sample_seconds == pytest.approx(want)

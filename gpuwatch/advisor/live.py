@@ -116,6 +116,9 @@ class LiveAdvisor:
         dirs = tuple(getattr(config, "rules_dirs", ()) or ())
         self.ruleset = ruleset if ruleset is not None else load_rules(dirs)
         self.res = res
+        # how long each GPU sample's readings cover (the sampler's interval): the frame
+        # pairs them with the second they describe
+        self.sample_seconds = float(getattr(config, "interval", None) or 1.0)
         self.engine = self._new_engine()
         self._lock = threading.Lock()
         self._loop = threads.Periodic(self._tick, self.interval, "gpuwatch-advisor")
@@ -172,6 +175,7 @@ class LiveAdvisor:
         engine = Engine(self.ruleset, res=self.res, on_start=self._started,
                         on_end=self._ended)
         engine.jobs_window = JOBS_WINDOW_SECONDS
+        engine.frame.sample_seconds = self.sample_seconds
         return engine
 
     def _restart(self, t: float, configs: list[Any]) -> None:
