@@ -1778,12 +1778,12 @@ class Frame:
                     lag = round(self.sample_seconds / self.res)
                     w_util = ring_mean_in_phase(gt.get("util"), train_ring, start, end, lag)
                     w_busy = ring_mean_in_phase(busy_ring, train_ring, start, end, lag)
-                    if w_busy is None:
-                        w_busy = w_util
+                    if w_util is not None:
+                        util = w_util
                     if w_busy is not None:
                         busy = w_busy
-                        if w_util is not None:
-                            util = w_util
+                    elif w_util is not None:  # no GPM: util is the busy share
+                        busy = w_util
         if not hook:
             return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
                              workers_busy=wb, workers=workers)

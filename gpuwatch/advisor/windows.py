@@ -439,7 +439,6 @@ def ring_mean(ring: Ring | None, s: int, e: int) -> float | None:
     return (ring.psum[b] - ring.psum[a]) / w if w > 0 else None
 
 
-
 # the least spread of the training shares over a window's buckets (their variance) for
 # the two phases' levels to be told apart by a fit: below it, each bucket by its share
 PHASE_FIT_VARIANCE = 0.01
