@@ -347,12 +347,14 @@ def test_trls_sft_trainer_is_told_in_its_configs_words(tmp_path: Path) -> None:
     steps, evaluating every 10 steps at eval batch 2: its steps, micro-batches and
     evaluations as its callback counts them, its settings read, and the advice written
     with SFTConfig(...), the class the script builds, and the micro-batch the loader's 8
-    (the Trainer's last step reads one batch fewer: Accelerate read it ahead)."""
-    rec, truth = record(tmp_path, "trl_sft", "--trainer", "sft", "--steps", "40",
+    (the Trainer's last step reads one batch fewer: Accelerate read it ahead).
+    100 steps: the advice asks 5 s of training and evaluation, then holds 5 s; 40 steps
+    took 7 s on a quiet machine (CI's too), which ended the job before it could."""
+    rec, truth = record(tmp_path, "trl_sft", "--trainer", "sft", "--steps", "100",
                         "--eval-every", "10", "--eval-samples", "256", "--eval-batch", "2",
-                        "--accum", "2")
+                        "--accum", "2", timeout=600)
     steps, samples = steps_and_samples(rec)
-    assert steps == truth["steps"] == 40 and samples == 40 * 2 * 8
+    assert steps == truth["steps"] == 100 and samples == 100 * 2 * 8
     assert {s["micro_batches"] for s in lines(rec, "step")} == {2}
     cfg = last_config(rec)
     assert cfg["framework"] == "transformers" and cfg["fw_args"] == "SFTConfig"
