@@ -323,15 +323,16 @@ def with_lines(run: Run, extra: list[dict[str, Any]]) -> Run:
     return Run([run.lines[0], *body], run.first_step, run.truth)
 
 
-def host_bound_bert(seconds: float = 40.0) -> Run:
+def host_bound_bert(seconds: float = 40.0, util: float = 0.60, sm_active: float = 0.47) -> Run:
     """BERT-base in fp32 at batch 8 (issue: util 60 %, SM 47 %, 4 % of memory, 54 % of each
-    step in the host): 90 ms steps with no data wait, the main process pegged."""
+    step in the host): 90 ms steps with no data wait, the main process pegged; ``util`` and
+    ``sm_active`` set the GPU's readings."""
     steps = steady_steps(seconds, 0.09, wait=0.001, batch_size=8,
                          mem_allocated_bytes=1_400_000_000,
                          max_mem_allocated_bytes=1_900_000_000,
                          mem_reserved_bytes=2_400_000_000)
     return build(steps={0: steps},
-                 gpu=const(util=0.60, sm_active=0.47, tensor_active=0.02, fp32_active=0.12,
+                 gpu=const(util=util, sm_active=sm_active, tensor_active=0.02, fp32_active=0.12,
                            dram_active=0.2),
                  host=lambda rel: {"job_cpu_cores": 1.05, "job_main_cpu_cores": 1.0,
                                    "job_workers_cpu_cores": 0.05, "job_processes": 2},

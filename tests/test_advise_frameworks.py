@@ -38,6 +38,25 @@ def test_host_bound_job_with_room_gets_the_larger_batch_whatever_util_reads(tmp_
         assert "no room" not in other["message"]
 
 
+def test_kernels_running_most_of_the_time_are_said_too_small_not_kept_waiting(tmp_path):
+    """The same steps with a kernel running 93 % of the time (NVML util) while the SMs are
+    58 % active: the GPU is not waiting on its host between kernels, the kernels leave SMs
+    idle. The batch is raised, and the reason says so: never "the main process keeps it
+    waiting", which it says where util leaves the GPU idle (60 %)."""
+    small = advice(judge(tmp_path, synthetic.host_bound_bert(util=0.93, sm_active=0.58)),
+                   "raise-batch-size")
+    assert small["evidence"]["busy_in_steps"] >= 0.5
+    assert small["evidence"]["train_util"] == pytest.approx(0.93, abs=0.01)
+    assert "a kernel is running 93 % of its training time" in small["message"], small["message"]
+    assert "too small to keep every SM busy" in small["message"]
+    assert "keeps it waiting" not in small["message"]
+    waits = advice(judge(tmp_path, synthetic.host_bound_bert(util=0.60, sm_active=0.55),
+                         "waits.jsonl"), "raise-batch-size")
+    assert waits["evidence"]["busy_in_steps"] >= 0.5
+    assert "the main process keeps it waiting" in waits["message"], waits["message"]
+    assert "train_util" not in waits["evidence"] and "a kernel is running" not in waits["message"]
+
+
 def test_accumulation_lowers_the_micro_batch_count_not_the_learning_rate(tmp_path):
     """Accelerate, micro-batch 4 x 16 accumulation steps: the lever is the micro-batch at
     the same effective batch (64), with the LR unchanged; never "batch_size=64 -> 128"."""

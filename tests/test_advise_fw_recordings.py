@@ -872,8 +872,18 @@ def test_gets_its_advice_and_not_the_wrong_one(name):
         # nothing judges the time before the first step as training
         assert a["since"] >= first, (a["id"], a["since"] - first)
         if a["id"] in must and a["severity"] == "warning":
-            assert a["since"] - first <= WARNING_ONSET + 1, (a["id"], a["since"] - first)
+            allowed = LATE_ONSET.get((name, a["id"]), WARNING_ONSET)
+            assert a["since"] - first <= allowed + 1, (a["id"], a["since"] - first)
     assert not report["hook"]["problems"]
+
+
+# warnings a recording earns later than WARNING_ONSET, and why
+LATE_ONSET: dict[tuple[str, str], float] = {
+    # it trains a third of its time (saves take 59 %): its steps are judged for the batch
+    # in the windows a third training, and keep the SMs 40-52 % active (45 % in the seconds
+    # that held only steps; 45-52 % as a window's fit reads them): told 24 s in
+    ("lightning_fp16_ckpt", "raise-batch-size"): 30.0,
+}
 
 
 def test_the_trainer_evaluating_most_of_the_time_is_told_so_in_its_words():
@@ -897,14 +907,15 @@ def test_the_trainer_evaluating_most_of_the_time_is_told_so_in_its_words():
     assert "TrainingArguments(bf16=True, fp16=False)" in mp["action"]
     assert mp["evidence"]["autocast"] == 0
     assert mp["evidence"]["fp32_active"] >= 0.2 > 0.05 >= mp["evidence"]["tensor_active"]
-    # the larger win first: the training's batch, two thirds of the time evaluating, wins
-    # back less of it than the evaluation does
+    # the larger win first
     told = [a["id"] for a in report["advice"]]
     assert told.index("speed-up-evaluation") < told.index("enable-mixed-precision")
-    assert told.index("speed-up-evaluation") < told.index("raise-batch-size")
-    # its steps are judged for the batch once a window is a third training (25 s in)
-    (rb,) = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
-    assert rb["evidence"]["share_host"] >= 0.3 and rb["expected_gain"] < 1.5
+    # its steps keep the SMs 66 % active with a kernel running 80-88 % of the time (the
+    # seconds that held only steps): not held up by the host, whatever a larger batch may
+    # gain (a window's mean, evaluations in it, read 45-51 % and told it "the main process
+    # keeps it waiting 32 %"; test_the_runs_gpu_share_is_that_of_the_seconds_it_trained)
+    for a in report["advice"]:
+        assert "keeps it waiting" not in a["message"], a["message"]
     # the training steps hold no evaluation: their time is the training's alone
     assert job["steps"] == t["steps"]
 
@@ -3817,3 +3828,33 @@ def test_accelerate_diverging_in_fp16_is_told_the_loss_not_the_scale():
     assert "in fp16 a forward pass" in a["message"]
     assert "loss-scale-collapse" not in ids(report)
     assert report["jobs"][0]["steps"] == truth(name)["steps"]
+
+
+@pytest.mark.parametrize("name", ["hf_large_eval10", "hf_eval_heavy", "accel_clm_eval",
+                                  "lightning_fp16_ckpt", "hf_gpt2_eval_save", "hf_save",
+                                  "hf_eval_mid_bf16", "hf_clm_eval_logits",
+                                  "hf_eval_mid_fp32", "lightning_cnn_ckpt"])
+def test_the_runs_gpu_share_is_that_of_the_seconds_it_trained(name):
+    """Jobs that evaluate or save every few steps (the Trainer, Accelerate, Lightning; H100s
+    and H200s): the run's breakdown of its training time reads the GPU's SMs as busy as the
+    seconds that held only steps (each bucket's reading fitted against its share of
+    training, the GPM reading paired with the buckets its interval spans). Before, each
+    bucket's reading counted by its share of training, evaluations' and saves' seconds
+    included, 0.01-0.12 under: 47 % GPU work, 51 % host, on hf_large_eval10, whose steps
+    keep the SMs 65-72 % active; 72 % on accel_clm_eval's 84 %. Now within 0.05 on all but
+    hf_large_eval10 (0.07 over)."""
+    recs = lines(path_of(name))
+    step_t = sorted(d["t"] for d in recs if d.get("kind") == "step")
+    phase_t = [d["t"] for d in recs if d.get("kind") == "phase" and d["phase"] != "train"]
+    per = max(len([s for s in step_t if a < s <= a + 1]) for a in step_t)
+    # the GPU's readings of seconds all steps: no other phase began in them, and nearly as
+    # many steps ended in them as in any second
+    full = [d["sm_active"] for d in recs if d.get("kind") == "gpu" and "sm_active" in d
+            and not any(d["t"] - 1 < p <= d["t"] for p in phase_t)
+            and len([s for s in step_t if d["t"] - 1 < s <= d["t"]]) >= 0.75 * per]
+    assert len(full) >= 4, full
+    level = sum(full) / len(full)
+    (job,) = advise_json(path_of(name))["jobs"]
+    print(f"{name}: {len(full)} seconds of steps, SMs {level:.2f} active; "
+          f"the run's GPU share {job['time_share']['gpu']:.2f}")
+    assert job["time_share"]["gpu"] == pytest.approx(level, abs=0.08)

@@ -417,6 +417,27 @@ def test_a_phases_level_is_fitted_from_how_much_of_each_bucket_it_held():
     assert ring_mean_in_phase(high, share, 0, 5) == 1.0
 
 
+def test_a_reading_of_the_interval_before_its_line_is_paired_with_the_buckets_it_spans():
+    """A GPM reading describes the sample interval before its line: with lines 0.25 s into
+    their buckets at 1 s, three quarters of it lie in the bucket before. Paired so
+    (``before``), the fit finds the training's level; paired with its own bucket alone, it
+    is off (the fw_hf_large_eval10 shape: training at 70 %, evaluating at 25 %)."""
+    from gpuwatch.advisor.windows import ring_mean_in_phase
+
+    rng = random.Random(5)
+    train, other, before = 0.7, 0.25, 0.75
+    vals, share = Ring(0), Ring(0)
+    shares = [rng.choice((0.0, 1.0, 1.0, rng.random())) for _ in range(200)]
+    for i, p in enumerate(shares):
+        seen = (1 - before) * p + before * (shares[i - 1] if i else p)
+        vals.push(train * seen + other * (1 - seen))
+        share.push(p)
+    assert ring_mean_in_phase(vals, share, 20, 200, before) == pytest.approx(train)
+    assert ring_mean_in_phase(vals, share, 20, 200) < train - 0.08
+    # a bucket whose bucket before is unknown is left out, not paired with nothing
+    assert ring_mean_in_phase(vals, share, 0, 1, before) is None
+
+
 def test_table_push_writes_the_ring_as_ring_push_does():
     """The frame's Table.push writes its ring straight (Ring.push inlined); here against the
     ring written push by push as before, the gaps filled or dropped and the ring trimmed

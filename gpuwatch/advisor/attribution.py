@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from gpuwatch.advisor.windows import phase_level
+
 # categories in the order they claim wall time (docs/advice.md): each takes only what the
 # ones before it left, so the five always sum to 1 (the PyTorch profiler TensorBoard
 # plugin's priority-claim design)
 SHARE_CATEGORIES = ("data", "sync", "gpu", "host", "other")
 SHARE_SIGNALS = {f"share_{c}": c for c in SHARE_CATEGORIES}
 _OVER_PEERS = {"data_over_peers": "data", "host_over_peers": "host", "gpu_over_peers": "gpu"}
-RANK_SIGNALS = frozenset({"gpu_busy", "job_rank", "job_ranks", "rank_score", "slowest_rank",
-                          "peer_straggler", "straggler_gain", "busy_in_steps",
+RANK_SIGNALS = frozenset({"gpu_busy", "train_util", "job_rank", "job_ranks", "rank_score",
+                          "slowest_rank", "peer_straggler", "straggler_gain", "busy_in_steps",
                           "job_busy_in_steps", "peer_away_share", "away_rank",
                           "data_over_peers", "host_over_peers", "gpu_over_peers"})
 ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
@@ -65,15 +67,35 @@ class JobWindow(NamedTuple):
 
 
 class SpanTotals:
-    """A job's attribution inputs summed bucket by bucket since its first step."""
+    """A job's attribution inputs summed bucket by bucket since its first step; where the
+    hook's phases mix training with evaluations or saves, the GPU's busy and util levels
+    of the training are fitted from each bucket's reading and share of training (``fit``),
+    as a window's are (windows.ring_mean_in_phase)."""
 
-    __slots__ = ("s",)
+    __slots__ = ("s", "f")
 
     _KEYS = ("wall", "steps", "step_total", "data_total", "busy", "util", "main",
              "workers_busy", "workers", "away")
 
     def __init__(self) -> None:
         self.s: dict[str, float] = {}
+        # per level ("busy", "util"): the least-squares sums phase_level reads
+        self.f: dict[str, list[float]] = {}
+
+    def fit(self, key: str, v: float, p: float) -> None:
+        """One bucket's reading ``v`` of ``key``, of which a share ``p`` was training."""
+        p = min(1.0, max(0.0, p))
+        q = 1.0 - p
+        f = self.f.get(key)
+        if f is None:
+            f = self.f[key] = [0.0] * 7
+        f[0] += 1.0
+        f[1] += p
+        f[2] += p * p
+        f[3] += p * q
+        f[4] += q * q
+        f[5] += v * p
+        f[6] += v * q
 
     def add(self, w: JobWindow) -> None:
         s = self.s
@@ -98,9 +120,14 @@ class SpanTotals:
             w = s.get("_w_" + k)
             return s[k] / w if w else None
 
+        def level(k: str) -> float | None:
+            f = self.f.get(k)
+            fitted = phase_level(*f) if f is not None else None
+            return fitted if fitted is not None else mean(k)
+
         return JobWindow(wall=s["wall"], hook=bool(s.get("hook")), steps=s.get("steps", 0.0),
                          step_total=s.get("step_total", 0.0), data_total=s.get("data_total"),
-                         busy=mean("busy"), util=mean("util"), main=mean("main"),
+                         busy=level("busy"), util=level("util"), main=mean("main"),
                          workers_busy=mean("workers_busy"), workers=mean("workers"),
                          away=s.get("away", 0.0))
 
@@ -134,6 +161,8 @@ class Attribution(NamedTuple):
             return self.shares[SHARE_SIGNALS[name]]
         if name == "gpu_busy":
             return self.window.busy
+        if name == "train_util":
+            return self.window.util
         if name == "busy_in_steps":
             return busy_in_steps(self.shares, self.window)
         if name == "job_busy_in_steps":

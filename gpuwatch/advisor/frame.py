@@ -219,6 +219,9 @@ class Subject:
         self.hook_seen = False  # a hook reports for this GPU's job (steps, settings, phases)
         self.problems: list[dict[str, Any]] = []
         self.hook_off = False
+        # where in its bucket the newest GPU line fell (0-1): what share of the interval a
+        # reading describes (the sample interval before its line) lies in the bucket before
+        self.gpu_offset = 0.5
         # without the hook: the first bucket its GPU ran kernels for its process (before
         # it, a job is starting up: workers prefetching while the GPU idles is no training)
         self.first_busy: int | None = None
@@ -425,6 +428,7 @@ class Frame:
         self._advance(t)
         gpu = get("gpu")
         subj = self._subject(gpu)
+        subj.gpu_offset = (t / self.res) % 1.0
         acc = subj.gpu_table.acc
         subj.gpu_table.ever = True
         light = subj.light
@@ -1773,11 +1777,16 @@ class Frame:
                     # GPU less busy than the steps keep it: fw_hf_eval_heavy's training
                     # seconds 55 % SM active, its windows' plain mean 45-51 %, this
                     # 52-59 %; fw_hf_large_eval10's 65-72 %, 45 %, 60-67 %)
-                    # (a GPU line reads the sample interval before it: at 1 s, the
-                    # bucket before its own)
-                    lag = round(self.sample_seconds / self.res)
-                    w_util = ring_mean_in_phase(gt.get("util"), train_ring, start, end, lag)
-                    w_busy = ring_mean_in_phase(busy_ring, train_ring, start, end, lag)
+                    # GPM's counters describe the sample interval before their line:
+                    # as much of it as lies in the bucket before is paired with that
+                    # bucket's phases. NVML's util is the kernel time of its last sample
+                    # period, shorter (1/6 s on many parts): its own bucket. On the fw_*
+                    # recordings (H100, H200; lines 0.0-0.9 s into their buckets) these
+                    # fit best: least residual on 15 of 24 GPUs for SM active (whole
+                    # bucket before: 5, own: 4), on 37 of 59 for util (bucket before: 8)
+                    w_util = ring_mean_in_phase(gt.get("util"), train_ring, start, end)
+                    w_busy = ring_mean_in_phase(busy_ring, train_ring, start, end,
+                                                self._gpm_before(subj))
                     if w_util is not None:
                         util = w_util
                     if w_busy is not None:
@@ -2004,6 +2013,13 @@ class Frame:
             out["micro_batches"] = round(subj.micro_sum / subj.micro_n, 2)
         return out
 
+    def _gpm_before(self, subj: Subject) -> float:
+        """The share of the interval a GPM reading of ``subj`` describes (the sample
+        interval before its line) that lies in the bucket before the line's own; several
+        lines a bucket, each an interval shorter than it: half that share, on average."""
+        span = self.sample_seconds / self.res
+        return 1.0 - subj.gpu_offset if span >= 1.0 else span / 2
+
     def _span_add(self, subj: Subject, b: int) -> None:
         """Bucket ``b`` of a job the hook reports into its whole-run span."""
         if subj.job_warm is None or b < subj.job_warm:
@@ -2013,6 +2029,25 @@ class Frame:
         w = self.job_window(subj, b + 1, 1, clamp=False, stopped=False)
         if w is not None:
             subj.span.add(w)
+            phases = self.phase_owner(subj)
+            if phases is not None and subj.gpu is not None:
+                # each bucket's GPU readings against its share of training, as the
+                # windows' are (job_window), for the run's own fit
+                by = phases.phase_table.rings.get("phase_train")
+                p = ring_mean(by, b, b + 1)
+                if p is not None:
+                    gt = subj.gpu_table.rings
+                    util = ring_mean(gt.get("util"), b, b + 1)
+                    if util is not None:
+                        subj.span.fit("util", util, p)
+                    gpm = ring_mean(gt.get("sm_active"), b, b + 1) \
+                        if subj.facts.get("gpm") else None
+                    before = self._gpm_before(subj)
+                    p0 = ring_mean(by, b - 1, b)
+                    if gpm is not None and p0 is not None:
+                        subj.span.fit("busy", gpm, (1.0 - before) * p + before * p0)
+                    elif gpm is None and util is not None:  # no GPM: util is the busy share
+                        subj.span.fit("busy", util, p)
             if subj.job_last == b:
                 subj.span_at_last_step = subj.span.total()
 

@@ -409,6 +409,9 @@ def _defs() -> dict[str, SignalDef]:
          "checkpoints) or nobody busy"), True),
         ("gpu_busy", "job", "ratio", "mean", ("the GPU busy share the attribution uses: SM "
          "active where GPM exists, else NVML util, over the job's training time"), True),
+        ("train_util", "job", "ratio", "mean", ("NVML util (the share of time any kernel "
+         "runs) over the job's training time: evaluations, checkpoints and compiling left out "
+         "where the hook's phases tell them; without the hook, all of it"), True),
         ("busy_in_steps", "job", "ratio", "mean", ("how busy the GPU is while training steps "
          "run: the GPU's share of the time inside steps (the hook's step times), else "
          "busy_ratio's; batch advice's measure of a step too small for the GPU"), True),

@@ -445,7 +445,7 @@ PHASE_FIT_VARIANCE = 0.01
 
 
 def ring_mean_in_phase(ring: Ring | None, by: Ring | None, s: int, e: int,
-                       lag: int = 0) -> float | None:
+                       before: float = 0.0) -> float | None:
     """``ring``'s level while ``by`` (a phase's share of each bucket, 0-1) is 1, over
     absolute buckets [s, e): the GPU's busy share in the seconds a job trained, where its
     evaluations or saves share the window. Each bucket's value is taken as a mix of the
@@ -454,17 +454,25 @@ def ring_mean_in_phase(ring: Ring | None, by: Ring | None, s: int, e: int,
     training); else (a phase changing many times a second, every bucket mixing them alike)
     the mean with each bucket weighted by its share. Clamped to 0-1; None where no bucket
     had that phase. NVML reads each second whole, where the hook's phases split it; a
-    reading describes the interval before it (GPM's counters between two samples, util's
-    last sample period), so ``ring``'s bucket ``i + lag`` is paired with ``by``'s ``i``."""
+    reading describes an interval before its line (GPM's counters, the time since the last
+    sample), which may begin in the bucket before: ``before`` is the share of it that does,
+    so ``ring``'s bucket ``i`` is paired with ``by``'s ``i`` and ``i - 1`` in those shares."""
     if ring is None or by is None:
         return None
     rv, rb = ring.vals, ring.base
     bv, bb = by.vals, by.base
+    own = 1.0 - before
     n = spp = spq = sqq = sup = suq = sp = 0.0
-    for i in range(max(s, rb - lag, bb), min(e, rb + len(rv) - lag, bb + len(bv))):
-        v, p = rv[i + lag - rb], bv[i - bb]
+    for i in range(max(s, rb, bb + (1 if before > 0 else 0)),
+                   min(e, rb + len(rv), bb + len(bv))):
+        v, p = rv[i - rb], bv[i - bb]
         if v is None or p is None:
             continue
+        if before > 0:
+            p0 = bv[i - 1 - bb]
+            if p0 is None:
+                continue
+            p = own * p + before * p0
         p = min(1.0, max(0.0, p))
         q = 1.0 - p
         n += 1
@@ -476,9 +484,18 @@ def ring_mean_in_phase(ring: Ring | None, by: Ring | None, s: int, e: int,
         suq += v * q
     if sp <= 0:
         return None
+    level = phase_level(n, sp, spp, spq, sqq, sup, suq)
+    return level if level is not None else min(1.0, max(0.0, sup / sp))
+
+
+def phase_level(n: float, sp: float, spp: float, spq: float, sqq: float, sup: float,
+                suq: float) -> float | None:
+    """The least-squares level ``a`` of ``v = a p + c (1 - p)`` from its sums (over the
+    buckets: 1, p, p², p q, q², v p, v q, with q = 1 - p), clamped to 0-1; None where the
+    shares do not spread enough to tell the two levels apart (ring_mean_in_phase)."""
+    if n < 3:
+        return None
     det = spp * sqq - spq * spq
-    if n >= 3 and spp / n - (sp / n) ** 2 >= PHASE_FIT_VARIANCE and det > 0:
-        level = (sup * sqq - suq * spq) / det
-    else:
-        level = sup / sp
-    return min(1.0, max(0.0, level))
+    if spp / n - (sp / n) ** 2 < PHASE_FIT_VARIANCE or det <= 0:
+        return None
+    return min(1.0, max(0.0, (sup * sqq - suq * spq) / det))
