@@ -758,3 +758,5 @@ want hf_eval30_b16 && rec hf_eval30_b16 150 python3 hf_trainer.py $bert --steps 
 want hf_large_eval10 && rec hf_large_eval10 150 python3 hf_trainer.py --hidden 1024 \
   --layers 24 --seq 512 --steps 100000 --seconds 50 --batch 32 --accum 1 --eval-every 10 \
   --eval-batch 8 --eval-samples 512 --bf16 --workers 2
+# (fw_hf_large_eval10_h100: the same on one H100, 2026-12-05, twenty-second session,
+#  renamed from fw_hf_large_eval10: its steps' SMs 68 % active in the seconds of steps)
