@@ -219,8 +219,9 @@ class Subject:
         self.hook_seen = False  # a hook reports for this GPU's job (steps, settings, phases)
         self.problems: list[dict[str, Any]] = []
         self.hook_off = False
-        # where in its bucket the newest GPU line fell (0-1): what share of the interval a
-        # reading describes (the sample interval before its line) lies in the bucket before
+        # where in its bucket the newest GPU line fell (0-1): from it, _gpm_before reads how
+        # much of the interval a reading describes (the sample interval before its line)
+        # lies in the bucket before
         self.gpu_offset = 0.5
         # without the hook: the first bucket its GPU ran kernels for its process (before
         # it, a job is starting up: workers prefetching while the GPU idles is no training)
@@ -1774,9 +1775,9 @@ class Frame:
                 if not cpu_only and end - start > 1 and train < 0.98:
                     # the GPU's busy share in the seconds the job trained, from how much
                     # of each second it trained (evaluating at a small batch reads the
-                    # GPU less busy than the steps keep it: fw_hf_eval_heavy's training
-                    # seconds 55 % SM active, its windows' plain mean 45-51 %, this
-                    # 52-59 %; fw_hf_large_eval10's 65-72 %, 45 %, 60-67 %)
+                    # GPU less busy than the steps keep it: fw_hf_eval_heavy's seconds of
+                    # steps 66 % SM active, its windows' plain mean 45-51 %, this 64-74 %;
+                    # fw_hf_large_eval10's 67 %, 45 %, 70-77 %)
                     # GPM's counters describe the sample interval before their line:
                     # as much of it as lies in the bucket before is paired with that
                     # bucket's phases. NVML's util is the kernel time of its last sample
