@@ -1783,8 +1783,8 @@ class Frame:
                     # bucket's phases. NVML's util is the kernel time of its last sample
                     # period, shorter (1/6 s on many parts): its own bucket. On the fw_*
                     # recordings (H100, H200; lines 0.0-0.9 s into their buckets) these
-                    # fit best: least residual on 15 of 24 GPUs for SM active (whole
-                    # bucket before: 5, own: 4), on 37 of 59 for util (bucket before: 8)
+                    # fit best: least residual on 24 of 26 GPUs for SM active, on 36 of
+                    # 61 for util (benchmarks/phase_fit.py pairing)
                     w_util = ring_mean_in_phase(gt.get("util"), train_ring, start, end)
                     w_busy = ring_mean_in_phase(busy_ring, train_ring, start, end,
                                                 self._gpm_before(subj))
