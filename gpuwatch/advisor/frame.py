@@ -2043,12 +2043,12 @@ class Frame:
                         subj.span.fit("util", util, p)
                     gpm = ring_mean(gt.get("sm_active"), b, b + 1) \
                         if subj.facts.get("gpm") else None
-                    before = self._gpm_before(subj)
-                    p0 = ring_mean(by, b - 1, b)
-                    if gpm is not None and p0 is not None:
+                    if gpm is None:
+                        if util is not None:  # no GPM: util is the busy share
+                            subj.span.fit("busy", util, p)
+                    elif (p0 := ring_mean(by, b - 1, b)) is not None:
+                        before = self._gpm_before(subj)
                         subj.span.fit("busy", gpm, (1.0 - before) * p + before * p0)
-                    elif gpm is None and util is not None:  # no GPM: util is the busy share
-                        subj.span.fit("busy", util, p)
             if subj.job_last == b:
                 subj.span_at_last_step = subj.span.total()
 
