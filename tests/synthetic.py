@@ -323,20 +323,23 @@ def with_lines(run: Run, extra: list[dict[str, Any]]) -> Run:
     return Run([run.lines[0], *body], run.first_step, run.truth)
 
 
-def host_bound_bert(seconds: float = 40.0, util: float = 0.60, sm_active: float = 0.47) -> Run:
+def host_bound_bert(seconds: float = 40.0, util: float = 0.60, sm_active: float = 0.47,
+                    full: bool = False) -> Run:
     """BERT-base in fp32 at batch 8 (issue: util 60 %, SM 47 %, 4 % of memory, 54 % of each
     step in the host): 90 ms steps with no data wait, the main process pegged; ``util`` and
-    ``sm_active`` set the GPU's readings."""
+    ``sm_active`` set the GPU's readings; ``full``: the allocator holds 96 % of the GPU's
+    memory (a model that leaves no room for a larger batch), NVML reads 97 % used."""
+    held = (int(0.90 * H100), int(0.95 * H100), int(0.96 * H100)) if full else (
+        1_400_000_000, 1_900_000_000, 2_400_000_000)
     steps = steady_steps(seconds, 0.09, wait=0.001, batch_size=8,
-                         mem_allocated_bytes=1_400_000_000,
-                         max_mem_allocated_bytes=1_900_000_000,
-                         mem_reserved_bytes=2_400_000_000)
+                         mem_allocated_bytes=held[0], max_mem_allocated_bytes=held[1],
+                         mem_reserved_bytes=held[2])
     return build(steps={0: steps},
                  gpu=const(util=util, sm_active=sm_active, tensor_active=0.02, fp32_active=0.12,
                            dram_active=0.2),
                  host=lambda rel: {"job_cpu_cores": 1.05, "job_main_cpu_cores": 1.0,
                                    "job_workers_cpu_cores": 0.05, "job_processes": 2},
-                 mem_used=lambda rel, g: 0.04 * H100,
+                 mem_used=lambda rel, g: (0.97 if full else 0.04) * H100,
                  configs={0: {"num_workers": 1, "persistent_workers": False,
                               "pin_memory": True, "uses_dataloader": True, "batch_size": 8,
                               "autocast_dtype": None, "tf32": True, "framework": "transformers",

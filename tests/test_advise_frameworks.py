@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import synthetic
 from test_advise_classes import WARNING_ONSET, advice, ids, job, judge, onset
-from test_advise_support import run_cli
+from test_advise_support import advise_json, run_cli
 
 LR = "learning rate"
 
@@ -55,6 +55,59 @@ def test_kernels_running_most_of_the_time_are_said_too_small_not_kept_waiting(tm
     assert waits["evidence"]["busy_in_steps"] >= 0.5
     assert "the main process keeps it waiting" in waits["message"], waits["message"]
     assert "train_util" not in waits["evidence"] and "a kernel is running" not in waits["message"]
+
+
+def test_the_host_share_says_how_much_of_it_a_kernel_ran(tmp_path):
+    """The run's breakdown counts as host the time the SMs idle while the main process is
+    busy; where NVML saw a kernel running through much of it (util 93 %, SMs 58 % active),
+    the header, the Markdown table and the JSON say how much, so "host 42 %" is not read
+    as a GPU left waiting for launches. Where util and SM active agree (57 %, 55 %) the
+    share is small and nothing is said."""
+    from test_advise_support import advise_text
+
+    small = synthetic.host_bound_bert(util=0.93, sm_active=0.58).write(tmp_path / "k.jsonl")
+    j = job(advise_json(small))
+    assert j["time_share"]["host"] >= 0.35
+    assert j["host_kernel_share"] == pytest.approx(0.93 - j["time_share"]["gpu"], abs=0.01)
+    said = f"in {round(100 * j['host_kernel_share'])} % of the time a kernel ran but left " \
+           "the SMs idle"
+    (line,) = [ln for ln in advise_text(small).splitlines() if ln.startswith("GPU 0 (")]
+    assert re.search(r"host \d+ % \(" + re.escape(said) + r"\)", line), line
+    assert f"| {round(100 * j['time_share']['host'])} % ({said}) |" in \
+        advise_text(small, "--format", "markdown")
+    waits = synthetic.host_bound_bert(util=0.57, sm_active=0.55).write(tmp_path / "w.jsonl")
+    j = job(advise_json(waits))
+    assert j["host_kernel_share"] == pytest.approx(0.02, abs=0.01)
+    (line,) = [ln for ln in advise_text(waits).splitlines() if ln.startswith("GPU 0 (")]
+    assert "host " in line and "a kernel ran" not in line, line
+
+
+def test_gpu_underused_names_small_kernels_where_a_kernel_ran_through_the_host_share(tmp_path):
+    """A model that fills memory (97 %: no larger batch fits, so raise-batch-size is
+    silent) with a kernel running 95 % of its steps and SMs 55 % active: gpu-underused's
+    largest slice is the host share, but a kernel ran through most of it. It says so, and
+    does not tell a busy main process to launch sooner or drop host syncs; the larger batch
+    it names waits for memory made room for. Where util leaves the GPU idle (60 %), the
+    host's own wording stands."""
+    report = judge(tmp_path, synthetic.host_bound_bert(util=0.95, sm_active=0.55, full=True))
+    assert "raise-batch-size" not in ids(report)
+    a = advice(report, "gpu-underused")
+    assert "though a kernel ran through most of it (the SMs idle inside kernels too small " \
+        "to fill them)" in a["message"], a["message"]
+    assert "collectives" not in a["message"]  # one process, on one GPU
+    assert a["evidence"]["host_kernel_share"] == pytest.approx(0.95 - a["evidence"]["share_gpu"],
+                                                               abs=0.02)
+    assert "launching the kernels sooner would not fill the GPU" in a["action"]
+    assert "once memory has room for it: gradient checkpointing first" in a["action"]
+    assert "host syncs" not in a["action"] and "main process is busy while the GPU idles" \
+        not in a["action"]
+    waits = advice(judge(tmp_path, synthetic.host_bound_bert(util=0.60, sm_active=0.55,
+                                                             full=True), "w.jsonl"),
+                   "gpu-underused")
+    assert "the host (main process busy, GPU idle)" in waits["message"], waits["message"]
+    assert "host_kernel_share" not in waits["evidence"]
+    assert waits["action"].startswith("The main process is busy while the GPU idles")
+    assert "once memory has room for it" in waits["action"]
 
 
 def test_accumulation_lowers_the_micro_batch_count_not_the_learning_rate(tmp_path):

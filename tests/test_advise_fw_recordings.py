@@ -3869,3 +3869,28 @@ def test_the_runs_gpu_share_is_that_of_the_seconds_it_trained(name):
     print(f"{name}: {len(full)} seconds of steps, SMs {level:.2f} active; "
           f"the run's GPU share {job['time_share']['gpu']:.2f}")
     assert job["time_share"]["gpu"] == pytest.approx(level, abs=0.08)
+
+
+def test_ranks_whose_kernels_ran_through_the_host_share_are_told_of_their_collectives(
+        tmp_path):
+    """Accelerate's DDP on 4 H100s without the hook (rank 0 evaluating alone): ranks 1-3
+    read util 86-96 % with SMs 51-52 % active, most of their host share a kernel running.
+    gpu-underused says that, names the collectives beside kernels too small, and does not
+    tell them their main process keeps the GPU idle; the header says it too."""
+    bare = without_hook(path_of("accel_clm_eval_main_ddp"), tmp_path)
+    report = advise_json(bare)
+    told = [a for a in report["advice"] if a["id"] == "gpu-underused"]
+    ranks = [a for a in told if a["gpu"] in (1, 2, 3)]
+    assert len(ranks) == 3, [(a["gpu"], a["message"]) for a in told]
+    for a in ranks:
+        assert "though a kernel ran through most of it" in a["message"], a["message"]
+        assert "or the collectives', which hold a few SMs while they exchange or wait for a " \
+            "slower rank" in a["message"]
+        assert "more work per gradient exchange" in a["action"]
+        assert "while the GPU idles" not in a["action"]
+        assert a["evidence"]["host_kernel_share"] >= 0.5 * a["evidence"]["share_host"]
+    for j in report["jobs"]:
+        if j["gpu"] in (1, 2, 3):
+            assert j["host_kernel_share"] >= 0.2, j
+    header = [ln for ln in advise_text(bare).splitlines() if ln.startswith("GPU 1 (")]
+    assert len(header) == 1 and "a kernel ran but left the SMs idle" in header[0], header

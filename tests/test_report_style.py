@@ -15,7 +15,13 @@ from conftest import RECORDINGS as RECORDING_PATHS
 from test_advise_support import DATA, run_cli
 
 from gpuwatch.advise import build
-from gpuwatch.advisor.report import evidence_value, percent, render_markdown, render_text
+from gpuwatch.advisor.report import (
+    evidence_value,
+    host_kernels_note,
+    percent,
+    render_markdown,
+    render_text,
+)
 from gpuwatch.advisor.rules import load_rules
 
 RECORDINGS = [p.name for p in RECORDING_PATHS] + ["demo"]
@@ -139,8 +145,13 @@ def test_the_time_line_says_what_the_table_says(reports, name):
     for job, row, line in zip(jobs, rows, lines, strict=True):
         cells = [c.strip() for c in row.strip("|").split("|")]
         cpu = job["gpu"] is None  # a CPU-only job: its host time is the step's own work
+        # the host share says, beside it, how much of it a kernel ran through (the same
+        # words in both)
+        kernels = host_kernels_note(job)
         for i, cat in enumerate(("data", "sync", "gpu", "host", "other")):
             shown = percent(job["time_share"][cat])
+            if cat == "host" and kernels:
+                shown += f" ({kernels})"
             assert cells[2 + i] == shown, (cat, row)
             if cpu and cat in ("sync", "gpu"):
                 assert names[cat] not in line, (cat, line)

@@ -13,10 +13,11 @@ from gpuwatch.advisor.windows import phase_level
 SHARE_CATEGORIES = ("data", "sync", "gpu", "host", "other")
 SHARE_SIGNALS = {f"share_{c}": c for c in SHARE_CATEGORIES}
 _OVER_PEERS = {"data_over_peers": "data", "host_over_peers": "host", "gpu_over_peers": "gpu"}
-RANK_SIGNALS = frozenset({"gpu_busy", "train_util", "job_rank", "job_ranks", "rank_score",
-                          "slowest_rank", "peer_straggler", "straggler_gain", "busy_in_steps",
-                          "job_busy_in_steps", "peer_away_share", "away_rank",
-                          "data_over_peers", "host_over_peers", "gpu_over_peers"})
+RANK_SIGNALS = frozenset({"gpu_busy", "train_util", "host_kernel_share", "job_rank",
+                          "job_ranks", "rank_score", "slowest_rank", "peer_straggler",
+                          "straggler_gain", "busy_in_steps", "job_busy_in_steps",
+                          "peer_away_share", "away_rank", "data_over_peers",
+                          "host_over_peers", "gpu_over_peers"})
 ATTRIBUTION_SIGNALS = frozenset(SHARE_SIGNALS) | RANK_SIGNALS
 # nvidia-resiliency-ext flags a rank whose score (best rank's time / its own) is below this
 STRAGGLER_SCORE = 0.75
@@ -163,6 +164,8 @@ class Attribution(NamedTuple):
             return self.window.busy
         if name == "train_util":
             return self.window.util
+        if name == "host_kernel_share":
+            return host_kernel_share(self.shares, self.window)
         if name == "busy_in_steps":
             return busy_in_steps(self.shares, self.window)
         if name == "job_busy_in_steps":
@@ -199,6 +202,17 @@ def busy_in_steps(shares: dict[str, float], w: JobWindow) -> float | None:
     counts as steps."""
     in_step = min(1.0, w.step_total / w.wall) if w.hook and w.wall > 0 else 1.0
     return min(1.0, shares["gpu"] / in_step) if in_step > 0.05 else None
+
+
+def host_kernel_share(shares: dict[str, float], w: JobWindow) -> float | None:
+    """The part of the host share during which NVML saw a kernel running: the SMs idle
+    inside kernels too small to fill them (or a collective's, beyond the wait on a peer
+    that ``sync`` claims), not a GPU left waiting for its next launch. ``util`` less the
+    SMs' active share and the peers' wait, at most the host share; None without util (and
+    0 where util is the busy measure, no GPM)."""
+    if w.util is None:
+        return None
+    return min(shares["host"], max(0.0, min(1.0, w.util) - shares["gpu"] - shares["sync"]))
 
 
 def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:

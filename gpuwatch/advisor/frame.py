@@ -14,6 +14,7 @@ from gpuwatch.advisor.attribution import (
     JobWindow,
     SpanTotals,
     attribute_group,
+    host_kernel_share,
 )
 from gpuwatch.advisor.facts import cc_number
 from gpuwatch.advisor.vocabulary import CONFIG_KEYS, VOCABULARY
@@ -1948,6 +1949,9 @@ class Frame:
                 "step_seconds": round(w.step_total / w.steps, 6) if w.hook and w.steps
                 else None,
             }
+            kernels = host_kernel_share(a.shares, w)
+            if kernels is not None:
+                entry["host_kernel_share"] = round(kernels, 4)
             if a.ranks > 1:
                 entry["ranks"] = a.ranks
                 entry["rank_score"] = round(a.score, 3)

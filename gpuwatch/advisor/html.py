@@ -30,6 +30,7 @@ from gpuwatch.advisor.report import (
     evidence_items,
     evidence_value,
     hook_text,
+    host_kernels_note,
     lockstep_gpus,
     no_advice_text,
     not_judged_text,
@@ -241,10 +242,19 @@ def _breakdown_table(rep: dict[str, Any]) -> str:
     rows = []
     for i, j in enumerate(rep["jobs"]):
         shares = j.get("time_share") or {}
-        cells = "".join(
-            f"<td class=\"num\"{_key(f'jobs.{i}.time_share.{c}', shares[c])}>"
-            f"{percent(shares[c])}</td>" if c in shares else "<td>?</td>"
-            for c, _, _ in CATEGORIES)
+        kernels = host_kernels_note(j)
+
+        def cell(c: str, i: int = i, shares: dict = shares, kernels: str | None = kernels
+                 ) -> str:
+            if c not in shares:
+                return "<td>?</td>"
+            shown = f"{_key(f'jobs.{i}.time_share.{c}', shares[c])}>{percent(shares[c])}"
+            if c != "host" or not kernels:
+                return f"<td class=\"num\"{shown}</td>"
+            # what of the host share had a kernel running, said beside it as the text does
+            return f"<td class=\"num\"><span{shown}</span> <small>({escape(kernels)})</small></td>"
+
+        cells = "".join(cell(c) for c, _, _ in CATEGORIES)
         step = (f"<td class=\"num\"{_key(f'jobs.{i}.step_seconds', j['step_seconds'])}>"
                 f"{escape(duration(j['step_seconds']))}</td>") if j.get("step_seconds") else (
             "<td>no hook</td>" if j.get("source") == "nvml" else "<td>?</td>")

@@ -372,6 +372,7 @@ _LABELS = {
     "first_batch_wait_ratio": "first-batch wait share",
     "first_batch_wait_seconds": "first-batch wait", "share_data": "data share",
     "share_sync": "sync share", "share_gpu": "GPU share", "share_host": "host share",
+    "host_kernel_share": "host time with a kernel running",
     "share_other": "other share", "gpu_busy": "GPU busy", "job_rank": "rank",
     "job_ranks": "ranks", "slowest_rank": "slowest rank", "rank_score": "rank score",
     "straggler_gain": "job speed-up at the median rank's pace",
@@ -669,6 +670,21 @@ _PHASE_NAMES = {"startup": "start-up", "compile": "compiling", "train": "trainin
                 "after_steps": "after its last step"}
 
 
+# the part of the host share with a kernel running (attribution.host_kernel_share) is
+# said beside it from this much of the time on (below it, the tail of any busy GPU's
+# kernels: 4-7 % on the fw_* runs whose SMs are 90 % active)
+HOST_KERNELS_SAID = 0.1
+
+
+def host_kernels_note(j: dict[str, Any]) -> str | None:
+    """What of a job's host share had a kernel running (the SMs idle inside it), where
+    it is enough to say: the host's share counts the SMs idle, not the GPU waiting."""
+    k = j.get("host_kernel_share")
+    if j.get("gpu") is None or k is None or k < HOST_KERNELS_SAID:
+        return None
+    return f"in {percent(k)} of the time a kernel ran but left the SMs idle"
+
+
 def job_where(j: dict[str, Any]) -> str:
     where = f"{j['instance']} " if j.get("instance") else ""
     return f"{where}GPU {j['gpu']}" if j.get("gpu") is not None else f"{where}CPU-only job"
@@ -696,7 +712,9 @@ def job_line(j: dict[str, Any]) -> str:
     cpu = j.get("gpu") is None
     names = dict(_CATEGORY_NAMES, host="the step's own work on the CPU") if cpu \
         else _CATEGORY_NAMES
+    kernels = host_kernels_note(j)
     parts = ", ".join(f"{names.get(c, c)} {percent(v)}"
+                      + (f" ({kernels})" if c == "host" and kernels else "")
                       for c, v in sorted(shares.items(), key=lambda kv: -kv[1])
                       if not (cpu and c in ("gpu", "sync")))
     tail = []
@@ -979,7 +997,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                                        f"rank {j['rank']}" if j.get("rank") is not None
                                        and (j.get("ranks") or 1) > 1 else "") if x) or "?"
             shares = j.get("time_share") or {}
-            cells = " | ".join(percent(shares[c]) if c in shares else "?"
+            kernels = host_kernels_note(j)
+            cells = " | ".join((percent(shares[c]) if c in shares else "?")
+                               + (f" ({kernels})" if c == "host" and kernels else "")
                                for c in ("data", "sync", "gpu", "host", "other"))
             step = duration(j["step_seconds"]) if j.get("step_seconds") else (
                 "no hook" if j.get("source") == "nvml" else "?")

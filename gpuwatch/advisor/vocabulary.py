@@ -412,6 +412,10 @@ def _defs() -> dict[str, SignalDef]:
         ("train_util", "job", "ratio", "mean", ("NVML util (the share of time any kernel "
          "runs) over the job's training time: evaluations, checkpoints and compiling left out "
          "where the hook's phases tell them; without the hook, all of it"), True),
+        ("host_kernel_share", "job", "ratio", "mean", ("the part of share_host during "
+         "which NVML util saw a kernel running (util less SM active and share_sync): SMs "
+         "idle inside kernels too small to fill them, not a GPU waiting for its next "
+         "launch; 0 without GPM (util is then the busy measure)"), True),
         ("busy_in_steps", "job", "ratio", "mean", ("how busy the GPU is while training steps "
          "run: the GPU's share of the time inside steps (the hook's step times), else "
          "busy_ratio's; batch advice's measure of a step too small for the GPU"), True),
