@@ -481,6 +481,17 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                           "reduce-launch-overhead"}),
     "plain_sync_bare": ({"raise-batch-size"}, {"add-dataloader-workers",
                                                "enable-mixed-precision"}),
+    # a recommendation model's loop (no DataLoader: no batch size) whose 56 GB embedding
+    # table holds two thirds of the memory, sparse gradients under plain SGD: the batch,
+    # sized by a step's activations (0.7 MB) against what is free, not by the footprint
+    # the table makes; no fused optimizer (fused SGD refuses sparse gradients). Without the
+    # hook the table cannot be told from activations (free 27 GB < used 58 GB): the pegged
+    # main process with no workers is told its ambiguity (workers, or the batch instead)
+    "plain_recsys": ({"raise-batch-size"}, {"use-fused-optimizer", "gpu-underused",
+                                            "add-dataloader-workers",
+                                            "enable-gradient-checkpointing"}),
+    "plain_recsys_bare": ({"add-dataloader-workers"}, {"use-fused-optimizer",
+                                                       "enable-gradient-checkpointing"}),
     # the Trainer's and Lightning's defaults (no DataLoader workers; the hook measured a
     # host-bound step, 1 % and 10 % data wait) with the daemon on its own: the batch
     "hf_default_b8_bare": ({"raise-batch-size"}, {"add-dataloader-workers"}),
@@ -3894,3 +3905,21 @@ def test_ranks_whose_kernels_ran_through_the_host_share_are_told_of_their_collec
             assert j["host_kernel_share"] >= 0.2, j
     header = [ln for ln in advise_text(bare).splitlines() if ln.startswith("GPU 1 (")]
     assert len(header) == 1 and "a kernel ran but left the SMs idle" in header[0], header
+
+
+def test_a_loop_without_a_batch_size_is_sized_by_a_steps_activations():
+    """fw_plain_recsys: ids drawn on the GPU, so the hook knows no batch size, and an
+    embedding table holds 53.7 GiB of the H100's 79.6 (free 27 GB < used 58 GB, which
+    the footprint check without a batch size reads as no room). The allocator's peak
+    over what the job holds between steps, 0.7 MB a step, is the batch's memory: room for
+    it many times over, so the batch, x16 (the GPU 2 % busy), in those words."""
+    report = advise_json(path_of("plain_recsys"))
+    (a,) = [a for a in report["advice"] if a["id"] == "raise-batch-size"]
+    assert a["evidence"]["act_mem_per_batch_bytes"] < 4 * 2**20
+    assert a["evidence"]["batch_room"] > 1000
+    assert "batch_size" not in a["evidence"] and "act_mem_per_sample_bytes" not in a["evidence"]
+    assert a["action"].startswith("Raise the batch size about x16 (a step's activations take ")
+    assert "more fit below 85 % of the card" in a["action"]
+    assert "what is free is at least what the job holds" not in a["action"]
+    (j,) = report["jobs"]
+    assert j["steps"] == truth("plain_recsys")["steps"]

@@ -242,6 +242,34 @@ def test_channels_last_is_read_from_the_conv_weights(attached: hook._Hook) -> No
     assert attached._config()["channels_last"] is True
 
 
+def test_sparse_gradients_are_reported(attached: hook._Hook) -> None:
+    """A recommendation model's table: an EmbeddingBag with sparse=True trained by SGD,
+    whose fused form refuses sparse gradients. Standing alone (no model registers it) it is
+    seen by its sparse .grad while the optimizer holds one, and stays seen after
+    zero_grad(); inside a model, by the module registration hook from its construction."""
+    table = torch.nn.EmbeddingBag(1000, 8, mode="sum", sparse=True)
+    opt = torch.optim.SGD(table.parameters(), lr=0.1)
+    ids, offsets = torch.tensor([1, 5, 7, 9]), torch.tensor([0, 2])
+    opt.zero_grad()
+    table(ids, offsets).sum().backward()
+    opt.step()
+    assert attached.primary is not None and attached.primary() is opt
+    assert attached._config()["sparse_grads"] is True
+    opt.zero_grad()  # set_to_none: no .grad left to read
+    assert attached._config()["sparse_grads"] is True
+
+
+def test_dense_gradients_are_not_reported_sparse(attached: hook._Hook) -> None:
+    dense = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(dense.parameters(), lr=0.1)
+    dense(torch.tensor([[1, 2]])).sum().backward()
+    opt.step()
+    assert attached._config()["sparse_grads"] is False
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 8, sparse=True), torch.nn.Linear(8, 1))
+    assert attached._config()["sparse_grads"] is True  # registered: before any step
+    del model
+
+
 def test_deterministic_kernels_asked_for_are_reported(attached: hook._Hook) -> None:
     """torch.use_deterministic_algorithms (Lightning's Trainer(deterministic=True)) or
     cudnn.deterministic alone: the job asked for reproducible kernels."""

@@ -1014,6 +1014,12 @@ class Frame:
             last = acc.last  # for the bucket's reading over the floor (_act_floor)
             last["_act_peak"] = peak
             last["_act_samples"] = samples
+        elif not bs and alloc is not None and peak is not None and not (micro and micro > 1):
+            # no batch size (a loop that feeds no DataLoader: ids or slices drawn on the
+            # GPU): a step's activations as a whole, what the batch's memory grows from
+            acc.add("act_mem_per_batch_bytes", max(0.0, peak - alloc))
+            acc.last["_act_peak"] = peak
+            acc.last["_act_samples"] = 1.0
 
     def feed_config(self, s: Any) -> None:
         get = _get(s)
@@ -1561,6 +1567,9 @@ class Frame:
                 job.push(idx, name, acc.last[name])
         if "act_mem_per_sample_bytes" in acc.last:
             job.push(idx, "act_mem_per_sample_bytes", self._act_floor(idx, job, acc))
+        elif "act_mem_per_batch_bytes" in acc.last:
+            job.push(idx, "act_mem_per_batch_bytes",
+                     self._act_floor(idx, job, acc, "act_mem_per_batch_bytes"))
         if "micro_batches" in acc.n:
             micro = acc.mean("micro_batches")
             job.push(idx, "micro_batches", micro, acc.n["micro_batches"])
@@ -1610,7 +1619,8 @@ class Frame:
                 return float(loader)
         return bs / micro
 
-    def _act_floor(self, idx: int, job: Any, acc: _Acc) -> float:
+    def _act_floor(self, idx: int, job: Any, acc: _Acc,
+                   name: str = "act_mem_per_sample_bytes") -> float:
         """Activation memory per sample over the least the job held in the last
         ACT_FLOOR_SECONDS (its weights, optimizer state and what else a step keeps): the
         hook reads what is allocated whenever it reports, often inside a step whose
@@ -1618,14 +1628,14 @@ class Frame:
         the peak over that reading alone made them up to 20 times too small. Kept in
         ``acc.last`` for the bucket's batch room."""
         last = acc.last
-        per = last["act_mem_per_sample_bytes"]
+        per = last[name]
         ring = job.rings.get("mem_allocated_bytes")
         samples = last.get("_act_samples")
         if ring is not None and samples:
             held = ring.values(idx + 1, max(1, math.ceil(ACT_FLOOR_SECONDS / self.res)))
             if held:
                 per = max(per, (last["_act_peak"] - min(held)) / samples)
-                last["act_mem_per_sample_bytes"] = per
+                last[name] = per
         return per
 
     def _batch_room(self, idx: int, subj: Subject, acc: _Acc) -> None:
@@ -1633,15 +1643,19 @@ class Frame:
         micro-batch's activations take (batch advice's one measure of room)."""
         per = acc.last.get("act_mem_per_sample_bytes")
         bs = acc.last.get("batch_size")
-        if subj.gpu is None or not per or not bs:
+        if per and bs:
+            micro = acc.mean("micro_batches") if "micro_batches" in acc.n else None
+            need = per * (self._micro_size(subj, bs, micro) if micro else bs)
+        else:
+            # no batch size: a step's activations as a whole, where it takes one backward()
+            need = acc.last.get("act_mem_per_batch_bytes") or 0.0
+        if subj.gpu is None or need <= 0:
             return
-        micro = acc.mean("micro_batches") if "micro_batches" in acc.n else None
-        mb = self._micro_size(subj, bs, micro) if micro else bs
         ring = subj.gpu_table.rings.get("mem_headroom_bytes")
         head = ring.last(idx + 1, 5) if ring is not None else None
         if head is None:
             return
-        subj.job.push(idx, "batch_room", 1.0 + head / (per * mb))
+        subj.job.push(idx, "batch_room", 1.0 + head / need)
 
     def _mem_total(self, subj: Subject) -> float | None:
         if subj.gpu is not None:

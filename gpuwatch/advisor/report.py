@@ -373,6 +373,7 @@ _LABELS = {
     "first_batch_wait_seconds": "first-batch wait", "share_data": "data share",
     "share_sync": "sync share", "share_gpu": "GPU share", "share_host": "host share",
     "host_kernel_share": "host time with a kernel running",
+    "act_mem_per_batch_bytes": "activations a step",
     "share_other": "other share", "gpu_busy": "GPU busy", "job_rank": "rank",
     "job_ranks": "ranks", "slowest_rank": "slowest rank", "rank_score": "rank score",
     "straggler_gain": "job speed-up at the median rank's pace",

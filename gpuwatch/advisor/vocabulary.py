@@ -202,6 +202,10 @@ def _defs() -> dict[str, SignalDef]:
         ("batch_room", "job", "times", "last", ("how many times the micro-batch fits in memory "
          "now (1 + mem_headroom_bytes / the micro-batch's activations): the one measure of "
          "room that batch advice reads"), True),
+        ("act_mem_per_batch_bytes", "job", "bytes", "last", ("a step's activation memory as "
+         "a whole where the hook knows no batch size (a loop that feeds no DataLoader) and "
+         "the step takes one backward(): the allocator's peak over the least the job held "
+         "in the last 30 s; batch_room reads it then"), True),
         # phases (the hook's `phase` lines): each a share of wall time per bucket, so a
         # window's mean is the share of that window
         ("phase_train", "phase", "ratio", "mean", "share of wall time in training steps", True),
@@ -307,6 +311,9 @@ def _defs() -> dict[str, SignalDef]:
          "it samples (1 to 10, then every 100th); absent before the first, and where "
          "find_unused_parameters is off"), False),
         ("fused_optimizer", "config", "bool", "last", "optimizer uses a fused kernel", False),
+        ("sparse_grads", "config", "bool", "last", ("the job trains a parameter with sparse "
+         "gradients (nn.Embedding or EmbeddingBag with sparse=True): fused SGD refuses them"),
+         False),
         ("gradient_checkpointing", "config", "bool", "last", "activation checkpointing on",
          False),
         ("uses_conv", "config", "bool", "last",

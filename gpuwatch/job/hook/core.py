@@ -70,6 +70,10 @@ MAX_HELD_BACKWARDS = 10_000
 OPTIMIZER = "optimizer"  # step_source values
 BACKWARD = "backward"
 CONFIG_INTERVAL = 30.0  # the configuration again, for a daemon started after the job
+# optimizers that take sparse gradients, and how many of their parameters are looked at
+# for one (an embedding table usually comes first; the look is a few µs a report)
+_SPARSE_OPTIMIZERS = frozenset({"SGD", "SparseAdam", "Adagrad"})
+SPARSE_SCAN = 256
 MAX_PENDING_STEPS = 100_000  # per-step records waiting for the reporter (older ones dropped)
 MAX_HOOK_ERRORS = 100  # after this many internal errors the hook stops measuring
 
@@ -166,7 +170,7 @@ class _Hook:
     __slots__ = ("paths", "pid", "off", "n", "skipped_known", "iter_start", "wait",
                  "samples", "first", "loader", "loader_seen", "loader_made", "train_info",
                  "active", "source", "optimizer_made", "depth", "held_backwards", "convs",
-                 "uses_conv", "data_parallel", "fsdp", "fsdp_version", "compute_device", "ddp",
+                 "uses_conv", "sparse_grads", "data_parallel", "fsdp", "fsdp_version", "compute_device", "ddp",
                  "scaler_mode", "in_scaler_step", "opt_stepped", "found_inf",
                  "primary", "other_opt", "several_opts", "shared_opts", "unscaled", "turn_bw",
                  "loader_trained", "clock",
@@ -227,6 +231,10 @@ class _Hook:
         self.held_backwards: list[tuple[float, float, int, tuple[int, float], float]] = []
         self.convs: list[weakref.ref] = []  # a few conv modules, for channels_last
         self.uses_conv = False
+        # an embedding with sparse gradients (nn.Embedding/EmbeddingBag(sparse=True), seen
+        # as a submodule, or a sparse .grad among the optimizer's first parameters): fused
+        # SGD refuses them
+        self.sparse_grads = False
         # the first torch.nn.DataParallel built (one process driving several GPUs through
         # threads), for its device count; its __init__ sets device_ids after registering
         # the module, so the count is read later, by the reporting thread
@@ -1293,6 +1301,7 @@ class _Hook:
             read(cfg, "fused_optimizer", lambda: bool(defaults.get("fused")), p)
             read(cfg, "foreach_optimizer", lambda: defaults.get("foreach"), p)
             read(cfg, "param_dtype", self._param_dtype, p)
+            read(cfg, "sparse_grads", lambda: self._sparse_grads(opt), p)
         cfg["grad_scaler"] = self.scaler is not None
         cfg["gradient_checkpointing"] = self.checkpointing
         cfg["uses_dataloader"] = self.loader_made
@@ -1318,6 +1327,25 @@ class _Hook:
         except Exception as err:
             p.add("framework", err)
         return cfg
+
+    def _sparse_grads(self, opt: Any) -> bool:
+        """Whether the job trains a parameter with sparse gradients: an embedding built
+        with sparse=True (seen as a submodule), else a sparse ``.grad`` among the first
+        SPARSE_SCAN parameters of an optimizer that takes them (SGD, SparseAdam, Adagrad;
+        read while the gradients exist, so looked for at each report until seen). Once
+        seen, it stays."""
+        if not self.sparse_grads and type(opt).__name__ in _SPARSE_OPTIMIZERS:
+            seen = 0
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    grad = param.grad
+                    if grad is not None and grad.is_sparse:
+                        self.sparse_grads = True
+                        return True
+                    seen += 1
+                    if seen >= SPARSE_SCAN:
+                        return False
+        return self.sparse_grads
 
     def _data_parallel_gpus(self) -> int | None:
         """How many devices the job's ``torch.nn.DataParallel`` replicates its model over
@@ -2191,6 +2219,9 @@ def _on_submodule(_parent: Any, _name: str, module: Any) -> None:
     if h is None or h.off:
         return
     try:
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) \
+                and getattr(module, "sparse", False):
+            h.sparse_grads = True
         if isinstance(module, torch.nn.modules.conv._ConvNd) and not _patch_embedding(module):
             h.uses_conv = True
             if len(h.convs) < 8 and isinstance(module, torch.nn.Conv2d):

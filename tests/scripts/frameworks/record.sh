@@ -121,6 +121,12 @@ want accel_resnet_fp16_bare && rec_bare accel_resnet_fp16_bare 150 python3 accel
 want hf_gpt_accum && rec hf_gpt_accum 150 python3 hf_gpt_accum.py --seconds 50
 want plain_sync && rec plain_sync 120 python3 plain_sync.py --seconds 35
 want plain_sync_bare && rec_bare plain_sync_bare 120 python3 plain_sync.py --seconds 35
+# a recommendation model's loop: an EmbeddingBag table of 110M x 128 floats (56 GB, two
+# thirds of an H100; sparse gradients, SGD) under a small MLP at batch 256, ids drawn on
+# the GPU (no DataLoader, so no batch size): memory held by the table, not the batch's
+# activations; many small kernels a step (twenty-third session)
+want plain_recsys && rec plain_recsys 150 python3 plain_recsys.py --seconds 35
+want plain_recsys_bare && rec_bare plain_recsys_bare 150 python3 plain_recsys.py --seconds 35
 want lightning_fp16_ckpt && rec lightning_fp16_ckpt 150 python3 lightning_fp16_ckpt.py --seconds 45
 want infer_vit && rec infer_vit 120 python3 infer_vit.py --seconds 35
 want infer_vit_bare && rec_bare infer_vit_bare 120 python3 infer_vit.py --seconds 35
