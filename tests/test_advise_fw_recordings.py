@@ -492,6 +492,17 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
                                             "enable-gradient-checkpointing"}),
     "plain_recsys_bare": ({"add-dataloader-workers"}, {"use-fused-optimizer",
                                                        "enable-gradient-checkpointing"}),
+    # a loop laid out as nanoGPT's train.py on one H200 (get_batch() from a memmap, no
+    # DataLoader; bf16, fused AdamW, 5 micro-steps a step, estimate_loss() every 50 steps,
+    # 5 % of the time): the GPU 85 % busy in its steps, memory 8 % used. Nothing to change:
+    # not the micro-batch (busy over 80 %), not the evaluation, not workers for a loop
+    # that has no DataLoader; with and without the hook
+    "nanogpt_like": (set(), {"raise-batch-size", "reduce-gradient-accumulation",
+                             "add-dataloader-workers", "gpu-underused", "speed-up-evaluation",
+                             "use-fused-optimizer", "work-every-n-steps",
+                             "enable-mixed-precision"}),
+    "nanogpt_like_bare": (set(), {"raise-batch-size", "add-dataloader-workers",
+                                  "gpu-underused", "enable-mixed-precision"}),
     # the Trainer's and Lightning's defaults (no DataLoader workers; the hook measured a
     # host-bound step, 1 % and 10 % data wait) with the daemon on its own: the batch
     "hf_default_b8_bare": ({"raise-batch-size"}, {"add-dataloader-workers"}),
@@ -3923,3 +3934,16 @@ def test_a_loop_without_a_batch_size_is_sized_by_a_steps_activations():
     assert "what is free is at least what the job holds" not in a["action"]
     (j,) = report["jobs"]
     assert j["steps"] == truth("plain_recsys")["steps"]
+
+
+def test_no_advice_without_the_hook_says_the_job_ran_not_that_it_trained(tmp_path):
+    """fw_nanogpt_like, nothing to change: with the hook the closing line says how busy
+    the GPU was in the time the job trained (its steps); without it nothing tells training
+    from other work, so it says the time the job ran on the GPU, as the header says "time
+    at work"."""
+    hooked = advise_text(path_of("nanogpt_like"))
+    assert "No advice: nothing in this data calls for a change. GPU 0 worked " in hooked
+    assert re.search(r"worked \d+ % of the \d+ s the job trained", hooked), hooked
+    bare = advise_text(without_hook(path_of("nanogpt_like"), tmp_path))
+    assert re.search(r"worked \d+ % of the [\d.]+ (s|min) the job ran\s+on\s+it", bare), bare
+    assert "the job trained" not in bare and " time at work: " in bare

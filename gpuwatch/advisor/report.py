@@ -597,8 +597,12 @@ def _inference_gpus(report: dict[str, Any]) -> set[int]:
     return {g for g, only in by_gpu.items() if only}
 
 
-def _busy_phrase(g: dict[str, Any], inference: Collection[int] = ()) -> str:
-    what_ran = "ran inference" if g["gpu"] in inference else "trained"
+def _busy_phrase(g: dict[str, Any], inference: Collection[int] = (),
+                 bare: Collection[int] = ()) -> str:
+    # without the hook nothing tells training from other work on the GPU (the job's
+    # breakdown is its "time at work"): the span is the time its job worked there
+    what_ran = "ran inference" if g["gpu"] in inference else (
+        "ran on it" if g["gpu"] in bare else "trained")
     span = f"{duration(g['training_seconds'])} the job {what_ran}"
     if g.get("busy_signal") == "breakdown":
         return f"GPU {g['gpu']} worked {percent(g['busy_ratio'])} of the {span}"
@@ -641,24 +645,27 @@ def no_advice_text(report: dict[str, Any]) -> str:
                 "nothing wrong.")
     spans = _training_spans(report)
     inference = _inference_gpus(report)
+    jobs = [j for j in report.get("jobs", []) if j.get("time_share")]
+    bare = {j.get("gpu") for j in jobs if j.get("source") == "nvml"} \
+        - {j.get("gpu") for j in jobs if j.get("source") != "nvml"}
     under = [g for g in spans if g["busy_ratio"] < UNDERUSED_BELOW]
     if under and all(g["gpu"] in inference for g in under):
         return ("No rule named the cause, but the GPU was not used fully: "
-                + "; ".join(_busy_phrase(g, inference) for g in under)
+                + "; ".join(_busy_phrase(g, inference, bare) for g in under)
                 + f". An inference process that keeps its GPU under "
                 f"{percent(UNDERUSED_BELOW)} busy has time to win back: more requests per "
                 "batch, fewer host syncs between them, and CUDA graphs "
                 "(torch.compile(mode=\"reduce-overhead\")) for the per-call launch cost.")
     if under:
         return ("No rule named the cause, but the GPU was not used fully: "
-                + "; ".join(_busy_phrase(g, inference) for g in under)
+                + "; ".join(_busy_phrase(g, inference, bare) for g in under)
                 + f". A training job that keeps its GPU under {percent(UNDERUSED_BELOW)} "
                 "busy has time to win back: look at where each step's time goes (step time, "
                 "data wait, the main process's CPU: the torch hook measures them), then a "
                 "larger batch, more DataLoader workers or fewer host syncs.")
     if spans:
         return ("No advice: nothing in this data calls for a change. "
-                + "; ".join(_busy_phrase(g, inference) for g in spans) + ".")
+                + "; ".join(_busy_phrase(g, inference, bare) for g in spans) + ".")
     return "No advice: nothing in this data calls for a change."
 
 

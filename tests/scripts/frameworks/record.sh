@@ -127,6 +127,10 @@ want plain_sync_bare && rec_bare plain_sync_bare 120 python3 plain_sync.py --sec
 # activations; many small kernels a step (twenty-third session)
 want plain_recsys && rec plain_recsys 150 python3 plain_recsys.py --seconds 35
 want plain_recsys_bare && rec_bare plain_recsys_bare 150 python3 plain_recsys.py --seconds 35
+# a loop laid out as nanoGPT's train.py: get_batch() from a memmap (no DataLoader), bf16,
+# fused AdamW, 5 micro-steps a step, estimate_loss() every 50 steps (twenty-third session)
+want nanogpt_like && rec nanogpt_like 180 python3 nanogpt_like.py --seconds 60
+want nanogpt_like_bare && rec_bare nanogpt_like_bare 180 python3 nanogpt_like.py --seconds 60
 want lightning_fp16_ckpt && rec lightning_fp16_ckpt 150 python3 lightning_fp16_ckpt.py --seconds 45
 want infer_vit && rec infer_vit 120 python3 infer_vit.py --seconds 35
 want infer_vit_bare && rec_bare infer_vit_bare 120 python3 infer_vit.py --seconds 35
