@@ -119,7 +119,7 @@ while time.time() - t0 < a.seconds:
         losses = estimate_loss()
         truth.eval_ends()
         print(f"step {step}: train {losses['train']:.4f} val {losses['val']:.4f}", flush=True)
-    for micro in range(a.accum):
+    for _micro in range(a.accum):
         with ctx:
             loss = model(x, y) / a.accum
         x, y = get_batch("train")  # the next batch while the GPU works
