@@ -1621,7 +1621,8 @@ class Frame:
 
     def _act_floor(self, idx: int, job: Any, acc: _Acc,
                    name: str = "act_mem_per_sample_bytes") -> float:
-        """Activation memory per sample over the least the job held in the last
+        """Activation memory per sample (``name``: or a step's, where no batch size is
+        known) over the least the job held in the last
         ACT_FLOOR_SECONDS (its weights, optimizer state and what else a step keeps): the
         hook reads what is allocated whenever it reports, often inside a step whose
         activations are live (a compiled step's 0.75-2.0 GiB against a 2.1 GiB peak), and
@@ -1640,7 +1641,8 @@ class Frame:
 
     def _batch_room(self, idx: int, subj: Subject, acc: _Acc) -> None:
         """How many times the micro-batch fits: 1 + the GPU's headroom over what one
-        micro-batch's activations take (batch advice's one measure of room)."""
+        micro-batch's activations take (batch advice's one measure of room); with no batch
+        size known, over a step's activations as a whole (its one backward())."""
         per = acc.last.get("act_mem_per_sample_bytes")
         bs = acc.last.get("batch_size")
         if per and bs:

@@ -252,7 +252,8 @@ def _breakdown_table(rep: dict[str, Any]) -> str:
             if c != "host" or not kernels:
                 return f"<td class=\"num\"{shown}</td>"
             # what of the host share had a kernel running, said beside it as the text does
-            return f"<td class=\"num\"><span{shown}</span> <small>({escape(kernels)})</small></td>"
+            return (f"<td class=\"num\"><span{shown}</span> "
+                    f"<small>({escape(kernels)})</small></td>")
 
         cells = "".join(cell(c) for c, _, _ in CATEGORIES)
         step = (f"<td class=\"num\"{_key(f'jobs.{i}.step_seconds', j['step_seconds'])}>"
