@@ -73,7 +73,7 @@ CONFIG_INTERVAL = 30.0  # the configuration again, for a daemon started after th
 # optimizers that take sparse gradients, and how many of their parameters are looked at
 # for one (an embedding table usually comes first; the look is a few µs a report)
 _SPARSE_OPTIMIZERS = frozenset({"SGD", "SparseAdam", "Adagrad"})
-SPARSE_SCAN = 256
+SPARSE_SCAN = 64
 MAX_PENDING_STEPS = 100_000  # per-step records waiting for the reporter (older ones dropped)
 MAX_HOOK_ERRORS = 100  # after this many internal errors the hook stops measuring
 
