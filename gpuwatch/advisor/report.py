@@ -659,7 +659,8 @@ def no_advice_text(report: dict[str, Any]) -> str:
     if under:
         return ("No rule named the cause, but the GPU was not used fully: "
                 + "; ".join(_busy_phrase(g, inference, bare) for g in under)
-                + f". A training job that keeps its GPU under {percent(UNDERUSED_BELOW)} "
+                + (". A job" if all(g["gpu"] in bare for g in under) else ". A training job")
+                + f" that keeps its GPU under {percent(UNDERUSED_BELOW)} "
                 "busy has time to win back: look at where each step's time goes (step time, "
                 "data wait, the main process's CPU: the torch hook measures them), then a "
                 "larger batch, more DataLoader workers or fewer host syncs.")
