@@ -3947,3 +3947,8 @@ def test_no_advice_without_the_hook_says_the_job_ran_not_that_it_trained(tmp_pat
     bare = advise_text(without_hook(path_of("nanogpt_like"), tmp_path))
     assert re.search(r"worked \d+ % of the [\d.]+ (s|min) the job ran\s+on\s+it", bare), bare
     assert "the job trained" not in bare and " time at work: " in bare
+    # a GPU under 70 % busy that no rule explained (fw_dp_loop_ddp's two ranks): the
+    # reminder speaks of a job, not a training job
+    under = advise_text(without_hook(path_of("dp_loop_ddp"), tmp_path))
+    assert "No rule named the cause, but the GPU was not used fully: GPU 0 worked" in under
+    assert re.search(r"the\s+job\s+ran\s+on\s+it\. A job that keeps its GPU under", under), under
