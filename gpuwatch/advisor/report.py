@@ -646,8 +646,9 @@ def no_advice_text(report: dict[str, Any]) -> str:
     spans = _training_spans(report)
     inference = _inference_gpus(report)
     jobs = [j for j in report.get("jobs", []) if j.get("time_share")]
-    bare = {j.get("gpu") for j in jobs if j.get("source") == "nvml"} \
-        - {j.get("gpu") for j in jobs if j.get("source") != "nvml"}
+    # the GPUs no job of the hook's ran on: nothing there tells training from other work
+    hooked = {j.get("gpu") for j in report.get("jobs", []) if j.get("source") == "hook"}
+    bare = {g["gpu"] for g in spans if g["gpu"] not in hooked}
     under = [g for g in spans if g["busy_ratio"] < UNDERUSED_BELOW]
     if under and all(g["gpu"] in inference for g in under):
         return ("No rule named the cause, but the GPU was not used fully: "
@@ -657,8 +658,27 @@ def no_advice_text(report: dict[str, Any]) -> str:
                 "batch, fewer host syncs between them, and CUDA graphs "
                 "(torch.compile(mode=\"reduce-overhead\")) for the per-call launch cost.")
     if under:
-        return ("No rule named the cause, but the GPU was not used fully: "
-                + "; ".join(_busy_phrase(g, inference, bare) for g in under)
+        said = ("No rule named the cause, but the GPU was not used fully: "
+                + "; ".join(_busy_phrase(g, inference, bare) for g in under))
+        # where a kernel ran through most of each one's host share (NVML util above SM
+        # active: attribution.host_kernel_share), the kernels leave the SMs idle: fewer
+        # host syncs or more workers would not fill them
+        kernels = [_kernels_through_host(jobs, g["gpu"]) for g in under]
+        if all(k is not None for k in kernels):
+            ranked = any((j.get("ranks") or 1) > 1 for j in jobs
+                         if j.get("gpu") in {g["gpu"] for g in under})
+            hosts = {j.get("gpu"): (j.get("time_share") or {}).get("host") for j in jobs}
+            return (said + ". In most of the time its SMs idled, a kernel was running ("
+                    + ", ".join(f"GPU {g['gpu']}: {percent(k)} of the {percent(hosts[g['gpu']])}"
+                                for g, k in zip(under, kernels, strict=True))
+                    + "): while they run, its kernels leave SMs idle (too few blocks for "
+                    "every SM, or a wave's tail"
+                    + ("; on a rank, the collectives' kernels too, which hold a few SMs"
+                       if ranked else "")
+                    + "), which launching them sooner would not change; a larger batch (or "
+                    "more tokens or pixels a sample) gives each kernel more blocks, and "
+                    "torch.compile fuses the small element-wise ones.")
+        return (said
                 + (". A job" if all(g["gpu"] in bare for g in under) else ". A training job")
                 + f" that keeps its GPU under {percent(UNDERUSED_BELOW)} "
                 "busy has time to win back: look at where each step's time goes (step time, "
@@ -677,6 +697,24 @@ _CATEGORY_NAMES = {"data": "data wait", "sync": "waiting on peers", "gpu": "GPU 
 _PHASE_NAMES = {"startup": "start-up", "compile": "compiling", "train": "training",
                 "eval": "evaluation", "checkpoint": "checkpoints", "inference": "inference",
                 "after_steps": "after its last step"}
+
+
+def _kernels_through_host(jobs: list[dict[str, Any]], gpu: int) -> float | None:
+    """The share of the time a kernel ran while the SMs of ``gpu``'s job idled, where it is
+    most of that job's host share, the host's is the largest of the time lost, and it is
+    worth saying (HOST_KERNELS_SAID); else None (and for a GPU of several jobs)."""
+    mine = [j for j in jobs if j.get("gpu") == gpu]
+    if len(mine) != 1:
+        return None
+    k = mine[0].get("host_kernel_share")
+    shares = mine[0].get("time_share") or {}
+    host = shares.get("host")
+    if k is None or host is None or k < HOST_KERNELS_SAID or k < 0.5 * host:
+        return None
+    # the host's the largest of the time lost (not a job mostly waiting on data or away)
+    if host < max(shares.get(c) or 0.0 for c in ("data", "sync", "other")):
+        return None
+    return k
 
 
 # the part of the host share with a kernel running (attribution.host_kernel_share) is
