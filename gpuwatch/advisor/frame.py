@@ -1018,8 +1018,7 @@ class Frame:
             # no batch size (a loop that feeds no DataLoader: ids or slices drawn on the
             # GPU): a step's activations as a whole, what the batch's memory grows from
             acc.add("act_mem_per_batch_bytes", max(0.0, peak - alloc))
-            acc.last["_act_peak"] = peak
-            acc.last["_act_samples"] = 1.0
+            acc.last["_actb_peak"] = peak  # apart from a line's per-sample reading's
 
     def feed_config(self, s: Any) -> None:
         get = _get(s)
@@ -1631,11 +1630,13 @@ class Frame:
         last = acc.last
         per = last[name]
         ring = job.rings.get("mem_allocated_bytes")
-        samples = last.get("_act_samples")
-        if ring is not None and samples:
+        whole = name == "act_mem_per_batch_bytes"
+        samples = 1.0 if whole else last.get("_act_samples")
+        peak = last.get("_actb_peak" if whole else "_act_peak")
+        if ring is not None and samples and peak is not None:
             held = ring.values(idx + 1, max(1, math.ceil(ACT_FLOOR_SECONDS / self.res)))
             if held:
-                per = max(per, (last["_act_peak"] - min(held)) / samples)
+                per = max(per, (peak - min(held)) / samples)
                 last[name] = per
         return per
 
