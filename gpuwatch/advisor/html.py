@@ -243,19 +243,19 @@ def _breakdown_table(rep: dict[str, Any]) -> str:
     for i, j in enumerate(rep["jobs"]):
         shares = j.get("time_share") or {}
         kernels = host_kernels_note(j)
-
-        def cell(c: str, i: int = i, shares: dict = shares, kernels: str | None = kernels
-                 ) -> str:
+        cells = ""
+        for c, _, _ in CATEGORIES:
             if c not in shares:
-                return "<td>?</td>"
+                cells += "<td>?</td>"
+                continue
             shown = f"{_key(f'jobs.{i}.time_share.{c}', shares[c])}>{percent(shares[c])}"
-            if c != "host" or not kernels:
-                return f"<td class=\"num\"{shown}</td>"
-            # what of the host share had a kernel running, said beside it as the text does
-            return (f"<td class=\"num\"><span{shown}</span> "
-                    f"<small>({escape(kernels)})</small></td>")
-
-        cells = "".join(cell(c) for c, _, _ in CATEGORIES)
+            if c == "host" and kernels:
+                # what of the host share had a kernel running, said beside it as the text
+                # does (outside the keyed element, whose text is the share alone)
+                cells += (f"<td class=\"num\"><span{shown}</span> "
+                          f"<small>({escape(kernels)})</small></td>")
+            else:
+                cells += f"<td class=\"num\"{shown}</td>"
         step = (f"<td class=\"num\"{_key(f'jobs.{i}.step_seconds', j['step_seconds'])}>"
                 f"{escape(duration(j['step_seconds']))}</td>") if j.get("step_seconds") else (
             "<td>no hook</td>" if j.get("source") == "nvml" else "<td>?</td>")

@@ -667,10 +667,9 @@ def no_advice_text(report: dict[str, Any]) -> str:
         if all(k is not None for k in kernels):
             ranked = any((j.get("ranks") or 1) > 1 for j in jobs
                          if j.get("gpu") in {g["gpu"] for g in under})
-            hosts = {j.get("gpu"): (j.get("time_share") or {}).get("host") for j in jobs}
             return (said + ". In most of the time its SMs idled, a kernel was running ("
-                    + ", ".join(f"GPU {g['gpu']}: {percent(k)} of the {percent(hosts[g['gpu']])}"
-                                for g, k in zip(under, kernels, strict=True))
+                    + ", ".join(f"GPU {g['gpu']}: {percent(k)} of the {percent(host)}"
+                                for g, (k, host) in zip(under, kernels, strict=True))
                     + "): while they run, its kernels leave SMs idle (too few blocks for "
                     "every SM, or a wave's tail"
                     + ("; on a rank, the collectives' kernels too, which hold a few SMs"
@@ -699,10 +698,12 @@ _PHASE_NAMES = {"startup": "start-up", "compile": "compiling", "train": "trainin
                 "after_steps": "after its last step"}
 
 
-def _kernels_through_host(jobs: list[dict[str, Any]], gpu: int) -> float | None:
-    """The share of the time a kernel ran while the SMs of ``gpu``'s job idled, where it is
-    most of that job's host share, the host's is the largest of the time lost, and it is
-    worth saying (HOST_KERNELS_SAID); else None (and for a GPU of several jobs)."""
+def _kernels_through_host(jobs: list[dict[str, Any]], gpu: int
+                          ) -> tuple[float, float] | None:
+    """(the share of the time a kernel ran while the SMs of ``gpu``'s job idled, that
+    job's host share), where the first is most of the second, the host's is the largest
+    of the time lost, and it is worth saying (HOST_KERNELS_SAID); else None (and for a
+    GPU of several jobs)."""
     mine = [j for j in jobs if j.get("gpu") == gpu]
     if len(mine) != 1:
         return None
@@ -714,7 +715,7 @@ def _kernels_through_host(jobs: list[dict[str, Any]], gpu: int) -> float | None:
     # the host's the largest of the time lost (not a job mostly waiting on data or away)
     if host < max(shares.get(c) or 0.0 for c in ("data", "sync", "other")):
         return None
-    return k
+    return k, host
 
 
 # the part of the host share with a kernel running (attribution.host_kernel_share) is
