@@ -773,6 +773,9 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # hung ranks seen from NVML alone: util pinned at 100 % with no memory traffic; and
     # the host-time advice not said of the hang itself
     "accel_clm_fsdp_hang": ({"gpu-spinning"}, set()),
+    # FSDP2's ranks tied into one launch, their util high with the collectives' kernels:
+    # the larger batch the hook tells them, not the host's time on some of them
+    "accel_clm_fsdp2": ({"raise-batch-size"}, {"gpu-underused", "add-dataloader-workers"}),
     "hf_predict_ddp_hang": ({"gpu-spinning"}, {"training-stalled"}),
     "two_jobs": ({"add-dataloader-workers", "raise-batch-size"}, set()),
     "lightning_boring_ddp": ({"raise-batch-size"}, {"add-dataloader-workers"}),
@@ -2172,6 +2175,27 @@ def test_without_the_hook_gets_what_nvml_and_psutil_show(tmp_path, name):
     assert not must_not & got, (must_not, got)
     if "_hang" not in name:
         assert not HANG_RULES & got, got
+
+
+def test_ranks_of_one_launch_busy_in_their_collectives_are_told_one_thing(tmp_path):
+    """FSDP2 on 4 H100s without the hook: the environment ties the four processes to one
+    launch, each pegs its main process beside two idle workers, SMs about half active,
+    memory 18 % used; NVML's util reads 66-98 % from window to window (the collectives'
+    kernels, holding a few SMs). The ranks wait little on one another (share_sync), so
+    util over 80 % is no rank spinning for a slower one: every rank told anything is told
+    the larger batch, as the hook tells all four, and none the host's time instead."""
+    report = advise_json(without_hook(path_of("accel_clm_fsdp2"), tmp_path))
+    told = gpus_told(report, "raise-batch-size")
+    assert len(told) >= 3, [(a["id"], a["gpu"]) for a in report["advice"]]
+    assert not gpus_told(report, "gpu-underused")
+    for a in report["advice"]:
+        if a["id"] == "raise-batch-size":
+            assert a["evidence"]["job_ranks"] == 4
+            assert "on every rank (the job's 4 ranks share one batch size" in a["action"]
+    # two processes no launch ties together: the one waiting for its slower peer (util
+    # 100 %, SMs 27 %) is not told to raise its batch
+    slow = advise_json(recording("gpu_ddp_slow_rank_nohook"))
+    assert 0 not in gpus_told(slow, "raise-batch-size")
 
 
 def test_the_workers_torch_names_are_the_loaders_not_the_helper_beside_them(tmp_path):
