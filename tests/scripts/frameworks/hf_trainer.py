@@ -63,6 +63,9 @@ p.add_argument("--fp16-first", action="store_true",
 p.add_argument("--subclass", action="store_true",
                help="the script's own Trainer subclass (a compute_loss of its own, as "
                     "class-weighted or custom losses are written)")
+p.add_argument("--read-ms", type=float, default=0.0,
+               help="each sample waits this long in __getitem__, its CPU idle (a dataset "
+                    "reading from a network filesystem or an object store)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -98,6 +101,8 @@ class Tokens(torch.utils.data.Dataset):
         return len(self.ids)
 
     def __getitem__(self, i: int) -> dict:
+        if a.read_ms:
+            time.sleep(a.read_ms / 1000)
         return {"input_ids": self.ids[i], "attention_mask": torch.ones(a.seq, dtype=torch.long),
                 "labels": self.labels[i]}
 

@@ -65,6 +65,9 @@ p.add_argument("--val-samples", type=int, default=0,
 p.add_argument("--val-batch", type=int, default=16)
 p.add_argument("--seconds", type=float, default=45.0)
 p.add_argument("--detect-anomaly", action="store_true", help="Trainer(detect_anomaly=True)")
+p.add_argument("--read-ms", type=float, default=0.0,
+               help="each sample waits this long in __getitem__, its CPU idle (images read "
+                    "from a network filesystem or an object store)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -93,6 +96,8 @@ class Images(torch.utils.data.Dataset):
         return a.samples
 
     def __getitem__(self, i: int):  # noqa: ANN204
+        if a.read_ms:
+            time.sleep(a.read_ms / 1000)
         g = torch.Generator().manual_seed(i)
         side = a.size + a.size // 8
         raw = torch.randint(0, 256, (3, side, side), dtype=torch.uint8, generator=g)

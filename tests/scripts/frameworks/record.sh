@@ -770,3 +770,22 @@ want hf_large_eval10 && rec hf_large_eval10 150 python3 hf_trainer.py --hidden 1
   --eval-batch 8 --eval-samples 512 --bf16 --workers 2
 # (fw_hf_large_eval10_h100: the same on one H100, 2026-12-05, twenty-second session,
 #  renamed from fw_hf_large_eval10: its steps' SMs 68 % active in the seconds of steps)
+# 7ab. (2026-12-05, twenty-fourth session) samples read from remote storage: each sample's
+#     __getitem__ waits --read-ms (a network filesystem or an object store) with its CPU
+#     idle. The Trainer's BERT-base in bf16 at batch 32 with 2 loader workers, and with the
+#     Trainer's default of none (the main process waits itself), each also without the
+#     hook; Lightning's ResNet-18 at batch 256 with 4 workers
+want hf_remote_w2 && rec hf_remote_w2 150 python3 hf_trainer.py $bert --steps 100000 \
+  --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 2 \
+  --read-ms 3
+want hf_remote_w2_bare && rec_bare hf_remote_w2_bare 150 python3 hf_trainer.py $bert \
+  --steps 100000 --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
+  --bf16 --workers 2 --read-ms 3
+want hf_remote_w0 && rec hf_remote_w0 150 python3 hf_trainer.py $bert --steps 100000 \
+  --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 0 \
+  --read-ms 3
+want hf_remote_w0_bare && rec_bare hf_remote_w0_bare 150 python3 hf_trainer.py $bert \
+  --steps 100000 --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
+  --bf16 --workers 0 --read-ms 3
+want lightning_remote && rec lightning_remote 120 python3 lightning_cnn.py --batch 256 \
+  --workers 4 --precision bf16-mixed --read-ms 1 --seconds 40
