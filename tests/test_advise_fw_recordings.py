@@ -2249,6 +2249,7 @@ def test_loaders_waiting_on_storage_are_told_more_workers_with_or_without_the_ho
     w0 = advise_json(path_of("hf_remote_w0_bare"))
     (g,) = [a for a in w0["advice"] if a["id"] == "gpu-underused"]
     assert "with the main process blocked" in g["message"]
+    assert "DataLoader(num_workers=4) overlaps those reads with the steps" in g["action"]
 
 
 def test_the_workers_torch_names_are_the_loaders_not_the_helper_beside_them(tmp_path):
