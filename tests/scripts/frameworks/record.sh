@@ -791,7 +791,8 @@ want lightning_remote && rec lightning_remote 120 python3 lightning_cnn.py --bat
   --workers 4 --precision bf16-mixed --read-ms 1 --seconds 40
 #     and, to check the reading where the reads are cheaper or fully hidden: the Trainer
 #     with 4 workers at 1.5 ms a sample, and with 8 at 0.5 ms (the loaders keep up), both
-#     without the hook; Lightning's again without the hook
+#     without the hook; Lightning's again without the hook (written, not yet recorded: the
+#     twenty-fourth session got no lent machine for them)
 want hf_remote_w4_bare && rec_bare hf_remote_w4_bare 150 python3 hf_trainer.py $bert \
   --steps 100000 --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
   --bf16 --workers 4 --read-ms 1.5
