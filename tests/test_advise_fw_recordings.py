@@ -2245,6 +2245,14 @@ def test_loaders_waiting_on_storage_are_told_more_workers_with_or_without_the_ho
     for other in (recording("gpu_gan"), path_of("timm_fp16")):
         report = advise_json(without_hook(other, tmp_path))
         assert not any("reads from storage" in a["message"] for a in report["advice"]), other
+    # no workers, with the hook: the wait measured while the main process, loading every
+    # batch itself, is mostly idle on the CPU: the storage form, not "augment on the GPU"
+    (h0,) = [a for a in advise_json(path_of("hf_remote_w0"))["advice"]
+             if a["id"] == "add-dataloader-workers"]
+    assert h0["evidence"]["main_busy_ratio"] < 0.5 and h0["evidence"]["data_wait_ratio"] >= 0.5
+    assert "which the main process loads itself while it sits mostly idle" in h0["message"]
+    assert "dataloader_num_workers=0 → " in h0["action"] and "local NVMe" in h0["action"]
+    assert "augmentation to the GPU" not in h0["action"]
     # no workers at all: the main process blocked is all that shows, said as such
     w0 = advise_json(path_of("hf_remote_w0_bare"))
     (g,) = [a for a in w0["advice"] if a["id"] == "gpu-underused"]
