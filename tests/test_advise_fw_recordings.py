@@ -27,6 +27,8 @@ from test_advise_support import (
     write,
 )
 
+from gpuwatch.advisor.report import render_text
+
 WARNING_ONSET = 20.0
 EVAL_TOLERANCE = 0.15  # the hook's evaluation time against the callback's, relative
 LR = "Scale the learning rate"
@@ -2208,6 +2210,28 @@ def test_ranks_of_one_launch_busy_in_their_collectives_are_told_one_thing(tmp_pa
     # 100 %, SMs 27 %) is not told to raise its batch
     slow = advise_json(recording("gpu_ddp_slow_rank_nohook"))
     assert 0 not in gpus_told(slow, "raise-batch-size")
+
+
+def test_evidence_names_busy_in_steps_only_where_the_hook_timed_steps(tmp_path):
+    """Without the hook no step is timed: a batch finding's evidence gives the GPU's
+    measured busy shares (SM active, util) and, for ranks of one launch, the busiest rank's
+    busy share, never a "busy in steps" figure; with the hook the same job's evidence names
+    the steps."""
+    bare = advise_json(without_hook(path_of("accel_clm_fsdp2"), tmp_path))
+    hooked = advise_json(path_of("accel_clm_fsdp2"))
+    told_bare = [a for a in bare["advice"] if a["id"] == "raise-batch-size"]
+    told = [a for a in hooked["advice"] if a["id"] == "raise-batch-size"]
+    assert told_bare and told
+    for a in told_bare:
+        ev = a["evidence"]
+        assert "busy_in_steps" not in ev and "job_busy_in_steps" not in ev, ev
+        assert ev["busiest_rank_busy_ratio"] >= ev["sm_active"] - 0.02
+        assert "busy in steps" not in render_text(bare)
+    for a in told:
+        ev = a["evidence"]
+        assert "busiest_rank_busy_ratio" not in ev
+        assert ev["job_busy_in_steps"] >= ev["busy_in_steps"]
+    assert "busy in steps" in render_text(hooked)
 
 
 def test_loaders_waiting_on_storage_are_told_more_workers_with_or_without_the_hook(tmp_path):
