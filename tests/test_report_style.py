@@ -179,3 +179,38 @@ def test_the_style_is_written_down_once():
     section = doc.split("## One style", 1)[1].split("\n## ", 1)[0]
     for example in ("`20 %`", "`7.9 %`", "`97.5 %`", "`{util:.0%}`"):
         assert example in section, example
+
+
+# a unit the report writes after a number, as a line of the text report would start with it
+UNIT_FIRST = re.compile(r"^ *(%|[µm]?s|min|[KMGT]i?B(/s)?|cores?)([ ,.;:)]|$)")
+
+
+def _parted(lines: list[str]) -> list[str]:
+    """Line breaks that part a number from its unit, or a word at its hyphen."""
+    return [f"{a!r} / {b!r}" for a, b in zip(lines, lines[1:], strict=False)
+            if (re.search(r"\d$", a) and UNIT_FIRST.match(b)) or re.search(r"\w-$", a)]
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_a_wrapped_line_never_parts_a_number_from_its_unit(reports, name):
+    rep = reports[name]
+    for width in (60, 100):
+        lines = render_text(rep, width=width).splitlines()
+        # (nor a word from the rest of itself at its hyphen: mode="reduce-\noverhead")
+        assert _parted(lines) == []
+        assert "\u00a0" not in "\n".join(lines)
+
+
+def test_the_wrap_keeps_units_that_a_plain_wrap_would_part():
+    import textwrap
+
+    from gpuwatch.advisor.report import _wrap
+
+    text = ("the main process is busy while the GPU idles 37 % of the time; in 15 % of it a "
+            'kernel ran (torch.compile(model) or mode="reduce-overhead"), 380 ms a step')
+    parted = [w for w in range(30, 90) if _parted(textwrap.wrap(text, w))]
+    assert parted  # widths where textwrap alone parts them
+    for w in parted:
+        lines = _wrap(text, w)
+        assert _parted(lines) == [], lines
+        assert " ".join(lines) == text

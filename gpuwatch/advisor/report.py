@@ -953,12 +953,35 @@ def same_on(n: int, blocks: int) -> str:
     return f" ({blocks} block{'s' if blocks != 1 else ''}: the same on several GPUs is one)"
 
 
+# a number and its unit stay on one line when a paragraph wraps ("16 %", "380 ms", "2.0 GiB"):
+# the space between them is held as a no-break space while wrapping (textwrap breaks only at
+# ASCII whitespace), then given back
+_NBSP = "\u00a0"
+_GLUE = re.compile(r"(?<=\d) (?=(?:%|[µm]?s|min|h|[KMGT]i?B(?:/s)?|B(?:/s)?|cores?|W|MHz|°C)"
+                   r"(?![\w/]))")
+
+
+class _Wrapper(textwrap.TextWrapper):
+    """Wraps at spaces only: a number keeps its unit, and a hyphenated word or argument
+    (mode="reduce-overhead") is never split at its hyphen."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(break_on_hyphens=False, **kw)
+
+    def wrap(self, text: str) -> list[str]:
+        return [line.replace(_NBSP, " ") for line in super().wrap(_GLUE.sub(_NBSP, text))]
+
+
+def _wrap(text: str, width: int, **kw: Any) -> list[str]:
+    return _Wrapper(width=width, **kw).wrap(text)
+
+
 def render_text(report: dict[str, Any], width: int | None = None) -> str:
     width = width or min(100, max(60, shutil.get_terminal_size((100, 24)).columns))
     hook_txt = hook_text(report)
     lines = [f"gpuwatch advice: {source_line(report)} (torch hook data: {hook_txt})", ""]
     if report.get("warming_up"):
-        lines += textwrap.wrap(warming_up_text(report), width=width) + [""]
+        lines += _wrap(warming_up_text(report), width=width) + [""]
     for g in report.get("gpus", []):
         lines.append(_gpu_line(g))
     for j in report.get("jobs", []):
@@ -969,21 +992,21 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
     if report.get("gpus") or report.get("jobs"):
         lines.append("")
     for end in report.get("job_ends", []):
-        lines += textwrap.wrap("Ended: " + end["summary"] + ".", width=width,
+        lines += _wrap("Ended: " + end["summary"] + ".", width=width,
                                subsequent_indent="    ")
     if report.get("job_ends"):
         lines.append("")
     advice = report.get("advice", [])
     if not advice:
-        lines += textwrap.wrap(no_advice_text(report), width=width)
+        lines += _wrap(no_advice_text(report), width=width)
     else:
         if report.get("judged", {}).get("gpu") is False:
-            lines += textwrap.wrap(not_judged_text(report), width=width) + [""]
+            lines += _wrap(not_judged_text(report), width=width) + [""]
     blocks = grouped(advice, lockstep_gpus(report))
     if advice:
-        lines += textwrap.wrap(f"{_pieces(len(advice))}{same_on(len(advice), len(blocks))}"
+        lines += _wrap(f"{_pieces(len(advice))}{same_on(len(advice), len(blocks))}"
                                f", {_order_text(advice)}:", width=width)
-    wrap = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="    ")
+    wrap = _Wrapper(width=width, initial_indent="    ", subsequent_indent="    ")
     for i, (a, gpus) in enumerate(blocks, 1):
         where = where_text(a, gpus)
         state = "" if a.get("active", True) else " (ended)"
@@ -1004,7 +1027,7 @@ def render_text(report: dict[str, Any], width: int | None = None) -> str:
             lines += wrap.wrap("With the hook: " + a["hook_would_add"])
     for note in report.get("notes", []):
         lines.append("")
-        lines += textwrap.wrap("Note: " + note, width=width)
+        lines += _wrap("Note: " + note, width=width)
     return "\n".join(lines) + "\n"
 
 
