@@ -66,6 +66,9 @@ p.add_argument("--subclass", action="store_true",
 p.add_argument("--read-ms", type=float, default=0.0,
                help="each sample waits this long in __getitem__, its CPU idle (a dataset "
                     "reading from a network filesystem or an object store)")
+p.add_argument("--decode-ms", type=float, default=0.0,
+               help="each sample also keeps its CPU busy this long in __getitem__ (what "
+                    "decompressing or decoding a read costs)")
 p.add_argument("--out")
 a = p.parse_args()
 
@@ -103,6 +106,10 @@ class Tokens(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         if a.read_ms:
             time.sleep(a.read_ms / 1000)
+        if a.decode_ms:
+            end = time.perf_counter() + a.decode_ms / 1000
+            while time.perf_counter() < end:
+                pass
         return {"input_ids": self.ids[i], "attention_mask": torch.ones(a.seq, dtype=torch.long),
                 "labels": self.labels[i]}
 
