@@ -366,6 +366,37 @@ def test_a_rank_waits_while_a_peer_is_away_from_training():
     assert got[1].shares["sync"] == pytest.approx(max(0.5 - 0.1, 10.0 / 40.0))
 
 
+def test_without_the_hook_a_rank_saving_with_its_gpu_idle_is_away_not_a_straggler():
+    """No hook, 40 s: rank 0's GPU idles 16 s of them while its main process writes (a
+    save seen from outside: ``away``, which its wall holds without the hook's phases) and
+    reads 70 % util in the other 24 s, as rank 1 does all 40 s (its NCCL kernels spinning
+    through the save). Rank 1 waits for the save: that wait is claimed and named as a
+    peer's time away, and neither rank is the steps' straggler, where reading rank 0's
+    save as its steps' need made it rank 1's slower peer. Where the writes were never
+    read, no one knows."""
+    saver = JobWindow(wall=40.0, hook=False, busy=0.15, util=0.6 * 0.7, main=1.0,
+                      away=16.0, writes_read=True)
+    waiter = JobWindow(wall=40.0, hook=False, busy=0.15, util=0.7, main=1.0,
+                       writes_read=True)
+    got = attribute_group({0: (saver, 0), 1: (waiter, 1)})
+    # the save's 40 % (the larger reading; NVML's needs differ by 28 %)
+    assert got[1].shares["sync"] == pytest.approx(0.4)
+    assert got[1].value("peer_away_share") == pytest.approx(0.4)
+    assert got[1].value("away_rank") == 0.0 and got[0].value("peer_away_share") == 0.0
+    assert sum(got[1].shares.values()) == pytest.approx(1.0)
+    # the standing from the training seconds: both need 30 % there
+    assert got[0].score == pytest.approx(1.0) and got[1].score == pytest.approx(1.0)
+    assert not got[1].peer_straggler and not got[0].peer_straggler
+    # the same two with the save unseen: rank 0 is the slower peer rank 1 waits for
+    plain = attribute_group({0: (saver._replace(away=0.0), 0), 1: (waiter, 1)})
+    assert plain[1].peer_straggler and plain[0].score == pytest.approx(0.72)
+    assert plain[1].value("peer_away_share") == 0.0
+    # nothing read of the writes (a rule set that asks for none): the wait is unknown
+    unread = attribute_group({0: (saver._replace(away=0.0, writes_read=False), 0),
+                              1: (waiter._replace(writes_read=False), 1)})
+    assert unread[1].value("peer_away_share") is None
+
+
 def test_ranks_that_wait_on_rank_zeros_saves_say_so():
     """The Trainer under torchrun on 4 H100s saving every 50 steps: rank 0 writes (26 % of
     its time since the first step), ranks 1-3 call _save_checkpoint too (a few ms: they

@@ -762,9 +762,10 @@ NOHOOK_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "hf_save": ({"slow-checkpointing"}, set()),
     "lightning_cnn_ckpt": ({"slow-checkpointing"}, set()),
     "accelerate_save": ({"slow-checkpointing"}, set()),
-    # rank 0 alone writing: the seconds its GPU idles while it writes (straggler-rank, which
-    # it makes of rank 0, gives way to the checkpoints' own advice)
-    "hf_save_ddp": ({"slow-checkpointing"}, {"add-dataloader-workers", "straggler-rank"}),
+    # rank 0 alone writing: the seconds its GPU idles while it writes, which the other
+    # ranks wait for (no straggler: its time away), and the batch on every rank
+    "hf_save_ddp": ({"slow-checkpointing", "raise-batch-size"},
+                    {"add-dataloader-workers", "straggler-rank"}),
     # (7z) the saves every 20 steps and the host-bound steps, seen from outside; the
     # Trainer evaluating every 30 steps: the batch (the evaluation's loader workers
     # started anew at each evaluation are enable-persistent-workers' to say)
@@ -2210,6 +2211,21 @@ def test_ranks_of_one_launch_busy_in_their_collectives_are_told_one_thing(tmp_pa
     # 100 %, SMs 27 %) is not told to raise its batch
     slow = advise_json(recording("gpu_ddp_slow_rank_nohook"))
     assert 0 not in gpus_told(slow, "raise-batch-size")
+
+
+def test_ranks_waiting_for_rank_zeros_saves_without_the_hook_are_told_the_batch(tmp_path):
+    """The Trainer under torchrun on 4 H100s saving every 50 steps, without the hook: rank
+    0's GPU idles while it writes (20-27 % of each window), ranks 1-3 wait in their
+    collectives meanwhile (17-36 %). Those seconds are rank 0's time away, as the hook's
+    phases would say: the other ranks' wait for them is no slower peer's steps, so all four
+    are told the larger batch (the hook tells all four), rank 0 is no straggler, and only
+    rank 0 is told about its saves. Before, only rank 0 was told the batch."""
+    report = advise_json(without_hook(path_of("hf_save_ddp"), tmp_path))
+    assert gpus_told(report, "raise-batch-size") == [0, 1, 2, 3]
+    assert gpus_told(report, "slow-checkpointing") == [0]
+    assert not gpus_told(report, "straggler-rank")
+    hooked = advise_json(path_of("hf_save_ddp"))
+    assert gpus_told(hooked, "raise-batch-size") == [0, 1, 2, 3]
 
 
 def test_evidence_names_busy_in_steps_only_where_the_hook_timed_steps(tmp_path):

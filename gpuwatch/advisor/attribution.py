@@ -46,8 +46,11 @@ class JobWindow(NamedTuple):
     workers: float | None = None  # DataLoader worker processes
     # seconds of the same stretch the process spent outside training (evaluation,
     # checkpoints, compiling: the hook's phases), which ``wall`` leaves out; while one rank
-    # is away, the others wait for it in their next collective
+    # is away, the others wait for it in their next collective. Without the hook: the
+    # seconds its GPU idled while its main process wrote to storage (a save seen from
+    # outside), which ``wall`` holds (``writes_read``: they were read)
     away: float = 0.0
+    writes_read: bool = False
 
     @property
     def workers_pegged(self) -> bool:
@@ -102,6 +105,8 @@ class SpanTotals:
         s = self.s
         s["wall"] = s.get("wall", 0.0) + w.wall
         s["hook"] = 1.0 if w.hook else s.get("hook", 0.0)
+        if w.writes_read:
+            s["writes_read"] = 1.0
         for k in ("steps", "step_total", "away"):
             s[k] = s.get(k, 0.0) + getattr(w, k)
         if w.data_total is not None:
@@ -130,7 +135,7 @@ class SpanTotals:
                          step_total=s.get("step_total", 0.0), data_total=s.get("data_total"),
                          busy=level("busy"), util=level("util"), main=mean("main"),
                          workers_busy=mean("workers_busy"), workers=mean("workers"),
-                         away=s.get("away", 0.0))
+                         away=s.get("away", 0.0), writes_read=bool(s.get("writes_read")))
 
 
 class Attribution(NamedTuple):
@@ -182,8 +187,8 @@ class Attribution(NamedTuple):
             return 1.0 if self.peer_straggler else 0.0
         if name == "straggler_gain":
             return self.straggler_gain
-        if name == "peer_away_share":  # the hook's phases tell it; without them, unknown
-            return self.away_wait if self.window.hook else None
+        if name == "peer_away_share":  # the hook's phases tell it, else a peer's saves
+            return self.away_wait if self.window.hook or self.window.writes_read else None
         if name == "away_rank":
             return float(self.away_rank) if self.away_rank is not None else None
         if name in _OVER_PEERS:
@@ -249,6 +254,19 @@ def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
     return {"data": data, "sync": sync, "gpu": gpu, "host": host, "other": 1.0 - total}
 
 
+def _training_need(w: JobWindow) -> float:
+    """``w.need()`` of its training time. Without the hook ``wall`` holds the seconds the
+    rank was away saving (its GPU idle: all need); they are left out as the hook's phases
+    leave them out of its ``wall``, so the rank that saved is no straggler of the steps
+    (fw_hf_save_ddp without the hook: rank 0 idle 60 % of its time, 20-27 % of it saving,
+    read as the others' slower peer)."""
+    n = w.need()
+    if w.hook or w.away <= 0 or w.wall <= 0:
+        return n
+    a = min(w.away / w.wall, 0.95)
+    return max(0.0, n - a) / (1.0 - a)
+
+
 def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
                     ) -> dict[Any, Attribution]:
     """Attribution for the ranks of one job (a single process: a group of one).
@@ -271,7 +289,15 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
     multi = len(windows) >= 2
     top = max(needs.values(), default=0.0)
     syncs = {k: (top - n if multi else 0.0) for k, n in needs.items()}
-    own = {k: max(1e-6, 1.0 - s) for k, s in syncs.items()}
+    # the standing, from the needs of the training time alone (without the hook, a rank's
+    # seconds away saving are in its need: the others' wait for them is claimed, as the
+    # hook's is, but the rank that saved is not the steps' straggler)
+    if multi and any(not w.hook and w.away > 0 for w, _ in windows.values()):
+        tneeds = {k: _training_need(w) for k, (w, _) in windows.items()}
+        ttop = max(tneeds.values())
+        own = {k: max(1e-6, 1.0 - (ttop - n)) for k, n in tneeds.items()}
+    else:
+        own = {k: max(1e-6, 1.0 - s) for k, s in syncs.items()}
     claimed = syncs
     away_waits: dict[Any, float] = {}
     away_rank = None

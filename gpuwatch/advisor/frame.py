@@ -673,10 +673,12 @@ class Frame:
             acc.add("nworkers", nworkers)
             acc.add("loading", busy)
 
-    def _idle_writing(self, idx: int, subj: Subject, util: float) -> None:
+    def _idle_writing(self, idx: int, subj: Subject, util: float, light: bool = False
+                      ) -> None:
         """Whether the GPU idled in bucket ``idx`` while its job's main process wrote to
         storage (a checkpoint, seen from outside), and the whole run's share of such
-        seconds since its process first worked on it."""
+        seconds since its process first worked on it (not on a GPU bucketed lightly: its
+        rules are judged elsewhere)."""
         ring = subj.cpu.rings.get("job_write_bytes_per_second")
         # this bucket's own reading only (a ring's mean reads back to its newest value: a
         # job gone since its last save would keep writing for ever)
@@ -693,7 +695,7 @@ class Frame:
         subj.iw_prev = idle
         tab = subj.gpu_table
         tab.push(idx, "gpu_idle_writing", 1.0 if idle else 0.0)
-        if subj.iw_seconds * self.res >= IDLE_WRITE_MIN_SECONDS:
+        if not light and subj.iw_seconds * self.res >= IDLE_WRITE_MIN_SECONDS:
             tab.push(idx, "idle_writing_ratio", subj.iw_idle / subj.iw_seconds)
             tab.push(idx, "idle_writing_bursts", float(subj.iw_bursts))
 
@@ -1488,8 +1490,10 @@ class Frame:
                     tab.push(idx, "power_ratio", pw / pl)
                 busy = acc.mean("sm_active") if subj.facts.get("gpm") else None
                 tab.push(idx, "busy_ratio", busy if busy is not None else util)
-                if util is not None and not _IDLE_WRITING.isdisjoint(need):
-                    self._idle_writing(idx, subj, util)
+            # (a GPU bucketed lightly too: the attribution reads its seconds of idle
+            # writing as its job's time away, for the other ranks)
+            if util is not None and not _IDLE_WRITING.isdisjoint(need):
+                self._idle_writing(idx, subj, util, light)
             if used is not None and total:
                 tab.push(idx, "mem_headroom_bytes", max(0.0, 0.85 * total - used))
             if util is not None and util >= FIRST_WORK_UTIL:
@@ -1813,8 +1817,16 @@ class Frame:
                     elif w_util is not None:  # no GPM: util is the busy share
                         busy = w_util
         if not hook:
+            # no phases: the seconds the GPU idled while the job's main process wrote to
+            # storage (gpu_idle_writing: a checkpoint seen from outside) are its time away
+            # from training, for which the other ranks of its launch wait in their next
+            # collective (fw_hf_save_ddp: ranks 1-3 waiting 17-36 % for rank 0's saves);
+            # they stay in ``wall``, as all the time counts as training without the hook
+            iw = None if cpu_only else ring_mean(subj.gpu_table.rings.get("gpu_idle_writing"),
+                                                 start, end)
             return JobWindow(wall=wall, hook=False, busy=busy, util=util, main=main,
-                             workers_busy=wb, workers=workers)
+                             workers_busy=wb, workers=workers,
+                             away=wall * iw if iw else 0.0, writes_read=iw is not None)
         dw, dw_steps = ring_sums(table.rings.get("data_wait_ratio"), start, end)
         # a step that began before the window still counts whole in it; a window's own
         # total is clamped (``clamp``), a run's is summed from unclamped buckets
@@ -2368,7 +2380,8 @@ _ATTRIBUTION_INPUTS = {"util", "sm_active", "step_seconds", "data_wait_ratio", "
 # frame reads of a GPU must be named here: a GPU bucketed lightly (judge_only) keeps only
 # these (tests/test_advise_split.py compares such a frame with one that keeps all)
 _GPU_READS: dict[str, int | None] = {"util": None, "sm_active": None, "mem_used_ratio": 15,
-                                     "mem_headroom_bytes": 5, "mem_total_bytes": 1}
+                                     "mem_headroom_bytes": 5, "mem_total_bytes": 1,
+                                     "gpu_idle_writing": None}
 # the fields of a gpu line those are made of: all a GPU bucketed lightly accumulates
 _LIGHT_RAW = frozenset({"util", "sm_active", "mem_used_bytes", "mem_total_bytes"})
 

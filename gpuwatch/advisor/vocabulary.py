@@ -438,7 +438,8 @@ def _defs() -> dict[str, SignalDef]:
         ("slowest_rank", "job", "rank", "last", "the rank with the lowest rank_score", True),
         ("peer_away_share", "job", "ratio", "mean", ("share of wall time this rank waited in "
          "its next collective while a peer was away from training longer than itself "
-         "(evaluating, saving or compiling alone: the hook's phases)"), True),
+         "(evaluating, saving or compiling alone: the hook's phases; without the hook, its "
+         "GPU idle while its main process wrote to storage)"), True),
         ("away_rank", "job", "rank", "last", ("the rank that was away from training the "
          "longest, where this rank waited for it"), True),
         ("peer_straggler", "job", "0/1", "last", ("another rank of this job is a straggler "
