@@ -397,6 +397,62 @@ def test_without_the_hook_a_rank_saving_with_its_gpu_idle_is_away_not_a_straggle
     assert unread[1].value("peer_away_share") is None
 
 
+def _saves_on_rank_zero(path, seconds: int = 180):
+    """Two ranks of one launch (their environment's digest), no hook: from the 10th second
+    on, rank 0 spends 6 s of every 10 writing 600 MB/s with its GPU idle (util 3 %),
+    while rank 1's NCCL kernels spin (util 95 %, SMs 2 % active); both train alike the
+    other 4 s (util 90 %, SMs 60 %). Memory is 94 % used (no room for a larger batch)."""
+    import json
+
+    t0, gib = 1_800_000_000.0, 2**30
+    with open(path, "w", encoding="utf-8") as f:
+        def w(d):
+            f.write(json.dumps(d) + "\n")
+        w({"kind": "meta", "format": "gpuwatch-trace/1", "gpu_name": "NVIDIA H100 80GB HBM3",
+           "compute_capability": [9, 0], "host_cpus": 32, "sample_hz": 1})
+        for s in range(seconds):
+            saving = s >= 10 and s % 10 < 6
+            for g in range(2):
+                util, sm = ((0.03, 0.01) if g == 0 else (0.95, 0.02)) if saving else (0.9, 0.6)
+                w({"t": t0 + s, "kind": "gpu", "gpu": g, "util": util, "sm_active": sm,
+                   "sm_occupancy": sm / 2, "mem_util": 0.2, "mem_used_bytes": 75 * gib,
+                   "mem_total_bytes": 80 * gib,
+                   "processes": [{"pid": 100 + g, "mem_used_bytes": 74 * gib}]})
+            jobs = [{"pid": 100 + g, "name": "python", "user": "root", "cpu_cores": 1.05,
+                     "main_cpu_cores": 1.0, "workers_cpu_cores": 0.05, "processes": 3,
+                     "rss_bytes": 4 * gib, "loader_workers": 2, "loader_cpu_cores": 0.05,
+                     "main_write_bytes_per_second": 600e6 if g == 0 and saving else 0.0,
+                     "gpus": [g], "rank": g, "world_size": 2, "dist_job": "5a7e0c1d2b3f"}
+                    for g in range(2)]
+            w({"t": t0 + s + 0.5, "kind": "host", "cpu_util": 0.07, "load1": 2.0,
+               "mem_used_bytes": 20 * gib, "mem_total_bytes": 500 * gib, "job_cpu_cores": 2.1,
+               "job_processes": 6, "job_main_cpu_cores": 2.0, "job_workers_cpu_cores": 0.1,
+               "job_loader_workers": 4, "job_loader_cpu_cores": 0.1,
+               "job_write_bytes_per_second": 600e6 if saving else 0.0, "jobs": jobs})
+    return path
+
+
+def test_without_the_hook_the_wait_for_a_peers_saves_is_named_and_counted(tmp_path):
+    """Rank 1 waits for rank 0's saves (its GPU idle while it writes, seen from outside):
+    the run's time line counts that wait as rank 1's wait on a peer and rank 0's saves as
+    its `other` (not the host's per-step time), rank 0 is told about its saves, and rank
+    1 is told it waits while rank 0 writes, with the saves' remedies, not the hook's
+    phases' words (evaluating, compiling) nor a slow rank's pipeline."""
+    rep = advise_json(_saves_on_rank_zero(tmp_path / "saves.jsonl"))
+    shares = {j["gpu"]: j["time_share"] for j in rep["jobs"]}
+    assert {j["source"] for j in rep["jobs"]} == {"nvml"}
+    assert shares[0]["other"] == pytest.approx(0.57, abs=0.05)  # 6 s of 10, from the 10th
+    assert shares[0]["host"] < 0.25
+    assert shares[1]["sync"] == pytest.approx(0.57, abs=0.05)
+    assert [a["gpu"] for a in rep["advice"] if a["id"] == "slow-checkpointing"] == [0]
+    (told,) = [a for a in rep["advice"] if a["id"] == "gpu-underused"]
+    assert told["gpu"] == 1 and told["evidence"]["peer_away_share"] >= 0.4
+    assert "while rank 0 wrote to storage with its GPU idle" in told["action"]
+    assert "save less often" in told["action"]
+    assert "hook's phases" not in told["action"] and "evaluat" not in told["action"]
+    assert not [a for a in rep["advice"] if a["id"] == "straggler-rank"]
+
+
 def test_ranks_that_wait_on_rank_zeros_saves_say_so():
     """The Trainer under torchrun on 4 H100s saving every 50 steps: rank 0 writes (26 % of
     its time since the first step), ranks 1-3 call _save_checkpoint too (a few ms: they

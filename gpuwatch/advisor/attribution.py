@@ -244,8 +244,12 @@ def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
         if w.workers_pegged:
             data, host = rest, 0.0
         else:
+            # the seconds its GPU idled while the main process wrote (a save: ``away``)
+            # are no step's host time: they stay ``other``, as the hook's phases leave a
+            # save out of the steps
+            rest_in_steps = max(0.0, rest - w.away / w.wall)
             data = 0.0
-            host = min(rest, w.main) if w.main is not None else 0.0
+            host = min(rest_in_steps, w.main) if w.main is not None else 0.0
     data, sync, gpu, host = max(0.0, data), max(0.0, sync), max(0.0, gpu), max(0.0, host)
     total = sum((data, sync, gpu, host))
     if total > 1.0:

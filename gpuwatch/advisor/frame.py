@@ -1511,10 +1511,11 @@ class Frame:
             elif subj.gpu is not None and no_hook and subj.job_warm is None and subj.proc_pids \
                     and subj.first_busy is not None and not self.hook_attached(subj):
                 # without the hook: the buckets in which the GPU's process looks like it
-                # trains (kernels running, or its DataLoader workers pegged)
+                # trains (kernels running, or its DataLoader workers pegged), or is away
+                # from it saving (its GPU idle while it writes: the other ranks wait)
                 w = self.job_window(subj, idx + 1, 1)
                 if w is not None and w.util is not None and (
-                        w.util >= 0.05 or w.workers_pegged):
+                        w.util >= 0.05 or w.workers_pegged or w.away > 0):
                     subj.span.add(w)
                     subj.span_at_last_step = subj.span.total()
                     subj.bare_last = idx
