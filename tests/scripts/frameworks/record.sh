@@ -803,7 +803,8 @@ want lightning_remote_bare && rec_bare lightning_remote_bare 120 python3 lightni
   --batch 256 --workers 4 --precision bf16-mixed --read-ms 1 --seconds 40
 #     and reads that also cost CPU (page cache, decompression): 2 workers each waiting 2 ms
 #     and computing 2 ms a sample (half busy, between the idle and the pegged pool), with and
-#     without the hook
+#     without the hook (written in the twenty-fifth session, not yet recorded: no machine
+#     could be had)
 want hf_remote_cpu && rec hf_remote_cpu 150 python3 hf_trainer.py $bert --steps 100000 \
   --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 2 \
   --read-ms 2 --decode-ms 2
