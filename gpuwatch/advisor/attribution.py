@@ -258,17 +258,16 @@ def claim_shares(w: JobWindow, sync: float = 0.0) -> dict[str, float] | None:
     return {"data": data, "sync": sync, "gpu": gpu, "host": host, "other": 1.0 - total}
 
 
-def _training_need(w: JobWindow) -> float:
-    """``w.need()`` of its training time. Without the hook ``wall`` holds the seconds the
-    rank was away saving (its GPU idle: all need); they are left out as the hook's phases
-    leave them out of its ``wall``, so the rank that saved is no straggler of the steps
-    (fw_hf_save_ddp without the hook: rank 0 idle 60 % of its time, 20-27 % of it saving,
-    read as the others' slower peer)."""
-    n = w.need()
+def _training_need(w: JobWindow, need: float) -> float:
+    """``need`` (``w.need()``) of its training time. Without the hook ``wall`` holds the
+    seconds the rank was away saving (its GPU idle: all need); they are left out as the
+    hook's phases leave them out of its ``wall``, so the rank that saved is no straggler of
+    the steps (fw_hf_save_ddp without the hook: rank 0 idle 60 % of its time, 20-27 % of it
+    saving, read as the others' slower peer)."""
     if w.hook or w.away <= 0 or w.wall <= 0:
-        return n
+        return need
     a = min(w.away / w.wall, 0.95)
-    return max(0.0, n - a) / (1.0 - a)
+    return max(0.0, need - a) / (1.0 - a)
 
 
 def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
@@ -296,12 +295,9 @@ def attribute_group(windows: dict[Any, tuple[JobWindow, int | None]]
     # the standing, from the needs of the training time alone (without the hook, a rank's
     # seconds away saving are in its need: the others' wait for them is claimed, as the
     # hook's is, but the rank that saved is not the steps' straggler)
-    if multi and any(not w.hook and w.away > 0 for w, _ in windows.values()):
-        tneeds = {k: _training_need(w) for k, (w, _) in windows.items()}
-        ttop = max(tneeds.values())
-        own = {k: max(1e-6, 1.0 - (ttop - n)) for k, n in tneeds.items()}
-    else:
-        own = {k: max(1e-6, 1.0 - s) for k, s in syncs.items()}
+    tneeds = {k: _training_need(w, needs[k]) for k, (w, _) in windows.items()}
+    ttop = max(tneeds.values(), default=0.0)
+    own = {k: max(1e-6, 1.0 - (ttop - n if multi else 0.0)) for k, n in tneeds.items()}
     claimed = syncs
     away_waits: dict[Any, float] = {}
     away_rank = None
