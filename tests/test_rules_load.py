@@ -97,6 +97,17 @@ def test_templates_cannot_reach_attributes_or_unknown_names():
     assert "unknown placeholder {v}" in msg
 
 
+def test_without_hook_is_a_template_checked_at_load():
+    rules = load_rules(builtin=False, files=[("mine.yaml", GOOD + "    without_hook: it was"
+                                              " {u:.0%}[[ and {u:.1f}]]\n")]).rules
+    assert rules[0].without_hook.render({"u": 0.25}) == "it was 25 % and 0.2"
+    assert rules[0].without_hook.render({"u": None}) == "it was ?"
+    msg = problems(GOOD + "    without_hook: the hook would add {w}\n")
+    assert "mine.yaml:10:" in msg and "without_hook: unknown placeholder {w}" in msg
+    msg = problems(GOOD + "    without_hook: [a, b]\n")
+    assert "mine.yaml:10:" in msg and "without_hook must be text" in msg
+
+
 def test_all_problems_of_a_file_in_one_message_sorted_by_line():
     bad = GOOD.replace("severity: info", "severity: loud").replace(
         "mean(util, 30s) < 0.5", "mean(utl, 30s) < 0.5").replace("title: something",

@@ -929,8 +929,8 @@ def _render(rule: Rule, shown: dict[str, Any], evidence: dict[str, float], conf:
         "expected_gain": gain,
         "expected_gain_text": _clean(rule.gain_text.render(shown))
         if rule.gain_text is not None and gain is not None else None,
-        "hook_would_add": _clean(rule.without_hook) if rule.without_hook and not hook
-        else None,
+        "hook_would_add": _clean(rule.without_hook.render(shown))
+        if rule.without_hook is not None and not hook else None,
     }
 
 

@@ -58,7 +58,7 @@ _RULE_KEYS = {
     "gain_text": "what the gain means, in words (template)",
     "message": "what is wrong, quoting the evidence (template)",
     "action": "the change to make (template, or a list of {text, arch, when})",
-    "without_hook": "what the torch hook would add, shown when it is absent",
+    "without_hook": "what the torch hook would add, shown when it is absent (template)",
     "references": "where the reasoning comes from (list of strings)",
     "description": "free text for the docs",
 }
@@ -302,7 +302,7 @@ class Rule:
     confidence: Compiled | None = None
     gain: Compiled | None = None
     gain_text: Template | None = None
-    without_hook: str | None = None
+    without_hook: Template | None = None
     references: tuple[str, ...] = ()
     description: str = ""
     signals: set[str] = field(default_factory=set)
@@ -728,10 +728,12 @@ class _FileChecker:
         elif act not in (None, ""):
             self.bad(vl["action"], f"{label}: action must be text or a list of "
                      f"{{text, arch, when}}, got {_show(act)}")
-        without_hook = raw.get("without_hook")
-        if without_hook is not None and not isinstance(without_hook, str):
+        without_hook = None
+        if isinstance(raw.get("without_hook"), str) and raw["without_hook"]:
+            without_hook = self.template(raw["without_hook"],
+                                         vl["without_hook"], f"{label}: without_hook", tnames)
+        elif raw.get("without_hook") not in (None, ""):
             self.bad(vl["without_hook"], f"{label}: without_hook must be text")
-            without_hook = None
         refs = raw.get("references", [])
         if isinstance(refs, str):
             refs = [refs]
@@ -749,7 +751,8 @@ class _FileChecker:
             for name, seconds in expr.reads_of(n):
                 if name in VOCABULARY:
                     reads[name] = max(reads.get(name, 0.0), seconds)
-        tpl_names = message.names() | (gain_text.names() if gain_text else set())
+        tpl_names = message.names() | (gain_text.names() if gain_text else set()) \
+            | (without_hook.names() if without_hook else set())
         for a in actions:
             tpl_names |= a.text.names()
         signals |= {n for n in tpl_names if n in VOCABULARY}
@@ -765,7 +768,7 @@ class _FileChecker:
             arch_min=arch_min, arch_max=arch_max, for_s=for_s, keep_s=keep_s, unless=unless,
             suppressed_by=tuple(sup), values=values, evidence=evidence, confidence=confidence,
             gain=gain, gain_text=gain_text,
-            without_hook=None if without_hook is None else spaced_percents(without_hook),
+            without_hook=without_hook,
             references=tuple(refs),
             description=str(raw.get("description", "")), signals=signals, max_window=window,
             reads=reads,

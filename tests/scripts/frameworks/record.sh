@@ -791,8 +791,8 @@ want lightning_remote && rec lightning_remote 120 python3 lightning_cnn.py --bat
   --workers 4 --precision bf16-mixed --read-ms 1 --seconds 40
 #     and, to check the reading where the reads are cheaper or fully hidden: the Trainer
 #     with 4 workers at 1.5 ms a sample, and with 8 at 0.5 ms (the loaders keep up), both
-#     without the hook; Lightning's again without the hook (written, not yet recorded: the
-#     twenty-fourth session got no lent machine for them)
+#     without the hook; Lightning's again without the hook (recorded in the twenty-sixth
+#     session)
 want hf_remote_w4_bare && rec_bare hf_remote_w4_bare 150 python3 hf_trainer.py $bert \
   --steps 100000 --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
   --bf16 --workers 4 --read-ms 1.5
@@ -803,8 +803,7 @@ want lightning_remote_bare && rec_bare lightning_remote_bare 120 python3 lightni
   --batch 256 --workers 4 --precision bf16-mixed --read-ms 1 --seconds 40
 #     and reads that also cost CPU (page cache, decompression): 2 workers each waiting 2 ms
 #     and computing 2 ms a sample (half busy, between the idle and the pegged pool), with and
-#     without the hook (written in the twenty-fifth session, not yet recorded: no machine
-#     could be had)
+#     without the hook (recorded in the twenty-sixth session)
 want hf_remote_cpu && rec hf_remote_cpu 150 python3 hf_trainer.py $bert --steps 100000 \
   --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 --bf16 --workers 2 \
   --read-ms 2 --decode-ms 2
