@@ -527,6 +527,11 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # 34 %), and the workers' reading stands alone
     "hf_remote_cpu": ({"add-dataloader-workers", "gpu-underused"}, {"raise-batch-size"}),
     "hf_remote_cpu_bare": ({"add-dataloader-workers"}, {"raise-batch-size"}),
+    # the service's view (the daemon running 20 s before the job and 60 s after it): the
+    # Trainer's host-bound BERT with the hook reporting to it, and without the hook under a
+    # daemon at --interval 2 (judged in 2-s buckets): the batch, told while the job ran
+    "hf_service": ({"raise-batch-size"}, {"gpu-underused", "add-dataloader-workers"}),
+    "hf_service_2s_bare": ({"raise-batch-size"}, {"gpu-underused", "add-dataloader-workers"}),
     # the Trainer's and Lightning's defaults (no DataLoader workers; the hook measured a
     # host-bound step, 1 % and 10 % data wait) with the daemon on its own: the batch
     "hf_default_b8_bare": ({"raise-batch-size"}, {"add-dataloader-workers"}),

@@ -156,6 +156,100 @@ def decimated(lines: list[dict[str, Any]], k: int = 10) -> list[dict[str, Any]]:
     return out
 
 
+# readings that describe the sampler's whole interval (GPM between two of its samples;
+# CPU time and bytes written since the last tick): averaged when ticks are merged. NVML's
+# util, power and memory are the driver's own last second or the moment: kept as read
+_GPU_OVER_INTERVAL = ("sm_active", "sm_occupancy", "tensor_active", "dram_active",
+                      "fp16_active", "fp32_active", "fp64_active", "pcie_tx_bytes_per_second",
+                      "pcie_rx_bytes_per_second")
+_HOST_OVER_INTERVAL = ("cpu_util", "job_cpu_cores", "job_main_cpu_cores",
+                       "job_workers_cpu_cores", "job_loader_cpu_cores",
+                       "job_write_bytes_per_second")
+_JOB_OVER_INTERVAL = ("cpu_cores", "main_cpu_cores", "workers_cpu_cores", "loader_cpu_cores",
+                      "main_write_bytes_per_second")
+
+
+def _merged(before: dict[str, Any], d: dict[str, Any], keys: tuple[str, ...]
+            ) -> dict[str, Any]:
+    out = dict(d)
+    for k in keys:
+        a, b = before.get(k), d.get(k)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) \
+                and not isinstance(b, bool):
+            out[k] = (a + b) / 2
+    return out
+
+
+def at_twice_the_interval(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A 1-s recording as a daemon sampling every 2 s would have written it: every other
+    tick (its gpu and host lines), the readings that cover the interval averaged over the
+    two seconds it now covers; the hook's lines are the job's own and all stay."""
+    ticks = sorted({d["t"] for d in lines if d.get("kind") == "host"})
+    kept = set(ticks[1::2])
+    gpu_before: dict[Any, dict[str, Any]] = {}
+    host_before: list[dict[str, Any]] = []
+    out = [dict(lines[0], sample_hz=(lines[0].get("sample_hz") or 1) / 2)]
+    for d in lines[1:]:
+        kind = d.get("kind")
+        if kind == "gpu":
+            if d["t"] not in kept:
+                gpu_before[d["gpu"]] = d
+                continue
+            a = gpu_before.pop(d["gpu"], None)
+            d = _merged(a, d, _GPU_OVER_INTERVAL) if a is not None else d
+        elif kind == "host":
+            if d["t"] not in kept:
+                host_before[:] = [d]
+                continue
+            if host_before:
+                a = host_before.pop()
+                d = _merged(a, d, _HOST_OVER_INTERVAL)
+                cores, now = a.get("cpu_util_per_core"), d.get("cpu_util_per_core")
+                if isinstance(cores, list) and isinstance(now, list) \
+                        and len(cores) == len(now):
+                    d["cpu_util_per_core"] = [(x + y) / 2 for x, y in zip(cores, now, strict=True)]
+                jobs = {j.get("pid"): j for j in a.get("jobs") or []}
+                d["jobs"] = [_merged(jobs[j.get("pid")], j, _JOB_OVER_INTERVAL)
+                             if j.get("pid") in jobs else j for j in d.get("jobs") or []]
+        out.append(d)
+    return out
+
+
+def _idle(d: dict[str, Any], t: float, mem_used: Any) -> dict[str, Any]:
+    """``d`` (a gpu or host line) as the daemon reads it with no job on the machine."""
+    if d["kind"] == "gpu":
+        out = {k: (0.0 if k in ("util", "mem_util") or k in _GPU_OVER_INTERVAL else v)
+               for k, v in d.items()}
+        out.update(t=t, processes=[], power_watts=70.0, clock_event_reasons=1,
+                   sm_clock_mhz=345.0)
+        if mem_used is not None:
+            out["mem_used_bytes"] = mem_used
+        return out
+    out = {k: v for k, v in d.items() if not k.startswith("job") and k != "jobs"}
+    cores = d.get("cpu_util_per_core")
+    out.update(t=t, cpu_util=0.0)
+    if isinstance(cores, list):
+        out["cpu_util_per_core"] = [0.0] * len(cores)
+    return out
+
+
+def outlived(lines: list[dict[str, Any]], before: int = 0, after: int = 90
+             ) -> list[dict[str, Any]]:
+    """The daemon running ``before`` seconds before the recording's first tick and
+    ``after`` seconds after its last (a service, or a daemon started beside the job):
+    every second the GPUs idle with no process and their memory given back (the first
+    tick's), the host with no job."""
+    ticks = sorted({d["t"] for d in lines if d.get("kind") == "host"})
+    first = [d for d in lines if d.get("t") == ticks[0] and d.get("kind") in ("gpu", "host")]
+    last = [d for d in lines if d.get("t") == ticks[-1] and d.get("kind") in ("gpu", "host")]
+    freed = {d["gpu"]: d.get("mem_used_bytes") for d in first if d["kind"] == "gpu"}
+    pre = [_idle(d, ticks[0] - i, freed.get(d.get("gpu")))
+           for i in range(before, 0, -1) for d in first]
+    post = [_idle(d, ticks[-1] + i, freed.get(d.get("gpu")))
+            for i in range(1, after + 1) for d in last]
+    return [lines[0], *pre, *lines[1:], *post]
+
+
 H100_80GB = 85_520_809_984  # bytes NVML reports for an H100 80GB HBM3
 
 

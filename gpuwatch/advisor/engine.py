@@ -51,6 +51,26 @@ _TABLE_OF = {name: d.table for name, d in VOCABULARY.items()}
 Leaf = Callable[["_Ctx"], Any]
 
 
+# a recording longer than this many buckets at 1 s is judged on coarser buckets, so a
+# day of 8 GPUs takes seconds (rules' windows are 15 s and more: 5 s buckets still hold)
+MAX_BUCKETS = 20_000
+_NICE_RES = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0)
+
+
+def resolution_for(span_seconds: float, sample_seconds: float | None = None) -> float:
+    """The bucket for a recording of ``span_seconds``: at most MAX_BUCKETS of them, and
+    none shorter than the sampler's interval (``sample_seconds``): a daemon sampling every
+    2 s leaves every other 1-s bucket without a GPU reading, and the rules' windows would
+    hold half the seconds they name."""
+    want = span_seconds / MAX_BUCKETS
+    if sample_seconds is not None and sample_seconds > 0:
+        want = max(want, sample_seconds * 0.999)  # (1.0 s stays 1.0 s)
+    for r in _NICE_RES:
+        if r >= want:
+            return r
+    return _NICE_RES[-1]
+
+
 class _Ctx:
     """Evaluation context of one subject, moved from bucket to bucket (:meth:`at`).
 
@@ -569,8 +589,20 @@ class Engine:
             live = stated.get(subj.gpu)
             if live is None:
                 live = stated[subj.gpu] = set()
+            over = None
             for rule, rid, phase, test, suppressed_by, suppresses in plan:
                 if phase is not None:
+                    if over is None:
+                        over = frame.job_over(subj, idx)
+                    if over:
+                        # the job ended (its hook's exit report) before this bucket: its
+                        # phases' rules hold no more and start nothing (the windows after
+                        # it hold its last steps beside the idle GPU it left)
+                        if suppresses:
+                            holding[rid] = False
+                        if rid in live:
+                            self._step(rule, subj, ctx, False, t)
+                        continue
                     ok = phase_ok.get(phase)
                     if ok is None:
                         ok = phase_ok[phase] = self._in_phase(*phase, subj, idx + 1)

@@ -21,6 +21,10 @@ from gpuwatch.advisor.vocabulary import CONFIG_KEYS, VOCABULARY
 from gpuwatch.advisor.windows import Ring, ring_mean, ring_mean_in_phase, ring_sums
 from gpuwatch.job.protocol import CLEANUPS
 
+# how long after its hook's exit report a job's phases' rules are still judged: the
+# bucket of the report and the next two (the steps' own grace, steps_stopped)
+JOB_OVER_GRACE = 2.0
+
 # NVML clock event reason bits (nvmlClocksEventReason* in nvml.h)
 _SW_POWER_CAP = 0x4
 _HW_SLOWDOWN = 0x8
@@ -166,6 +170,9 @@ class Subject:
         self.scale_settled = False
         self.calibration_skips = 0
         self.proc_pids: set[int] = set()
+        # the newest bucket in which NVML listed a process on the GPU (None: never, or
+        # no process list in the data)
+        self.procs_last: int | None = None
         # the job the hook reports for this GPU: its pid and rank; its attribution's clock
         # starts when its first step ends (job_warm), not at process start
         self.job_pid: int | None = None
@@ -489,6 +496,8 @@ class Frame:
                 acc.add("gpu_process_mem_bytes", mem)
             self._gone_full(subj, procs, get("mem_used_bytes"), get("mem_total_bytes"))
             subj.proc_pids = pids
+            if pids:
+                subj.procs_last = self.idx
             self._bucket_pids |= pids
             self._main_process(subj, acc, main[1] if main is not None else None)
         xid = get("xid_total") if not light else None
@@ -1706,6 +1715,20 @@ class Frame:
             return True
         ended = self._ended_at(owner)
         return ended is not None and last <= ended <= idx
+
+    def job_over(self, subj: Subject, idx: int, grace: float = JOB_OVER_GRACE) -> bool:
+        """Whether ``subj``'s job ended more than ``grace`` seconds before bucket ``idx``
+        ended: its hook said so (its `job_end` line), or NVML, which listed its process on
+        the GPU, lists none since. A daemon that outlives the job (a service, or one
+        started beside it) goes on reading its GPU idle, and windows that hold the job's
+        last seconds beside that idleness are no training of it (some readings, such as
+        the job's process tree, are not read again once it is gone: their windows would
+        hold the last ones for ever)."""
+        ended = self._ended_at(self._job_table(subj)[1])
+        if ended is not None:
+            return (idx - ended) * self.res > grace
+        last = subj.procs_last
+        return last is not None and not subj.proc_pids and (idx - last) * self.res > grace
 
     def job_end_bucket(self, subj: Subject) -> int | None:
         """The bucket in which the hook said ``subj``'s job ended (its `job_end` line)."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from gpuwatch import threads
 from gpuwatch.advisor import endings
-from gpuwatch.advisor.engine import Engine, Finding
+from gpuwatch.advisor.engine import Engine, Finding, resolution_for
 from gpuwatch.advisor.report import HOOK_NOTE, RunTally, build_report, inference_batches
 from gpuwatch.advisor.rules import RuleSet, human_duration, human_percent, load_rules
 
@@ -115,10 +115,12 @@ class LiveAdvisor:
         self.interval = float(interval)
         dirs = tuple(getattr(config, "rules_dirs", ()) or ())
         self.ruleset = ruleset if ruleset is not None else load_rules(dirs)
-        self.res = res
         # how long each GPU sample's readings cover (the sampler's interval): the frame
         # pairs them with the second they describe
         self.sample_seconds = float(getattr(config, "interval", None) or 1.0)
+        # buckets no shorter than that interval (--interval 2: 2-s buckets, each with its
+        # reading, as a recording made so is judged)
+        self.res = max(float(res), resolution_for(0.0, self.sample_seconds))
         self.engine = self._new_engine()
         self._lock = threading.Lock()
         self._loop = threads.Periodic(self._tick, self.interval, "gpuwatch-advisor")

@@ -5,6 +5,7 @@ Each maps its data onto the trace vocabulary and feeds the same :class:`Engine`.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -13,26 +14,46 @@ import statistics
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from gpuwatch.advisor.engine import Engine
+from gpuwatch.advisor.engine import Engine, resolution_for
 from gpuwatch.advisor.rules import RuleSet
 from gpuwatch.errors import UserError
 
-# a recording longer than this many buckets at 1 s is judged on coarser buckets, so a
-# day of 8 GPUs takes seconds (rules' windows are 15 s and more: 5 s buckets still hold)
-MAX_BUCKETS = 20_000
-_NICE_RES = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0)
+
+def trace_sample_seconds(path: str) -> float | None:
+    """The sampler's interval a recording names in its meta line (None when unknown)."""
+    try:
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+        opener = gzip.open if gz else open
+        with opener(path, "rb") as f:
+            for _ in range(5):
+                line = f.readline()
+                if not line:
+                    break
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(d, dict) and d.get("kind") == "meta":
+                    hz = d.get("sample_hz")
+                    if isinstance(hz, (int, float)) and not isinstance(hz, bool) \
+                            and math.isfinite(hz) and hz > 0:
+                        return 1.0 / float(hz)
+                    return None
+    except (OSError, EOFError, zlib.error):
+        return None
+    return None
 
 
-def resolution_for(span_seconds: float) -> float:
-    want = span_seconds / MAX_BUCKETS
-    for r in _NICE_RES:
-        if r >= want:
-            return r
-    return _NICE_RES[-1]
+def replay_resolution(path: str) -> float:
+    """The bucket a recording is judged in: by its length and its sampler's interval."""
+    span = trace_span(path)
+    return resolution_for(span if span is not None else 0.0, trace_sample_seconds(path))
 
 
 def trace_span(path: str) -> float | None:
@@ -88,8 +109,7 @@ def judge_trace(path: str, ruleset: RuleSet, *, res: float | None = None,
     from gpuwatch.advisor import split
 
     if res is None:
-        span = trace_span(path)
-        res = resolution_for(span) if span is not None else 1.0
+        res = replay_resolution(path)
     engine = Engine(ruleset, res=res)
     planned = split.plan(path)
     limit = planned.size if planned.workers > 1 else None

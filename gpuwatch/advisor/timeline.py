@@ -383,7 +383,7 @@ def judge_recording(path: str, ruleset: Any, shown: str | None = None
     from gpuwatch.advisor import sources
 
     span = sources.trace_span(path)
-    res = sources.resolution_for(span) if span is not None else 1.0
+    res = sources.replay_resolution(path)
     timeline = Timeline(res, buckets_per_point(span, res))
     rep, engine, meta = sources.judge_recording(path, ruleset, shown=shown, res=res,
                                                 observe=timeline.feed,

@@ -31,6 +31,30 @@ rec_bare() {  # name, seconds allowed, then the command
   }) >"$out/fw_$name.log" 2>&1
   echo "$name: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/fw_$name.jsonl") lines"
 }
+# a daemon that outlives the job, as the systemd service does: started BEFORE seconds
+# ahead (at INTERVAL, its hook socket named by a config file), the job after (under
+# `gpuwatch run --`, which reports to that socket too, when HOOK is 1; else on its own),
+# and the daemon stopped AFTER seconds past the job's end: the recording is the
+# service's, its idle seconds before and after the job included
+rec_service() {  # name, seconds allowed, before, after, interval, hook (1/0), the command
+  local name=$1 limit=$2 before=$3 after=$4 interval=$5 hook=$6; shift 6
+  local t0=$SECONDS sock cfg
+  sock=$(mktemp -d)/hook.sock; cfg=$(mktemp --suffix .yaml)
+  echo "hook_socket: $sock" > "$cfg"
+  (cd "$here" && {
+    python3 -m gpuwatch run --quiet --web.listen-address 127.0.0.1:0 --config.file "$cfg" \
+      --interval "$interval" --record "$out/fw_$name.jsonl" & d=$!
+    sleep "$before"
+    if [ "$hook" = 1 ]; then
+      GPUWATCH_SOCKET=$sock timeout "$limit" python3 -m gpuwatch run --quiet \
+        --web.listen-address 127.0.0.1:0 -- "$@" --out "$out/fw_$name.truth.json"; rc=$?
+    else
+      timeout "$limit" "$@" --out "$out/fw_$name.truth.json"; rc=$?
+    fi
+    sleep "$after"; kill -INT $d; wait $d; exit $rc
+  }) >"$out/fw_$name.log" 2>&1
+  echo "$name: rc=$? $((SECONDS - t0)) s, $(wc -l <"$out/fw_$name.jsonl") lines"
+}
 want() { [ "$what" = all ] || [[ " $what " == *" $1 "* ]]; }
 bert="--hidden 768 --layers 12 --seq 128"
 # 1. the Trainer evaluating every 20 steps at per_device_eval_batch_size=8: ~70 % of the time
@@ -810,3 +834,14 @@ want hf_remote_cpu && rec hf_remote_cpu 150 python3 hf_trainer.py $bert --steps 
 want hf_remote_cpu_bare && rec_bare hf_remote_cpu_bare 150 python3 hf_trainer.py $bert \
   --steps 100000 --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
   --bf16 --workers 2 --read-ms 2 --decode-ms 2
+# 7ac. (2026-12-06, twenty-sixth session) the service's view: the daemon running 20 s
+#     before the job and 60 s after it, the Trainer's host-bound BERT (batch 32, 2
+#     workers) with the hook reporting to it, and the same job without the hook under a
+#     daemon at --interval 2 (nothing is told of the idle after the job; a 2-s daemon is
+#     judged in 2-s buckets)
+want hf_service && rec_service hf_service 150 20 60 1 1 python3 hf_trainer.py $bert \
+  --steps 100000 --seconds 45 --batch 32 --accum 1 --eval-every 100000 --eval-samples 64 \
+  --bf16 --workers 2
+want hf_service_2s_bare && rec_service hf_service_2s_bare 150 20 60 2 0 python3 hf_trainer.py \
+  $bert --steps 100000 --seconds 45 --batch 32 --accum 1 --eval-every 100000 \
+  --eval-samples 64 --bf16 --workers 2
