@@ -7,23 +7,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from test_advise_live import play
 from test_advise_support import advise_json, at_twice_the_interval, load, write
 
 from gpuwatch.advisor import LiveAdvisor
 from gpuwatch.advisor.engine import resolution_for
-from gpuwatch.samples import (
-    ConfigSample,
-    GpuSample,
-    HookProblem,
-    HostSample,
-    JobEnd,
-    PhaseSample,
-    Snapshot,
-    StepSample,
-    StepsSample,
-)
 from gpuwatch.store import Store
-from gpuwatch.trace.format import meta_infos, read_trace
 
 HOOK_KINDS = ("step", "steps", "config", "phase", "hook_problem", "job_end")
 
@@ -62,32 +51,6 @@ def test_a_recording_made_at_2s_is_told_what_the_same_run_at_1s_is(tmp_path, nam
     assert by_gpu(whole)  # (each is told something at 1 s)
 
 
-def play(store: Store, advisor: LiveAdvisor, path: str) -> None:
-    """Publish a recording into the store tick by tick, evaluating every 10 ticks, as
-    the daemon does."""
-    trace = read_trace(path)
-    infos = tuple(meta_infos(trace.meta).values())
-    gpus: dict[int, GpuSample] = {}
-    ticks = 0
-    for s in trace.samples:
-        if isinstance(s, (StepSample, StepsSample)):
-            store.add_steps([s])
-        elif isinstance(s, ConfigSample):
-            store.set_config(s)
-        elif isinstance(s, (PhaseSample, HookProblem)):
-            store.add_event(s)
-        elif isinstance(s, JobEnd):
-            store.add_job_end(s)
-        elif isinstance(s, GpuSample):
-            gpus[s.gpu] = s
-        elif isinstance(s, HostSample):
-            store.publish(Snapshot(t=s.t, gpus=tuple(gpus.values()), infos=infos, host=s))
-            ticks += 1
-            if ticks % 10 == 0:
-                advisor.evaluate()
-    advisor.evaluate()
-
-
 def test_the_live_advisor_of_a_daemon_at_2s_judges_in_2s_buckets(tmp_path):
     """`gpuwatch run --interval 2` beside a job saving with its GPU idle, no hook: the
     daemon's own advisor judges in 2-s buckets and says slow-checkpointing, as the replay
@@ -99,7 +62,7 @@ def test_the_live_advisor_of_a_daemon_at_2s_judges_in_2s_buckets(tmp_path):
     advisor = LiveAdvisor(store, SimpleNamespace(interval=2.0, rules_dirs=()))
     assert advisor.res == 2.0 and advisor.engine.res == 2.0
     assert advisor._new_engine().res == 2.0  # (a replay's loop point keeps it)
-    play(store, advisor, str(path))
+    play(store, advisor, path, every=10)
     live = {(a["id"], a["gpu"]) for a in advisor.report_json()["advice"]}
     assert ("slow-checkpointing", 0) in live
     assert live == by_gpu(advise_json(path))

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -31,11 +32,12 @@ from gpuwatch.store import Store
 from gpuwatch.trace.format import meta_infos, read_trace
 
 
-def play(store: Store, advisor: LiveAdvisor, name: str, every: int = 10,
+def play(store: Store, advisor: LiveAdvisor, name: str | Path, every: int = 10,
          hook: bool = True) -> None:
-    """Publish a recording into the store tick by tick, evaluating as the daemon would
-    (``hook`` False: without the hook's lines, as a daemon beside a job)."""
-    trace = read_trace(str(recording(name)))
+    """Publish a recording (tests/data's ``name``, or a file's path) into the store tick by
+    tick, evaluating as the daemon would (``hook`` False: without the hook's lines, as a
+    daemon beside a job)."""
+    trace = read_trace(str(name if isinstance(name, Path) else recording(name)))
     infos = tuple(meta_infos(trace.meta).values())
     gpus: dict[int, GpuSample] = {}
     ticks = 0
