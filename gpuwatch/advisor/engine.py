@@ -595,9 +595,10 @@ class Engine:
                     if over is None:
                         over = frame.job_over(subj, idx)
                     if over:
-                        # the job ended (its hook's exit report) before this bucket: its
-                        # phases' rules hold no more and start nothing (the windows after
-                        # it hold its last steps beside the idle GPU it left)
+                        # the job ended (its hook's exit report, or its process gone from
+                        # NVML's list) before this bucket: its phases' rules hold no more
+                        # and start nothing (the windows after it hold its last seconds
+                        # beside the idle GPU it left)
                         if suppresses:
                             holding[rid] = False
                         if rid in live:
