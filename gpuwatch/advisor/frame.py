@@ -21,9 +21,11 @@ from gpuwatch.advisor.vocabulary import CONFIG_KEYS, VOCABULARY
 from gpuwatch.advisor.windows import Ring, ring_mean, ring_mean_in_phase, ring_sums
 from gpuwatch.job.protocol import CLEANUPS
 
-# how long after its hook's exit report a job's phases' rules are still judged: the
-# bucket of the report and the next two (the steps' own grace, steps_stopped)
-JOB_OVER_GRACE = 2.0
+# how long after a job's end (its hook's exit report, or the last bucket NVML listed its
+# process in) its phases' rules are still judged: that bucket and the next (a sample that
+# missed the process once does not end it; two seconds let a rule whose condition held
+# mostly on the job's last seconds start in the idle after it: fw_hf_predict_ddp)
+JOB_OVER_GRACE = 1.0
 
 # NVML clock event reason bits (nvmlClocksEventReason* in nvml.h)
 _SW_POWER_CAP = 0x4
