@@ -27,6 +27,8 @@ CASES = [
     ("fw_hf_text_starved", False),    # gpu-underused, and the workers' advice held on
     ("fw_nanogpt_like", False),       # add-dataloader-workers, 11 s after the process left
     ("fw_hf_remote_cpu", False),      # raise-batch-size, 8 s after
+    ("fw_hf_predict_ddp", False),     # raise-batch-size on all 4 ranks, 3 s after (a
+    #                                   rule held mostly on the job's last seconds)
 ]
 
 
