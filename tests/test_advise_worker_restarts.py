@@ -116,6 +116,10 @@ def test_restarted_workers_are_told_without_the_hook_and_kept_ones_are_not(
         in a["message"]
     assert "not measured without the torch hook" in a["message"]
     assert "dataloader_persistent_workers=True" in a["action"]
+    # a pool started anew can be a DataLoader built anew too, which no setting keeps: both
+    # are named, as the process tree cannot tell them apart
+    assert "as does a DataLoader built anew" in a["message"]
+    assert "no setting keeps the workers of a loader that is replaced" in a["action"]
     assert a["hook_would_add"] and "first batch" in a["hook_would_add"]
     # without the hook the restarts' waits read as the attribution's "other" slice; the
     # catch-all that would say so gives way to the advice that names them
