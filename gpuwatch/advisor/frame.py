@@ -1726,7 +1726,7 @@ class Frame:
         last seconds beside that idleness are no training of it (some readings, such as
         the job's process tree, are not read again once it is gone: their windows would
         hold the last ones for ever)."""
-        ended = self._ended_at(self._job_table(subj)[1])
+        ended = self.job_end_bucket(subj)
         if ended is not None:
             return (idx - ended) * self.res > grace
         last = subj.procs_last

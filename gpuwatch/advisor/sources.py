@@ -5,7 +5,6 @@ Each maps its data onto the trace vocabulary and feeds the same :class:`Engine`.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import os
@@ -26,27 +25,24 @@ from gpuwatch.errors import UserError
 
 def trace_sample_seconds(path: str) -> float | None:
     """The sampler's interval a recording names in its meta line (None when unknown)."""
+    from gpuwatch.trace.format import _open_binary
+
     try:
-        with open(path, "rb") as raw:
-            gz = raw.read(2) == b"\x1f\x8b"
-        opener = gzip.open if gz else open
-        with opener(path, "rb") as f:
-            for _ in range(5):
-                line = f.readline()
-                if not line:
-                    break
-                try:
-                    d = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(d, dict) and d.get("kind") == "meta":
-                    hz = d.get("sample_hz")
-                    if isinstance(hz, (int, float)) and not isinstance(hz, bool) \
-                            and math.isfinite(hz) and hz > 0:
-                        return 1.0 / float(hz)
-                    return None
-    except (OSError, EOFError, zlib.error):
+        with _open_binary(path) as f:  # plain or gzip, as the reader opens it
+            lines = [f.readline() for _ in range(5)]
+    except (OSError, EOFError, zlib.error, UserError):
         return None
+    for line in lines:
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and d.get("kind") == "meta":
+            hz = d.get("sample_hz")
+            if isinstance(hz, (int, float)) and not isinstance(hz, bool) \
+                    and math.isfinite(hz) and hz > 0:
+                return 1.0 / float(hz)
+            return None
     return None
 
 
