@@ -744,9 +744,12 @@ class _Hook:
 
     def memory_at_step_end(self) -> None:
         """The allocator's counters now, at an iteration's end, for the next report (host
-        side: no device synchronization); once per report, not per step."""
+        side: no device synchronization), and a look for sparse gradients while they
+        exist; once per report, not per step, on the training's own thread."""
         self.mem_due = False
         self.mem_end = self._guarded(self._memory, "memory", None)
+        if not self.sparse_grads:
+            self._guarded(self._look_for_sparse_grads, "sparse_grads", None)
 
     def _training_again(self, now: float) -> None:
         """An iteration ends outside the training phase: the first one (start-up ends,
@@ -928,10 +931,15 @@ class _Hook:
                   "iterators": 0, "first_batch_wait_seconds": 0.0, "micro_batches": 0,
                   "micro_counted": 0}
         records = []
-        # backward() calls of several optimizers stepping in turn are no micro-batches
+        # backward() calls of several optimizers stepping in turn are no micro-batches;
+        # the first iteration's one backward() before the primary optimizer's step says
+        # neither until that optimizer steps again (a GAN's generator, its discriminator
+        # next): unknown, not one, but in the exit report, which says what it knows (those
+        # of several are held till then: _first_undecided)
         several = self.several_opts
+        undecided = self.n < 2 and not final
         for n, end, dur, wait, batch, skipped, first, loss, micro in steps:
-            if several:
+            if several or (undecided and n == 0):
                 micro = None
             if micro is not None:
                 window["micro_batches"] += micro
@@ -1302,7 +1310,9 @@ class _Hook:
             read(cfg, "fused_optimizer", lambda: bool(defaults.get("fused")), p)
             read(cfg, "foreach_optimizer", lambda: defaults.get("foreach"), p)
             read(cfg, "param_dtype", self._param_dtype, p)
-            read(cfg, "sparse_grads", lambda: self._sparse_grads(opt), p)
+            # an embedding built with sparse=True (seen as a submodule), or a sparse
+            # .grad seen at an iteration's end (memory_at_step_end); once seen, it stays
+            cfg["sparse_grads"] = self.sparse_grads
         cfg["grad_scaler"] = self.scaler is not None
         cfg["gradient_checkpointing"] = self.checkpointing
         cfg["uses_dataloader"] = self.loader_made
@@ -1329,24 +1339,29 @@ class _Hook:
             p.add("framework", err)
         return cfg
 
-    def _sparse_grads(self, opt: Any) -> bool:
-        """Whether the job trains a parameter with sparse gradients: an embedding built
-        with sparse=True (seen as a submodule), else a sparse ``.grad`` among the first
-        SPARSE_SCAN parameters of an optimizer that takes them (SGD, SparseAdam, Adagrad;
-        read while the gradients exist, so looked for at each report until seen). Once
-        seen, it stays."""
-        if not self.sparse_grads and type(opt).__name__ in _SPARSE_OPTIMIZERS:
-            seen = 0
-            for group in opt.param_groups:
-                for param in group["params"]:
-                    grad = param.grad
-                    if grad is not None and grad.is_sparse:
-                        self.sparse_grads = True
-                        return True
-                    seen += 1
-                    if seen >= SPARSE_SCAN:
-                        return False
-        return self.sparse_grads
+    def _look_for_sparse_grads(self) -> None:
+        """Sets ``sparse_grads`` on a sparse ``.grad`` among the first SPARSE_SCAN
+        parameters of the primary optimizer, if it takes them (SGD, SparseAdam, Adagrad).
+
+        Only on the thread that trains, at an iteration's end: there a ``.grad`` is what
+        the backward() left. Read on the reporting thread, ``param.grad`` raced autograd's
+        accumulation, which swaps the gradient without holding the GIL: the training
+        process died of a corrupted heap (SIGSEGV, SIGABRT) about once in twenty 3-s runs
+        of a loop stepping 2 000 times a second, every time with reports 2 ms apart."""
+        ref = self.primary
+        opt = ref() if ref is not None else None
+        if opt is None or type(opt).__name__ not in _SPARSE_OPTIMIZERS:
+            return
+        seen = 0
+        for group in opt.param_groups:
+            for param in group["params"]:
+                grad = param.grad
+                if grad is not None and grad.is_sparse:
+                    self.sparse_grads = True
+                    return
+                seen += 1
+                if seen >= SPARSE_SCAN:
+                    return
 
     def _data_parallel_gpus(self) -> int | None:
         """How many devices the job's ``torch.nn.DataParallel`` replicates its model over
@@ -1565,6 +1580,8 @@ def _on_optimizer_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
             h.end_iteration(False)
         else:
             h.step_end(False)
+        if h.n <= 1 and not h.sparse_grads:  # at the first step; later, once a report
+            h._guarded(h._look_for_sparse_grads, "sparse_grads", None)  # (mem_due)
         if h.source is OPTIMIZER and not h.off and h.phase is TRAIN \
                 and h.thread is not None:
             h.clock = h.primary  # its next steps take the short way (switch() ends it)

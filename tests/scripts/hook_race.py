@@ -1,0 +1,85 @@
+"""A CPU training loop stepping as fast as it can while the injected hook reports every
+2 ms (500 times its usual rate), so that anything the reporting thread reads while the
+training thread runs autograd without the GIL is read thousands of times a second.
+
+Variants (--variant):
+  sgd     plain SGD on a Linear, one backward() and one step an iteration (SGD is one of
+          the optimizers whose parameters the hook looks at for sparse gradients)
+  scaler  a GradScaler on the CPU, autocast to bfloat16, Adam over a small conv net (the
+          scale, the skip flags and the conv weights' format are read) and an evaluation
+          under no_grad every 200 iterations
+  sparse  an EmbeddingBag with sparse gradients under SGD (sparse .grad tensors)
+  nostep  no optimizer: backward() then an in-place update, so backward() ends clock
+
+Writes its own count of iterations to --out as JSON: {"steps": N}."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+
+try:  # the hook is injected by `gpuwatch run`; alone, the script still runs
+    from gpuwatch.job import sender
+    sender.REPORT_INTERVAL = 0.002
+except ImportError:
+    pass
+
+p = argparse.ArgumentParser()
+p.add_argument("--variant", choices=("sgd", "scaler", "sparse", "nostep"), default="sgd")
+p.add_argument("--seconds", type=float, default=3.0)
+p.add_argument("--out", required=True)
+args = p.parse_args()
+torch.manual_seed(0)
+steps = 0
+deadline = time.perf_counter() + args.seconds
+
+if args.variant == "sgd":
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.ones(1, 4)
+    while time.perf_counter() < deadline:
+        opt.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        opt.step()
+        steps += 1
+elif args.variant == "scaler":
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.randn(2, 3, 8, 8)
+    while time.perf_counter() < deadline:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        steps += 1
+        if steps % 200 == 0:
+            with torch.no_grad():
+                model(x)
+elif args.variant == "sparse":
+    table = nn.EmbeddingBag(1000, 8, mode="sum", sparse=True)
+    opt = torch.optim.SGD(table.parameters(), lr=0.1)
+    ids, offsets = torch.tensor([1, 5, 7, 9]), torch.tensor([0, 2])
+    while time.perf_counter() < deadline:
+        opt.zero_grad(set_to_none=True)
+        table(ids, offsets).sum().backward()
+        opt.step()
+        steps += 1
+else:
+    w = torch.zeros(4, requires_grad=True)
+    x = torch.ones(4)
+    while time.perf_counter() < deadline:
+        (w * x).sum().backward()
+        with torch.no_grad():
+            w -= 1e-3 * w.grad
+            w.grad = None
+        steps += 1
+
+with open(args.out, "w") as f:
+    json.dump({"steps": steps}, f)
