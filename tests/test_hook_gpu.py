@@ -264,3 +264,29 @@ def test_memory_is_read_at_the_end_of_an_iteration(tmp_path: Path) -> None:
     assert {a for a, _ in sent} <= ends
     peak = torch.cuda.max_memory_allocated(dev)
     assert all(a < p <= peak for a, p in sent)
+
+
+@pytest.mark.parametrize("variant", ["sgd", "scaler", "sparse", "nostep"])
+def test_a_job_reported_on_every_2_ms_ends_as_it_would_alone_on_the_gpu(
+        tmp_path: Path, variant: str) -> None:
+    """tests/test_hook_races.py on the GPU: the reporting thread every 2 ms beside a loop
+    stepping as fast as CUDA lets it (the scaler's skip flags, its scale and the loss read
+    through the reporter's non-blocking copies). Before, its ``param.grad`` reads raced
+    autograd's accumulation and could corrupt the job's heap."""
+    rec, out = tmp_path / "rec.jsonl", tmp_path / "truth.json"
+    run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable,
+                          str(REPO / "tests" / "scripts" / "hook_race.py"), "--variant", variant,
+                          "--device", "cuda", "--seconds", "3", "--out", str(out)],
+                         env={**env(), "PYTHONFAULTHANDLER": "1"}, capture_output=True,
+                         text=True, timeout=180, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
+    steps = json.loads(out.read_text())["steps"]
+    counted, skipped = totals(rec)
+    cfg = lines(rec, "config")[-1]
+    print(f"{variant} on the GPU: {steps} iterations, {counted} counted, {skipped} skipped, "
+          f"sparse_grads {cfg.get('sparse_grads')}, device {cfg.get('device')}")
+    assert steps > 200 and counted == steps
+    if variant != "nostep":  # (the optimizer's first parameter's device)
+        assert str(cfg.get("device")).startswith("cuda")
+    assert cfg.get("sparse_grads") is {"sgd": False, "scaler": False, "sparse": True,
+                                       "nostep": None}[variant]

@@ -11,6 +11,9 @@ Variants (--variant):
   sparse  an EmbeddingBag with sparse gradients under SGD (sparse .grad tensors)
   nostep  no optimizer: backward() then an in-place update, so backward() ends clock
 
+--device cuda runs it on the GPU (the scaler variant then in float16, its skip flags and
+scale read by the reporter through its non-blocking copies).
+
 Writes its own count of iterations to --out as JSON: {"steps": N}."""
 
 from __future__ import annotations
@@ -31,29 +34,41 @@ except ImportError:
 p = argparse.ArgumentParser()
 p.add_argument("--variant", choices=("sgd", "scaler", "sparse", "nostep"), default="sgd")
 p.add_argument("--seconds", type=float, default=3.0)
+p.add_argument("--device", default="cpu")
 p.add_argument("--out", required=True)
 args = p.parse_args()
 torch.manual_seed(0)
+dev = torch.device(args.device)
 steps = 0
-deadline = time.perf_counter() + args.seconds
+
+
+def until() -> float:
+    """The loop's deadline, from when the variant is set up (CUDA's start-up not in it)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() + args.seconds
+
 
 if args.variant == "sgd":
-    model = nn.Linear(4, 1)
+    model = nn.Linear(4, 1).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.ones(1, 4)
+    x = torch.ones(1, 4, device=dev)
+    deadline = until()
     while time.perf_counter() < deadline:
         opt.zero_grad(set_to_none=True)
         model(x).sum().backward()
         opt.step()
         steps += 1
 elif args.variant == "scaler":
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 1))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 1)).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu")
-    x = torch.randn(2, 3, 8, 8)
+    scaler = torch.amp.GradScaler(dev.type)
+    x = torch.randn(2, 3, 8, 8, device=dev)
+    half = torch.float16 if dev.type == "cuda" else torch.bfloat16
+    deadline = until()
     while time.perf_counter() < deadline:
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(dev.type, dtype=half):
             loss = model(x).float().pow(2).mean()
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -63,17 +78,19 @@ elif args.variant == "scaler":
             with torch.no_grad():
                 model(x)
 elif args.variant == "sparse":
-    table = nn.EmbeddingBag(1000, 8, mode="sum", sparse=True)
+    table = nn.EmbeddingBag(1000, 8, mode="sum", sparse=True).to(dev)
     opt = torch.optim.SGD(table.parameters(), lr=0.1)
-    ids, offsets = torch.tensor([1, 5, 7, 9]), torch.tensor([0, 2])
+    ids, offsets = torch.tensor([1, 5, 7, 9], device=dev), torch.tensor([0, 2], device=dev)
+    deadline = until()
     while time.perf_counter() < deadline:
         opt.zero_grad(set_to_none=True)
         table(ids, offsets).sum().backward()
         opt.step()
         steps += 1
 else:
-    w = torch.zeros(4, requires_grad=True)
-    x = torch.ones(4)
+    w = torch.zeros(4, requires_grad=True, device=dev)
+    x = torch.ones(4, device=dev)
+    deadline = until()
     while time.perf_counter() < deadline:
         (w * x).sum().backward()
         with torch.no_grad():
@@ -81,5 +98,7 @@ else:
             w.grad = None
         steps += 1
 
+if dev.type == "cuda":
+    torch.cuda.synchronize()
 with open(args.out, "w") as f:
     json.dump({"steps": steps}, f)
