@@ -266,13 +266,15 @@ def test_memory_is_read_at_the_end_of_an_iteration(tmp_path: Path) -> None:
     assert all(a < p <= peak for a, p in sent)
 
 
-@pytest.mark.parametrize("variant", ["sgd", "scaler", "sparse", "nostep"])
+@pytest.mark.parametrize("variant", ["sgd", "scaler", "sparse", "nostep", "graphs"])
 def test_a_job_reported_on_every_2_ms_ends_as_it_would_alone_on_the_gpu(
         tmp_path: Path, variant: str) -> None:
     """tests/test_hook_races.py on the GPU: the reporting thread every 2 ms beside a loop
     stepping as fast as CUDA lets it (the scaler's skip flags, its scale and the loss read
     through the reporter's non-blocking copies). Before, its ``param.grad`` reads raced
-    autograd's accumulation and could corrupt the job's heap."""
+    autograd's accumulation and could corrupt the job's heap. ``graphs`` also captures a
+    CUDA graph in torch's default global mode every 20 iterations, which any unsafe CUDA
+    call of the reporter's meanwhile (its event query, its pinned buffer) would fail."""
     rec, out = tmp_path / "rec.jsonl", tmp_path / "truth.json"
     run = subprocess.run([*RUN, "--record", str(rec), "--", sys.executable,
                           str(REPO / "tests" / "scripts" / "hook_race.py"), "--variant", variant,

@@ -1940,3 +1940,113 @@ def test_a_model_around_a_watched_one_counts_each_pass_once(attached: hook._Hook
         for _ in range(10):
             outer({"x": torch.ones(3, 8)})
     assert attached.infer_batches == 10
+
+
+def test_a_loss_that_cannot_be_read_is_said_once_and_not_read_again(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loss whose memory was taken back before the reporter read it (as CUDA graphs'
+    trees do with a compiled step's outputs at its next replay; here its storage freed,
+    as FSDP frees a parameter's): that step goes without a loss, the failure is said once
+    as a problem, and no loss is read again. Before, every such report counted an error of
+    the hook's own, and a hundred turned the hook off within a minute: the steps, the data
+    wait and every other fact went with it."""
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    report = _sent_steps(attached, monkeypatch)
+
+    def iteration(free: bool = False) -> None:
+        loss = (w * w).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if free:
+            loss.detach().untyped_storage().resize_(0)
+    iteration()
+    report()
+    iteration()
+    iteration(free=True)
+    report()
+    for _ in range(3):
+        iteration()
+        report()
+    sent = report()
+    steps = [s for batch in sent for s in batch]
+    assert [s.step for s in steps] == list(range(6))
+    # the first report read its step's loss; the second's newest step's could not be
+    # read, and none was read after
+    assert steps[0].loss is not None and all(s.loss is None for s in steps[1:])
+    assert attached.loss_off and attached.errors == 0 and not attached.off
+    (said,) = [p for p in attached.problems.as_list() if p["what"] == "loss"]
+    assert "not allocated" in said["error"]
+
+
+def test_a_loss_of_a_tensor_subclass_is_not_read(attached: hook._Hook,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loss that is a tensor subclass (a DTensor under tensor parallelism's
+    loss_parallel(), whose reads run its own dispatch and may redistribute) is not read
+    on the reporting thread: no loss, no problem, no error; a plain loss after it is."""
+    class Wrapped(torch.Tensor):
+        pass
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    report = _sent_steps(attached, monkeypatch)
+    loss = (w * w).sum().as_subclass(Wrapped)
+    loss.backward()
+    opt.step()
+    report()
+    plain = (w * w).sum()
+    plain.backward()
+    opt.step()
+    sent = report()
+    steps = [s for batch in sent for s in batch]
+    assert [s.loss for s in steps] == [None, pytest.approx(plain.item())]
+    assert attached.errors == 0 and not attached.loss_off
+    assert not [p for p in attached.problems.as_list() if p["what"] == "loss"]
+
+
+def test_a_parametrized_conv_weight_is_not_computed_by_the_reporter(
+        attached: hook._Hook) -> None:
+    """A conv under spectral_norm: reading its weight runs the parametrization, whose
+    power iteration updates the module's buffers in training mode. The settings read
+    (as the reporting thread reads them) leave the module as it was, and take the
+    memory format from a plain conv where there is one."""
+    sn = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Conv2d(3, 8, 3))
+    plain = torch.nn.Conv2d(8, 8, 3).to(memory_format=torch.channels_last)
+    net = torch.nn.Sequential(sn, plain).train()
+    before = {k: v.clone() for k, v in sn.state_dict().items()}
+    cfg = attached._config()
+    assert cfg["uses_conv"] is True and cfg["channels_last"] is True
+    after = sn.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    del net
+
+
+
+def test_no_device_read_while_a_cuda_graph_is_captured(
+        attached: hook._Hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a CUDA graph is captured (torch's default capture mode fails when another
+    thread makes an unsafe CUDA call meanwhile: an event query, a pinned allocation) the
+    reporter reads nothing from a device: its steps go, the loss is read at a report
+    after the capture. The capture's count is kept by the wrappers of
+    CUDAGraph.capture_begin/capture_end, which give it back when the call fails
+    (tests/test_hook_gpu.py captures real graphs beside the 2-ms reporter)."""
+    from gpuwatch.job.hook import core
+    graph_cls = torch.cuda.graphs.CUDAGraph
+    assert graph_cls.capture_begin.__wrapped__ is not None  # wrapped by attach()
+    with pytest.raises((TypeError, AttributeError, RuntimeError)):  # (no CUDA here: it fails)
+        graph_cls.capture_begin(object())
+    assert core._captures == 0
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    report = _sent_steps(attached, monkeypatch)
+    (w * w).sum().backward()
+    opt.step()
+    monkeypatch.setattr(core, "_captures", 1)  # as capture_begin leaves it, mid-capture
+    report()
+    monkeypatch.setattr(core, "_captures", 0)  # capture_end
+    (w * w).sum().backward()
+    opt.step()
+    steps = [s for batch in report() for s in batch]
+    assert [s.step for s in steps] == [0, 1]
+    assert steps[0].loss is None and steps[1].loss is not None
+    assert attached.errors == 0

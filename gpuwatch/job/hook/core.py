@@ -53,6 +53,7 @@ import torch.utils.checkpoint
 import torch.utils.data
 import torch.utils.data.dataloader
 from torch.amp.grad_scaler import GradScaler
+from torch.nn.utils import parametrize
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gpuwatch.job import protocol, sender
@@ -122,6 +123,16 @@ _perf = time.perf_counter
 _inherited: list[dict[str, Any]] = []
 _hook: _Hook | None = None
 _attach_lock = threading.Lock()
+# CUDA graphs being captured in this process (torch.cuda.CUDAGraph.capture_begin, which
+# torch.cuda.graph, make_graphed_callables and torch.compile's CUDA graphs call), and the
+# lock the reporter holds over its own CUDA calls. A capture in torch's default "global"
+# mode fails when any other thread makes a call CUDA deems unsafe meanwhile (an event
+# query, a pinned or device allocation): the job's capture_end() raises. So a capture
+# begins only once the reporter's calls under way are done, and the reporter makes none
+# while one is under way (its flags and loss wait for the next report); as torch's own
+# NCCL watchdog learned to (pytorch/pytorch#104487, #148594).
+_capture_lock = threading.Lock()
+_captures = 0
 
 # (what, attribute, original, wrapper) for every patch, so detach() can undo them
 _patches: list[tuple[Any, str, Any, Any]] = []
@@ -187,7 +198,7 @@ class _Hook:
                  "infer_eval_batch", "infer_done", "infer_t1", "infer_open", "gen_samples",
                  "generate_calls", "infer_watch", "compile_called",
                  "compiles", "saving", "saves", "cleanups", "framework", "framework_patched", "problems",
-                 "loss_tensor", "loss_of", "loss_taken", "scaled", "pending", "held",
+                 "loss_tensor", "loss_of", "loss_taken", "loss_off", "scaled", "pending", "held",
                  "inflight", "skipped_resolved", "loss_scale", "seq", "last_send",
                  "last_config", "last_config_time", "last_status", "dropped", "errors",
                  "exit_reason", "error", "finished", "device", "gpu_ids", "sock", "thread",
@@ -382,6 +393,7 @@ class _Hook:
         self.loss_tensor: Any = None
         self.loss_of: tuple[int, Any] | None = None  # (iteration, its loss_tensor)
         self.loss_taken: tuple[int, Any] | None = None  # the reporter's copy of loss_of
+        self.loss_off = False  # a loss that could not be read: none read again
         self.scaled: tuple[Any, Any] | None = None  # GradScaler.scale()'s (result, input)
         self.pending: collections.deque = collections.deque(maxlen=MAX_PENDING_STEPS)
         # the allocator's counters read at the end of an iteration: the reporter asks for
@@ -885,7 +897,9 @@ class _Hook:
                 rec[5] = _Flags(rec[5])
             self.held.append(rec)
         try:
-            self._resolve(final)
+            with _capture_lock:
+                if not _captures:
+                    self._resolve(final)
         except Exception:
             # the device reads failed: the steps still go, with what is known of them
             self.fault()
@@ -1148,7 +1162,10 @@ class _Hook:
         loss_rec, loss = self._take_loss()
         if loss is not None and loss.device.type != "cuda":
             if loss.device.type == "cpu":
-                loss_rec[7] = float(loss.detach())
+                try:
+                    loss_rec[7] = float(loss.detach())
+                except Exception as err:
+                    self._loss_unreadable(loss_rec, err)
             loss = None  # another accelerator: reading it would wait for the device
         if not unresolved and scale is None and loss is None:
             return
@@ -1172,15 +1189,42 @@ class _Hook:
             loss_rec = None
         stream = self.stream if self.stream is not None and self.stream.device == device \
             else torch.cuda.current_stream(device)
-        with torch.cuda.device(device), torch.cuda.stream(stream):
-            stacked = torch.stack([t.float().reshape(()) for t in tensors])
-            buf = torch.empty(stacked.shape, dtype=torch.float32, pin_memory=True)
-            buf.copy_(stacked, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
+
+        def submit() -> tuple[Any, Any]:
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                stacked = torch.stack([t.float().reshape(()) for t in tensors])
+                buf = torch.empty(stacked.shape, dtype=torch.float32, pin_memory=True)
+                buf.copy_(stacked, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            return event, buf
+        try:
+            event, buf = submit()
+        except Exception as err:
+            if loss_rec is None:
+                raise
+            # the loss could not be read (its memory taken back, as CUDA graphs' trees do
+            # with a compiled step's outputs at the next replay): the flags and scale go
+            # without it
+            self._loss_unreadable(loss_rec, err)
+            loss_rec = None
+            tensors.pop()  # (appended last)
+            if not tensors:
+                return
+            event, buf = submit()
         for rec in unresolved:
             rec[5].submitted = True
         self.inflight = (event, buf, unresolved, with_scale, loss_rec)
+
+    def _loss_unreadable(self, rec: list[Any], err: BaseException) -> None:
+        """Reading the loss of step record ``rec`` raised: that step goes without one, the
+        failure is said once (``problems``: "loss"), and no loss is read again in this
+        process (what failed once, as a loss the framework's memory pool takes back, fails
+        at nearly every report; counted as the hook's own errors it would turn the hook off
+        within a minute)."""
+        rec[7] = None
+        self.loss_off = True
+        self.problems.add("loss", err)
 
     def _take_loss(self) -> tuple[Any, Any]:
         """(the held step record, its loss tensor) for the newest iteration, taken when
@@ -1195,7 +1239,10 @@ class _Hook:
         if self.loss_of is taken:
             self.loss_of = None  # read once
         n, t = taken
-        if not isinstance(t, torch.Tensor) or t.numel() != 1 or not t.is_floating_point():
+        # a plain tensor only: a subclass's reads dispatch to its own code on this thread
+        # (a DTensor's, under tensor parallelism's loss_parallel(), may redistribute)
+        if type(t) is not torch.Tensor or t.numel() != 1 or not t.is_floating_point() \
+                or self.loss_off:
             return none
         if self.scaler_mode and self.scaled is None:
             return none  # a scaler whose scale() is its own (FSDP's): the loss is scaled
@@ -1437,7 +1484,12 @@ class _Hook:
         whose weight tells the formats apart; None when none does."""
         for ref in self.convs:
             conv = ref()
-            weight = getattr(conv, "weight", None) if conv is not None else None
+            # a parametrized weight (weight_norm, spectral_norm, orthogonal) is computed
+            # when read: on this thread, with gradients on, and spectral_norm's power
+            # iteration updates its buffers in training mode. Not read
+            if conv is None or parametrize.is_parametrized(conv, "weight"):
+                continue
+            weight = getattr(conv, "weight", None)
             if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
                 continue
             cl = weight.is_contiguous(memory_format=torch.channels_last)
@@ -2961,6 +3013,37 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _wrap_capture_begin(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CUDAGraph.capture_begin``: counted before it begins (_captures), once the
+    reporter's CUDA calls under way are done."""
+    @functools.wraps(orig)
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _captures
+        with _capture_lock:
+            _captures += 1
+        try:
+            return orig(self, *args, **kwargs)
+        except BaseException:
+            with _capture_lock:
+                _captures = max(0, _captures - 1)
+            raise
+    return capture_begin
+
+
+def _wrap_capture_end(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CUDAGraph.capture_end``: the capture is over, whether it succeeded or not
+    (cudaStreamEndCapture takes the stream out of capture in both cases)."""
+    @functools.wraps(orig)
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _captures
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            with _capture_lock:
+                _captures = max(0, _captures - 1)
+    return capture_end
+
+
 def _patch(owner: Any, name: str, wrapper_factory: Callable[[Any], Any]) -> Any:
     orig = getattr(owner, name)
     wrapper = wrapper_factory(orig)
@@ -3027,6 +3110,11 @@ def _attach(socket_path: str | None) -> bool:
             if callable(getattr(torch, "compile", None)):
                 _patch(torch, "compile", _wrap_compile)
             _patch(os, "_exit", _wrap_os_exit)
+            graph_cls = getattr(sys.modules.get("torch.cuda.graphs"), "CUDAGraph", None)
+            if callable(getattr(graph_cls, "capture_begin", None)) \
+                    and callable(getattr(graph_cls, "capture_end", None)):
+                _patch(graph_cls, "capture_begin", _wrap_capture_begin)
+                _patch(graph_cls, "capture_end", _wrap_capture_end)
             _patch(gc, "collect", _wrap_cleanup("gc_collect"))
             cuda_memory = sys.modules.get("torch.cuda.memory")
             for owner in (torch.cuda, cuda_memory):

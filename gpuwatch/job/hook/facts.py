@@ -41,7 +41,8 @@ class Problems:
         self.seen[what] = err if isinstance(err, str) else error_text(err)
 
     def as_list(self) -> list[dict[str, str]]:
-        return [{"what": k, "error": v} for k, v in self.seen.items()]
+        # (a copy first: the training thread may add one while the reporter reads)
+        return [{"what": k, "error": v} for k, v in list(self.seen.items())]
 
 
 def read(cfg: dict[str, Any], name: str, fn: Callable[[], Any], problems: Problems) -> None:
