@@ -15,6 +15,7 @@ import io
 import itertools
 import json
 import math
+import os
 import queue
 import subprocess
 import sys
@@ -2050,3 +2051,29 @@ def test_no_device_read_while_a_cuda_graph_is_captured(
     assert [s.step for s in steps] == [0, 1]
     assert steps[0].loss is None and steps[1].loss is not None
     assert attached.errors == 0
+
+
+def test_a_forked_child_does_not_inherit_the_reporters_locks(attached: hook._Hook) -> None:
+    """A DataLoader worker forked while the reporter held one of the hook's locks (its
+    late patches, its CUDA calls): the child gets them anew, free, and would not wait
+    on them for good (e.g. importing transformers' generation module in the worker)."""
+    from gpuwatch.job.hook import core
+    held, release = threading.Event(), threading.Event()
+
+    def reporter() -> None:
+        with core._late_lock, core._capture_lock:
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=reporter)
+    t.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: both locks free
+            ok = core._late_lock.acquire(timeout=2) and core._capture_lock.acquire(timeout=2)
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        t.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -785,7 +785,8 @@ class _Hook:
                 self.framework.find(sys._getframe(2), self.problems)
                 # its checkpoint method at once: the first save may come a few steps on,
                 # before the reporting thread's next turn
-                _patch_framework(self)
+                with _late_lock:
+                    _patch_framework(self)
             except Exception:
                 self.fault()
 
@@ -1682,7 +1683,8 @@ def _framework_again(h: _Hook) -> None:
         h.framework = Framework()
         h.framework_patched = False
         h.framework.find(sys._getframe(3), h.problems)
-        _patch_framework(h)
+        with _late_lock:
+            _patch_framework(h)
     except Exception:
         h.fault()
 
@@ -2837,7 +2839,8 @@ class _AfterImport:
         if h is None:
             return
         try:
-            _AFTER_IMPORT[name](module)
+            with _late_lock:
+                _AFTER_IMPORT[name](module)
         except Exception:
             h.fault()
 
@@ -2849,13 +2852,18 @@ class _AfterImport:
 
 
 _after_import: _AfterImport | None = None
+# the late patches' look-then-patch, made by the importing thread (_AfterImport) and the
+# reporter (_late_patches) alike: one at a time, or both could wrap generate() (each call
+# then counted twice) or a framework's checkpoint method
+_late_lock = threading.RLock()
 
 
 def _late_patches(h: _Hook) -> None:
     """Patches for modules imported before the hook attached, and the framework's own
     checkpoint method once the framework is known (the reporting thread looks)."""
-    _patch_loaded()
-    _patch_framework(h)
+    with _late_lock:
+        _patch_loaded()
+        _patch_framework(h)
 
 
 def _patch_loaded() -> None:
@@ -3005,6 +3013,11 @@ def _register_main_end() -> None:
 
 
 def _after_fork_in_child() -> None:
+    # the module's locks anew: the parent's reporter may have held one when it forked,
+    # and no thread of the child would ever release it (a DataLoader worker importing
+    # transformers' generation module would wait on _late_lock for good)
+    global _capture_lock, _captures, _late_lock
+    _capture_lock, _captures, _late_lock = threading.Lock(), 0, threading.RLock()
     h = _hook
     if h is not None:
         h.after_fork()
