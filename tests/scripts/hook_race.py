@@ -1,4 +1,4 @@
-"""A CPU training loop stepping as fast as it can while the injected hook reports every
+"""A training loop stepping as fast as it can while the injected hook reports every
 2 ms (500 times its usual rate), so that anything the reporting thread reads while the
 training thread runs autograd without the GIL is read thousands of times a second.
 
@@ -10,7 +10,6 @@ Variants (--variant):
           under no_grad every 200 iterations
   sparse  an EmbeddingBag with sparse gradients under SGD (sparse .grad tensors)
   nostep  no optimizer: backward() then an in-place update, so backward() ends clock
-
   graphs  (CUDA only) sgd, and at every 20th iteration a new CUDA graph captured in torch's
           default "global" mode (any other thread's unsafe CUDA call meanwhile, an event
           query or a pinned allocation, fails the capture) and replayed
