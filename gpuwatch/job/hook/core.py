@@ -785,8 +785,7 @@ class _Hook:
                 self.framework.find(sys._getframe(2), self.problems)
                 # its checkpoint method at once: the first save may come a few steps on,
                 # before the reporting thread's next turn
-                with _late_lock:
-                    _patch_framework(self)
+                _patch_framework(self)
             except Exception:
                 self.fault()
 
@@ -1683,8 +1682,7 @@ def _framework_again(h: _Hook) -> None:
         h.framework = Framework()
         h.framework_patched = False
         h.framework.find(sys._getframe(3), h.problems)
-        with _late_lock:
-            _patch_framework(h)
+        _patch_framework(h)
     except Exception:
         h.fault()
 
@@ -2852,18 +2850,18 @@ class _AfterImport:
 
 
 _after_import: _AfterImport | None = None
-# the late patches' look-then-patch, made by the importing thread (_AfterImport) and the
-# reporter (_late_patches) alike: one at a time, or both could wrap generate() (each call
-# then counted twice) or a framework's checkpoint method
+# the late patches' look-then-patch (_patch_loaded, _AfterImport.loaded,
+# _patch_framework), made by the importing or training thread and the reporter alike: one
+# at a time, or both could wrap generate() (each call then counted twice) or a
+# framework's checkpoint method
 _late_lock = threading.RLock()
 
 
 def _late_patches(h: _Hook) -> None:
     """Patches for modules imported before the hook attached, and the framework's own
     checkpoint method once the framework is known (the reporting thread looks)."""
-    with _late_lock:
-        _patch_loaded()
-        _patch_framework(h)
+    _patch_loaded()
+    _patch_framework(h)
 
 
 def _patch_loaded() -> None:
@@ -2872,18 +2870,20 @@ def _patch_loaded() -> None:
     for name, patch in _AFTER_IMPORT.items():
         module = sys.modules.get(name)
         if module is not None:
-            patch(module)
+            with _late_lock:
+                patch(module)
 
 
 def _patch_framework(h: _Hook) -> None:
     """The framework's own checkpoint method, once the framework is known."""
     obj = h.framework.obj()
-    if obj is not None and not h.framework_patched:
-        h.framework_patched = True
-        if h.framework.name == "transformers":
-            _wrap_method_as_checkpoint(obj, "_save_checkpoint")
-        elif h.framework.name == "lightning":
-            _wrap_method_as_checkpoint(obj, "save_checkpoint")
+    with _late_lock:
+        if obj is not None and not h.framework_patched:
+            h.framework_patched = True
+            if h.framework.name == "transformers":
+                _wrap_method_as_checkpoint(obj, "_save_checkpoint")
+            elif h.framework.name == "lightning":
+                _wrap_method_as_checkpoint(obj, "save_checkpoint")
 
 
 _scaler_update: Any = None
@@ -3037,10 +3037,15 @@ def _wrap_capture_begin(orig: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return orig(self, *args, **kwargs)
         except BaseException:
-            with _capture_lock:
-                _captures = max(0, _captures - 1)
+            _capture_over()
             raise
     return capture_begin
+
+
+def _capture_over() -> None:
+    global _captures
+    with _capture_lock:
+        _captures = max(0, _captures - 1)
 
 
 def _wrap_capture_end(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -3048,12 +3053,10 @@ def _wrap_capture_end(orig: Callable[..., Any]) -> Callable[..., Any]:
     (cudaStreamEndCapture takes the stream out of capture in both cases)."""
     @functools.wraps(orig)
     def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-        global _captures
         try:
             return orig(self, *args, **kwargs)
         finally:
-            with _capture_lock:
-                _captures = max(0, _captures - 1)
+            _capture_over()
     return capture_end
 
 
